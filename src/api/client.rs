@@ -1,0 +1,340 @@
+//! The HTTP client: base URL, credential, the version and beta headers, and
+//! response decoding.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use secrecy::{ExposeSecret, SecretString};
+use serde::de::DeserializeOwned;
+
+use super::error::{ApiError, Error};
+use super::types::Page;
+
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+pub const BETA_MANAGED_AGENTS: &str = "managed-agents-2026-04-01";
+pub const BETA_AGENT_MEMORY: &str = "agent-memory-2026-07-22";
+pub const BETA_SKILLS: &str = "skills-2025-10-02";
+pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+
+/// Which API family a path belongs to; it decides the one `anthropic-beta`
+/// value sent. Memory endpoints refuse the two betas together, so a request
+/// carries exactly one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiFamily {
+    /// `/v1/environments`, `/v1/sessions`, `/v1/agents`.
+    ManagedAgents,
+    /// `/v1/memory_stores/**`.
+    Memory,
+    /// `/v1/skills/**`.
+    Skills,
+}
+
+impl ApiFamily {
+    pub fn beta(self) -> &'static str {
+        match self {
+            ApiFamily::ManagedAgents => BETA_MANAGED_AGENTS,
+            ApiFamily::Memory => BETA_AGENT_MEMORY,
+            ApiFamily::Skills => BETA_SKILLS,
+        }
+    }
+}
+
+/// How requests authenticate.
+#[derive(Clone)]
+pub enum Credential {
+    /// An organisation API key, sent as `x-api-key`.
+    ApiKey(SecretString),
+    /// A worker credential (environment key or sessions token), sent as
+    /// `Authorization: Bearer`, never together with `x-api-key`.
+    Bearer(SecretString),
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credential::ApiKey(_) => f.write_str("ApiKey([redacted])"),
+            Credential::Bearer(_) => f.write_str("Bearer([redacted])"),
+        }
+    }
+}
+
+impl Credential {
+    pub fn api_key(key: impl Into<String>) -> Self {
+        Credential::ApiKey(SecretString::from(key.into()))
+    }
+
+    pub fn bearer(token: impl Into<String>) -> Self {
+        Credential::Bearer(SecretString::from(token.into()))
+    }
+}
+
+/// A client for the Managed Agents API. Cheap to clone; clones share one
+/// connection pool, so per-item sub-clients (another credential, another
+/// helper tag) cost nothing.
+#[derive(Clone, Debug)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    http: reqwest::Client,
+    base_url: String,
+    credential: Credential,
+    extra_headers: HeaderMap,
+    helper: Option<&'static str>,
+    request_timeout: Duration,
+}
+
+/// Builds a [`Client`].
+#[derive(Debug)]
+pub struct ClientBuilder {
+    base_url: String,
+    credential: Credential,
+    extra_headers: HeaderMap,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+    http: Option<reqwest::Client>,
+}
+
+impl ClientBuilder {
+    /// Point the client at another API (the devserver, a proxy).
+    pub fn base_url(mut self, url: impl Into<String>) -> Self {
+        self.base_url = url.into();
+        self
+    }
+
+    /// A header added to every request. The client's own auth, version and
+    /// beta headers win over an extra header of the same name.
+    pub fn extra_header(mut self, name: &str, value: &str) -> Result<Self, Error> {
+        let name = HeaderName::from_bytes(name.as_bytes())
+            .map_err(|_| Error::Config(format!("invalid header name {name:?}")))?;
+        let value = HeaderValue::from_str(value)
+            .map_err(|_| Error::Config(format!("invalid value for header {name}")))?;
+        self.extra_headers.append(name, value);
+        Ok(self)
+    }
+
+    /// The bound of one request (not of a streamed body); default 60 s.
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// Reuse an existing connection pool.
+    pub fn http_client(mut self, http: reqwest::Client) -> Self {
+        self.http = Some(http);
+        self
+    }
+
+    pub fn build(self) -> Result<Client, Error> {
+        let base_url = self.base_url.trim_end_matches('/').to_string();
+        let parsed = url::Url::parse(&base_url)
+            .map_err(|e| Error::Config(format!("invalid base URL {base_url:?}: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(Error::Config(format!(
+                "invalid base URL {base_url:?}: the scheme must be http or https"
+            )));
+        }
+        let http = match self.http {
+            Some(http) => http,
+            None => reqwest::Client::builder()
+                .connect_timeout(self.connect_timeout)
+                .pool_idle_timeout(Duration::from_secs(60))
+                .build()
+                .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?,
+        };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http,
+                base_url,
+                credential: self.credential,
+                extra_headers: self.extra_headers,
+                helper: None,
+                request_timeout: self.request_timeout,
+            }),
+        })
+    }
+}
+
+impl Client {
+    pub fn builder(credential: Credential) -> ClientBuilder {
+        ClientBuilder {
+            base_url: DEFAULT_BASE_URL.into(),
+            credential,
+            extra_headers: HeaderMap::new(),
+            request_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            http: None,
+        }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.inner.base_url
+    }
+
+    /// The same client with another credential (e.g. a work item's sessions
+    /// token), sharing the connection pool and extra headers.
+    pub fn with_credential(&self, credential: Credential) -> Client {
+        self.derive(|inner| inner.credential = credential)
+    }
+
+    /// The same client tagging its requests with `x-stainless-helper`
+    /// (`environments-work-poller`, `environments-worker`, `session-tool-runner`).
+    pub fn with_helper(&self, helper: &'static str) -> Client {
+        self.derive(|inner| inner.helper = Some(helper))
+    }
+
+    fn derive(&self, change: impl FnOnce(&mut Inner)) -> Client {
+        let mut inner = Inner {
+            http: self.inner.http.clone(),
+            base_url: self.inner.base_url.clone(),
+            credential: self.inner.credential.clone(),
+            extra_headers: self.inner.extra_headers.clone(),
+            helper: self.inner.helper,
+            request_timeout: self.inner.request_timeout,
+        };
+        change(&mut inner);
+        Client {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// A request with every header the API wants, bounded by the request timeout.
+    pub(crate) fn request(&self, method: Method, family: ApiFamily, path: &str) -> RequestBuilder {
+        self.unbounded_request(method, family, path)
+            .timeout(self.inner.request_timeout)
+    }
+
+    /// A request without the overall timeout, for streamed bodies (SSE).
+    pub(crate) fn unbounded_request(
+        &self,
+        method: Method,
+        family: ApiFamily,
+        path: &str,
+    ) -> RequestBuilder {
+        let url = format!("{}{}", self.inner.base_url, path);
+        let mut headers = self.inner.extra_headers.clone();
+        headers.remove("x-api-key");
+        headers.remove(reqwest::header::AUTHORIZATION);
+        headers.insert(
+            "anthropic-version",
+            HeaderValue::from_static(ANTHROPIC_VERSION),
+        );
+        headers.insert("anthropic-beta", HeaderValue::from_static(family.beta()));
+        if let Some(helper) = self.inner.helper {
+            headers.insert("x-stainless-helper", HeaderValue::from_static(helper));
+        }
+        match &self.inner.credential {
+            Credential::ApiKey(key) => {
+                if let Ok(mut v) = HeaderValue::from_str(key.expose_secret()) {
+                    v.set_sensitive(true);
+                    headers.insert("x-api-key", v);
+                }
+            }
+            Credential::Bearer(token) => {
+                if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", token.expose_secret()))
+                {
+                    v.set_sensitive(true);
+                    headers.insert(reqwest::header::AUTHORIZATION, v);
+                }
+            }
+        }
+        // The official SDKs mark every beta path with `?beta=true`; the API accepts it.
+        self.inner
+            .http
+            .request(method, url)
+            .headers(headers)
+            .query(&[("beta", "true")])
+    }
+
+    /// Send and return the raw response when its status is a success.
+    pub(crate) async fn execute(&self, rb: RequestBuilder) -> Result<reqwest::Response, Error> {
+        let response = rb.send().await.map_err(Error::Transport)?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status().as_u16();
+        let request_id = response
+            .headers()
+            .get("request-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let body = response.bytes().await.unwrap_or_default();
+        Err(Error::Api(ApiError::from_parts(status, request_id, &body)))
+    }
+
+    /// Send and decode a JSON body.
+    pub(crate) async fn json<T: DeserializeOwned>(&self, rb: RequestBuilder) -> Result<T, Error> {
+        let response = self.execute(rb).await?;
+        let body = response.bytes().await.map_err(Error::Transport)?;
+        serde_json::from_slice(&body).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// Send and decode a JSON body that may be absent: `204`, an empty body and
+    /// `null` all mean `None` (an empty poll).
+    pub(crate) async fn optional_json<T: DeserializeOwned>(
+        &self,
+        rb: RequestBuilder,
+    ) -> Result<Option<T>, Error> {
+        let response = self.execute(rb).await?;
+        if response.status() == StatusCode::NO_CONTENT {
+            return Ok(None);
+        }
+        let body = response.bytes().await.map_err(Error::Transport)?;
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        serde_json::from_slice::<Option<T>>(&body).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// Send and ignore whatever successful body comes back (`204` or JSON).
+    pub(crate) async fn discard(&self, rb: RequestBuilder) -> Result<(), Error> {
+        let response = self.execute(rb).await?;
+        response.bytes().await.map_err(Error::Transport)?;
+        Ok(())
+    }
+}
+
+/// Turn a page fetcher into a stream of items that follows `next_page` until
+/// the last page (an empty page or no cursor).
+pub fn paginate<T, F, Fut>(mut fetch: F) -> impl Stream<Item = Result<T, Error>>
+where
+    F: FnMut(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<Page<T>, Error>>,
+{
+    async_stream::try_stream! {
+        let mut cursor: Option<String> = None;
+        loop {
+            let page = fetch(cursor.take()).await?;
+            let next = page.next_cursor().map(str::to_string);
+            for item in page.data {
+                yield item;
+            }
+            match next {
+                Some(next) => cursor = Some(next),
+                None => break,
+            }
+        }
+    }
+}
+
+/// Query pairs, skipping unset values.
+#[derive(Default)]
+pub(crate) struct Query(Vec<(&'static str, String)>);
+
+impl Query {
+    pub fn opt<V: ToString>(mut self, key: &'static str, value: Option<V>) -> Self {
+        if let Some(v) = value {
+            self.0.push((key, v.to_string()));
+        }
+        self
+    }
+
+    pub fn pairs(&self) -> &[(&'static str, String)] {
+        &self.0
+    }
+}

@@ -1,0 +1,246 @@
+//! Environments, work items, leases and queue statistics
+//! (beta `managed-agents-2026-04-01`).
+//!
+//! Work-item timestamps stay strings: the worker echoes `last_heartbeat`
+//! back byte for byte, so it must never be re-formatted.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::Timestamp;
+
+/// A string that must never be printed: the work item's `secret`, tokens, keys.
+/// `Debug` and `Display` print `[redacted]`; `expose` is the only way in.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Redacted(String);
+
+impl Redacted {
+    pub fn new(value: impl Into<String>) -> Self {
+        Redacted(value.into())
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+impl fmt::Display for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// `environment`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Environment {
+    pub id: String,
+    #[serde(rename = "type", default = "tag_environment")]
+    pub object_type: String,
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    pub config: EnvironmentConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    #[serde(default)]
+    pub archived_at: Option<Timestamp>,
+}
+
+fn tag_environment() -> String {
+    "environment".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnvironmentConfig {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// State of a work item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkState {
+    Queued,
+    Starting,
+    Active,
+    Stopping,
+    Stopped,
+    /// A state this client does not know yet.
+    #[serde(other)]
+    Unknown,
+}
+
+impl WorkState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkState::Queued => "queued",
+            WorkState::Starting => "starting",
+            WorkState::Active => "active",
+            WorkState::Stopping => "stopping",
+            WorkState::Stopped => "stopped",
+            WorkState::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "queued" => WorkState::Queued,
+            "starting" => WorkState::Starting,
+            "active" => WorkState::Active,
+            "stopping" => WorkState::Stopping,
+            "stopped" => WorkState::Stopped,
+            _ => WorkState::Unknown,
+        }
+    }
+}
+
+/// What a work item asks the worker to do: `{type:"session", id}` (or
+/// `healthcheck`, or a type added later).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkData {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub id: String,
+}
+
+impl WorkData {
+    pub fn is_session(&self) -> bool {
+        self.kind == "session"
+    }
+}
+
+/// `work`: one claimable unit of a self-hosted environment's queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Work {
+    pub id: String,
+    #[serde(rename = "type", default = "tag_work")]
+    pub object_type: String,
+    pub environment_id: String,
+    pub data: WorkData,
+    pub state: WorkState,
+    /// Only set on the poll response; never logged (see [`Redacted`]).
+    #[serde(default)]
+    pub secret: Option<Redacted>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: String,
+    #[serde(default)]
+    pub acknowledged_at: Option<String>,
+    #[serde(default)]
+    pub started_at: Option<String>,
+    #[serde(default)]
+    pub latest_heartbeat_at: Option<String>,
+    #[serde(default)]
+    pub stop_requested_at: Option<String>,
+    #[serde(default)]
+    pub stopped_at: Option<String>,
+}
+
+fn tag_work() -> String {
+    "work".into()
+}
+
+/// `work_heartbeat`: the answer to a lease heartbeat.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    #[serde(rename = "type", default = "tag_work_heartbeat")]
+    pub object_type: String,
+    /// Echo this value exactly as `expected_last_heartbeat` on the next beat.
+    pub last_heartbeat: String,
+    pub lease_extended: bool,
+    pub state: WorkState,
+    pub ttl_seconds: i64,
+}
+
+fn tag_work_heartbeat() -> String {
+    "work_heartbeat".into()
+}
+
+/// The lease as the server holds it, carried in a 412 heartbeat error's
+/// `error.details.current_state`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseState {
+    #[serde(default)]
+    pub last_heartbeat: Option<String>,
+    pub lease_extended: bool,
+    pub state: WorkState,
+    pub ttl_seconds: i64,
+}
+
+/// `work_queue_stats`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkQueueStats {
+    #[serde(rename = "type", default = "tag_work_queue_stats")]
+    pub object_type: String,
+    pub depth: u64,
+    pub pending: u64,
+    #[serde(default)]
+    pub oldest_queued_at: Option<String>,
+    #[serde(default)]
+    pub workers_polling: Option<u64>,
+}
+
+fn tag_work_queue_stats() -> String {
+    "work_queue_stats".into()
+}
+
+/// The decoded work `secret`: URL-safe base64 of this JSON. The worker reads
+/// only `sessions_token`.
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkSecret {
+    pub sessions_token: Redacted,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_base_url: Option<String>,
+}
+
+impl fmt::Debug for WorkSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkSecret").finish_non_exhaustive()
+    }
+}
+
+/// Query of `GET .../work/poll`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PollWork {
+    /// 1–999; `None` is a non-blocking poll.
+    pub block_ms: Option<u32>,
+    pub reclaim_older_than_ms: Option<u64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_debug_never_prints_the_secret() {
+        let work: Work = serde_json::from_str(
+            r#"{"id":"work_1","type":"work","environment_id":"env_1",
+                "data":{"type":"session","id":"sesn_1"},"state":"queued",
+                "secret":"c2VjcmV0LXRva2Vu","metadata":{},
+                "created_at":"2026-01-01T00:00:00Z","actor":{"type":"api_key"}}"#,
+        )
+        .unwrap();
+        let printed = format!("{work:?}");
+        assert!(!printed.contains("c2VjcmV0LXRva2Vu"), "{printed}");
+        assert_eq!(work.secret.unwrap().expose(), "c2VjcmV0LXRva2Vu");
+    }
+
+    #[test]
+    fn an_unknown_work_state_still_decodes() {
+        let state: WorkState = serde_json::from_str(r#""hibernating""#).unwrap();
+        assert_eq!(state, WorkState::Unknown);
+    }
+}

@@ -1,0 +1,171 @@
+//! The devserver's SQLite storage: one connection behind a mutex, used from
+//! blocking threads. Every write runs in one transaction that commits only
+//! when the handler succeeds, so a refused request leaves no trace.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{Connection, Transaction};
+
+use super::error::{HttpError, HttpResult};
+
+/// Why the database could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("cannot create the data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot open the database {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("cannot migrate the database {path}: {source}")]
+    Migrate {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+}
+
+/// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE memory_stores (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id           TEXT NOT NULL UNIQUE,
+    name         TEXT NOT NULL,
+    description  TEXT NOT NULL,
+    metadata     TEXT NOT NULL,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL,
+    archived_at  INTEGER
+);
+CREATE TABLE memories (
+    id             TEXT PRIMARY KEY,
+    store_id       TEXT NOT NULL REFERENCES memory_stores(id) ON DELETE CASCADE,
+    path           TEXT NOT NULL,
+    content        TEXT NOT NULL,
+    content_sha256 TEXT NOT NULL,
+    size_bytes     INTEGER NOT NULL,
+    version_id     TEXT NOT NULL,
+    created_at     INTEGER NOT NULL,
+    updated_at     INTEGER NOT NULL,
+    UNIQUE (store_id, path)
+);
+CREATE TABLE memory_versions (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    id             TEXT NOT NULL UNIQUE,
+    store_id       TEXT NOT NULL REFERENCES memory_stores(id) ON DELETE CASCADE,
+    memory_id      TEXT NOT NULL,
+    operation      TEXT NOT NULL,
+    path           TEXT,
+    content        TEXT,
+    content_sha256 TEXT,
+    size_bytes     INTEGER,
+    actor          TEXT NOT NULL,
+    actor_type     TEXT NOT NULL,
+    actor_id       TEXT NOT NULL,
+    created_at     INTEGER NOT NULL,
+    redacted_at    INTEGER,
+    redacted_by    TEXT
+);
+CREATE INDEX memory_versions_by_store ON memory_versions (store_id, seq);
+CREATE INDEX memory_versions_by_memory ON memory_versions (memory_id, seq);
+"#];
+
+/// The storage handle. Cloning shares the connection.
+#[derive(Clone)]
+pub struct Db {
+    conn: Arc<Mutex<Connection>>,
+    /// Keeps a temporary data directory alive for as long as the server runs.
+    _temp: Option<Arc<tempfile::TempDir>>,
+    path: PathBuf,
+}
+
+impl Db {
+    /// Open (and migrate) `<data_dir>/devserver.sqlite3`, or a fresh database
+    /// in a temporary directory when no data directory is given.
+    pub fn open(data_dir: Option<&Path>) -> Result<Db, DbError> {
+        let (dir, temp) = match data_dir {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|source| DbError::DataDir {
+                    path: dir.to_path_buf(),
+                    source,
+                })?;
+                (dir.to_path_buf(), None)
+            }
+            None => {
+                let temp = tempfile::Builder::new()
+                    .prefix("envworker-devserver-")
+                    .tempdir()
+                    .map_err(|source| DbError::DataDir {
+                        path: std::env::temp_dir(),
+                        source,
+                    })?;
+                (temp.path().to_path_buf(), Some(Arc::new(temp)))
+            }
+        };
+        let path = dir.join("devserver.sqlite3");
+        let mut conn = Connection::open(&path).map_err(|source| DbError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        let configure = |conn: &Connection| {
+            conn.pragma_update(None, "journal_mode", "WAL")?;
+            conn.pragma_update(None, "synchronous", "NORMAL")?;
+            conn.pragma_update(None, "foreign_keys", "ON")?;
+            conn.busy_timeout(std::time::Duration::from_secs(5))
+        };
+        configure(&conn).map_err(|source| DbError::Open {
+            path: path.clone(),
+            source,
+        })?;
+        migrate(&mut conn).map_err(|source| DbError::Migrate {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(Db {
+            conn: Arc::new(Mutex::new(conn)),
+            _temp: temp,
+            path,
+        })
+    }
+
+    /// Where the database file lives.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Run `f` in a transaction on a blocking thread; commit when it succeeds,
+    /// roll back when it fails.
+    pub async fn transaction<T, F>(&self, f: F) -> HttpResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>) -> HttpResult<T> + Send + 'static,
+    {
+        let conn = self.conn.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = conn
+                .lock()
+                .map_err(|_| HttpError::internal("storage lock poisoned"))?;
+            let tx = conn.transaction()?;
+            let value = f(&tx)?;
+            tx.commit()?;
+            Ok(value)
+        })
+        .await
+        .map_err(|e| HttpError::internal(format!("storage task failed: {e}")))?
+    }
+}
+
+fn migrate(conn: &mut Connection) -> rusqlite::Result<()> {
+    let applied: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    for (index, sql) in MIGRATIONS.iter().enumerate().skip(applied.max(0) as usize) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", (index + 1) as i64)?;
+        tx.commit()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,219 @@
+//! `/v1/memory_stores`: create, list, retrieve, update, archive, delete.
+
+use axum::Json;
+use axum::extract::{Extension, Path, RawQuery, State};
+use rusqlite::params;
+use serde::{Deserialize, Serialize};
+
+use crate::api::types::{
+    CreateMemoryStore, DeletedMemoryStore, MemoryStore, Page, UpdateMemoryStore,
+};
+
+use super::super::error::{HttpError, HttpResult};
+use super::super::http::{JsonBody, Principal, QueryParams};
+use super::super::{AppState, cursor, ids, validate};
+use super::authorize_store;
+use super::rows::{STORE_COLUMNS, load_store, metadata_json, store_at};
+
+fn invalid(message: String) -> HttpError {
+    HttpError::invalid_request(message)
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    JsonBody(body): JsonBody<CreateMemoryStore>,
+) -> HttpResult<Json<MemoryStore>> {
+    principal.require_org("create memory stores")?;
+    validate::store_name(&body.name).map_err(invalid)?;
+    let description = body.description.unwrap_or_default();
+    validate::description(&description).map_err(invalid)?;
+    let metadata = body.metadata.unwrap_or_default();
+    validate::metadata(&metadata).map_err(invalid)?;
+
+    let store = state
+        .db()
+        .transaction(move |tx| {
+            let id = ids::new_id("memstore");
+            let now = ids::now_micros();
+            tx.execute(
+                "INSERT INTO memory_stores (id, name, description, metadata, created_at, updated_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+                params![id, body.name, description, metadata_json(&metadata), now],
+            )?;
+            load_store(tx, &id)
+        })
+        .await?;
+    Ok(Json(store))
+}
+
+/// Position in the newest-first listing: the `seq` of the last store returned.
+#[derive(Serialize, Deserialize)]
+struct StoreCursor {
+    before: i64,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    RawQuery(raw): RawQuery,
+) -> HttpResult<Json<Page<MemoryStore>>> {
+    principal.require_org("list memory stores")?;
+    let q = QueryParams::parse(raw.as_deref());
+    let limit = q.limit()?;
+    let include_archived = q.boolean("include_archived")?.unwrap_or(false);
+    let gte = q.timestamp("created_at[gte]")?.map(|t| t.timestamp_micros());
+    let lte = q.timestamp("created_at[lte]")?.map(|t| t.timestamp_micros());
+    let cursor: Option<StoreCursor> = cursor::decode(q.get("page"))?;
+
+    let page = state
+        .db()
+        .transaction(move |tx| {
+            let mut stmt = tx.prepare(&format!(
+                "SELECT seq, {STORE_COLUMNS} FROM memory_stores
+                 WHERE (?1 OR archived_at IS NULL)
+                   AND created_at >= ?2 AND created_at <= ?3 AND seq < ?4
+                 ORDER BY seq DESC LIMIT ?5"
+            ))?;
+            let rows = stmt.query_map(
+                params![
+                    include_archived,
+                    gte.unwrap_or(i64::MIN),
+                    lte.unwrap_or(i64::MAX),
+                    cursor.map_or(i64::MAX, |c| c.before),
+                    (limit + 1) as i64,
+                ],
+                |r| Ok((r.get::<_, i64>(0)?, store_at(r, 1)?)),
+            )?;
+            let mut items = rows.collect::<Result<Vec<_>, _>>()?;
+            let next_page = if items.len() > limit {
+                items.truncate(limit);
+                items.last().map(|(seq, _)| cursor::encode(&StoreCursor { before: *seq }))
+            } else {
+                None
+            };
+            Ok(Page {
+                data: items.into_iter().map(|(_, s)| s).collect(),
+                next_page,
+            })
+        })
+        .await?;
+    Ok(Json(page))
+}
+
+pub async fn retrieve(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(store_id): Path<String>,
+) -> HttpResult<Json<MemoryStore>> {
+    let store = state
+        .db()
+        .transaction(move |tx| {
+            authorize_store(tx, &principal, &store_id, false)?;
+            load_store(tx, &store_id)
+        })
+        .await?;
+    Ok(Json(store))
+}
+
+pub async fn update(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(store_id): Path<String>,
+    JsonBody(body): JsonBody<UpdateMemoryStore>,
+) -> HttpResult<Json<MemoryStore>> {
+    principal.require_org("update memory stores")?;
+    if let Some(name) = &body.name {
+        validate::store_name(name).map_err(invalid)?;
+    }
+    if let Some(description) = &body.description {
+        validate::description(description).map_err(invalid)?;
+    }
+    let store = state
+        .db()
+        .transaction(move |tx| {
+            let mut store = load_store(tx, &store_id)?;
+            if store.archived_at.is_some() {
+                return Err(HttpError::invalid_request(format!(
+                    "memory store {store_id} is archived and cannot be updated"
+                )));
+            }
+            let before = store.clone();
+            if let Some(name) = body.name {
+                store.name = name;
+            }
+            if let Some(description) = body.description {
+                store.description = description;
+            }
+            for (key, value) in body.metadata.unwrap_or_default() {
+                match value {
+                    Some(value) => store.metadata.insert(key, value),
+                    None => store.metadata.remove(&key),
+                };
+            }
+            validate::metadata(&store.metadata).map_err(invalid)?;
+            if store == before {
+                return Ok(store);
+            }
+            tx.execute(
+                "UPDATE memory_stores SET name = ?2, description = ?3, metadata = ?4, updated_at = ?5
+                 WHERE id = ?1",
+                params![
+                    store_id,
+                    store.name,
+                    store.description,
+                    metadata_json(&store.metadata),
+                    ids::now_micros()
+                ],
+            )?;
+            load_store(tx, &store_id)
+        })
+        .await?;
+    Ok(Json(store))
+}
+
+pub async fn archive(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(store_id): Path<String>,
+) -> HttpResult<Json<MemoryStore>> {
+    principal.require_org("archive memory stores")?;
+    let store = state
+        .db()
+        .transaction(move |tx| {
+            let store = load_store(tx, &store_id)?;
+            if store.archived_at.is_some() {
+                // Archiving twice returns the store unchanged.
+                return Ok(store);
+            }
+            let now = ids::now_micros();
+            tx.execute(
+                "UPDATE memory_stores SET archived_at = ?2, updated_at = ?2 WHERE id = ?1",
+                params![store_id, now],
+            )?;
+            load_store(tx, &store_id)
+        })
+        .await?;
+    Ok(Json(store))
+}
+
+pub async fn delete(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(store_id): Path<String>,
+) -> HttpResult<Json<DeletedMemoryStore>> {
+    principal.require_org("delete memory stores")?;
+    let deleted = state
+        .db()
+        .transaction(move |tx| {
+            load_store(tx, &store_id)?;
+            // Memories and versions go with the store (ON DELETE CASCADE).
+            tx.execute("DELETE FROM memory_stores WHERE id = ?1", [&store_id])?;
+            Ok(DeletedMemoryStore {
+                id: store_id,
+                object_type: "memory_store_deleted".into(),
+            })
+        })
+        .await?;
+    Ok(Json(deleted))
+}

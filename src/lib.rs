@@ -1,0 +1,17 @@
+//! envworker: a self-hosted environment worker for Claude Managed Agents.
+//!
+//! Module map:
+//!
+//! - [`api`] — typed client for the API subset a worker uses: memory stores,
+//!   the work queue, sessions and their events; auth and beta headers,
+//!   cursor pagination, error classes.
+//! - [`devserver`] — a local control plane answering as the real API does,
+//!   over SQLite, so workers can be run and tested without the real API.
+//! - [`cli`] — the command line: subcommands and flags (each flag also reads
+//!   its `ENVWORKER_*` / `ANTHROPIC_*` variable).
+//! - [`logging`] — tracing setup, text or JSON lines.
+
+pub mod api;
+pub mod cli;
+pub mod devserver;
+pub mod logging;

@@ -1,0 +1,179 @@
+//! Shared test harness: an in-process devserver on 127.0.0.1:0 and raw HTTP
+//! helpers that send exactly the headers a real client sends.
+#![allow(dead_code)]
+
+use envworker::devserver::{Devserver, DevserverConfig, RunningDevserver};
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+pub const ADMIN_KEY: &str = "test-admin-key";
+pub const MEMORY_BETA: &str = "agent-memory-2026-07-22";
+
+pub struct TestServer {
+    pub running: RunningDevserver,
+    pub http: reqwest::Client,
+}
+
+/// The answer to one request: status and decoded JSON body (`Value::Null` when empty).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    /// Assert an error envelope with this status and `error.type`; returns the message.
+    #[track_caller]
+    pub fn expect_error(&self, status: u16, kind: &str) -> String {
+        assert_eq!(self.status.as_u16(), status, "status of {:#}", self.body);
+        assert_eq!(self.body["type"], "error", "{:#}", self.body);
+        assert_eq!(self.body["error"]["type"], kind, "{:#}", self.body);
+        assert!(
+            self.body["request_id"].as_str().is_some_and(|r| r.starts_with("req_")),
+            "{:#}",
+            self.body
+        );
+        self.body["error"]["message"].as_str().unwrap_or_default().to_string()
+    }
+
+    #[track_caller]
+    pub fn ok(self) -> Value {
+        assert!(self.status.is_success(), "{} {:#}", self.status, self.body);
+        self.body
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> TestServer {
+        Self::start_with(DevserverConfig::new(ADMIN_KEY)).await
+    }
+
+    pub async fn start_with(config: DevserverConfig) -> TestServer {
+        let server = Devserver::open(config).expect("devserver opens");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        TestServer {
+            running: server.spawn(listener).unwrap(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        self.running.url()
+    }
+
+    /// A request to the memory endpoints with the admin key and the memory beta.
+    pub async fn memory(&self, method: Method, path: &str, body: Option<Value>) -> Answer {
+        self.send(
+            method,
+            path,
+            body,
+            &[
+                ("x-api-key", ADMIN_KEY),
+                ("anthropic-version", "2023-06-01"),
+                ("anthropic-beta", MEMORY_BETA),
+            ],
+        )
+        .await
+    }
+
+    /// A request with exactly these headers.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> Answer {
+        let mut rb = self.http.request(method, format!("{}{}", self.url(), path));
+        for (k, v) in headers {
+            rb = rb.header(*k, *v);
+        }
+        if let Some(body) = body {
+            rb = rb.json(&body);
+        }
+        let response = rb.send().await.expect("request reaches the devserver");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                panic!("body is not JSON: {}", String::from_utf8_lossy(&bytes))
+            })
+        };
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub async fn create_store(&self, name: &str) -> String {
+        let store = self
+            .memory(Method::POST, "/v1/memory_stores", Some(json!({ "name": name })))
+            .await
+            .ok();
+        store["id"].as_str().unwrap().to_string()
+    }
+
+    pub async fn create_memory(&self, store: &str, path: &str, content: &str) -> Value {
+        self.memory(
+            Method::POST,
+            &format!("/v1/memory_stores/{store}/memories"),
+            Some(json!({ "path": path, "content": content })),
+        )
+        .await
+        .ok()
+    }
+
+    /// Every item of a listing, following `next_page`; also returns the page count.
+    pub async fn list_all(&self, path_and_query: &str) -> (Vec<Value>, usize) {
+        let mut items = Vec::new();
+        let mut pages = 0;
+        let mut page: Option<String> = None;
+        loop {
+            let sep = if path_and_query.contains('?') { '&' } else { '?' };
+            let url = match &page {
+                Some(p) => format!("{path_and_query}{sep}page={p}"),
+                None => path_and_query.to_string(),
+            };
+            let body = self.memory(Method::GET, &url, None).await.ok();
+            pages += 1;
+            items.extend(body["data"].as_array().unwrap().iter().cloned());
+            match body["next_page"].as_str() {
+                Some(next) if !next.is_empty() => page = Some(next.to_string()),
+                _ => break,
+            }
+            assert!(pages < 10_000, "pagination does not end");
+        }
+        (items, pages)
+    }
+
+    /// Everything the server holds: every store (archived too), with its full
+    /// memories and its full version history. Equal snapshots = nothing changed.
+    pub async fn snapshot(&self) -> Value {
+        let (stores, _) = self
+            .list_all("/v1/memory_stores?include_archived=true&limit=100")
+            .await;
+        let mut out = Vec::new();
+        for store in stores {
+            let id = store["id"].as_str().unwrap();
+            let (memories, _) = self
+                .list_all(&format!("/v1/memory_stores/{id}/memories?view=full"))
+                .await;
+            let (versions, _) = self
+                .list_all(&format!("/v1/memory_stores/{id}/memory_versions?view=full&limit=100"))
+                .await;
+            out.push(json!({ "store": store, "memories": memories, "versions": versions }));
+        }
+        Value::Array(out)
+    }
+}
+
+/// Lowercase hex SHA-256.
+pub fn sha256(content: &str) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(content.as_bytes()))
+}
