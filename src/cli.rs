@@ -30,7 +30,11 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct DevserverArgs {
     /// Address to listen on (port 0 picks a free port; the URL is printed on stdout).
-    #[arg(long, env = "ENVWORKER_DEVSERVER_LISTEN", default_value = "127.0.0.1:8790")]
+    #[arg(
+        long,
+        env = "ENVWORKER_DEVSERVER_LISTEN",
+        default_value = "127.0.0.1:8790"
+    )]
     pub listen: SocketAddr,
 
     /// The organisation key clients send as `x-api-key`.

@@ -65,30 +65,70 @@ fn scripted(path: &str) -> Response {
 }
 
 fn header<'a>(seen: &'a Seen, name: &str) -> Vec<&'a str> {
-    seen.headers.get_all(name).iter().map(|v| v.to_str().unwrap()).collect()
+    seen.headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect()
 }
 
 #[tokio::test]
 async fn each_family_sends_exactly_its_own_beta_and_the_version() {
     let (url, log) = capture(scripted).await;
-    let client = Client::builder(Credential::api_key("org-key")).base_url(&url).build().unwrap();
-    client.memory_stores().list(&ListMemoryStores::default()).await.unwrap();
-    client.memories("memstore_1").list(&ListMemories::default()).await.unwrap();
+    let client = Client::builder(Credential::api_key("org-key"))
+        .base_url(&url)
+        .build()
+        .unwrap();
+    client
+        .memory_stores()
+        .list(&ListMemoryStores::default())
+        .await
+        .unwrap();
+    client
+        .memories("memstore_1")
+        .list(&ListMemories::default())
+        .await
+        .unwrap();
     client.sessions().retrieve("sesn_1").await.unwrap();
-    client.work("env_1").poll(&PollWork::default(), None).await.unwrap();
+    client
+        .work("env_1")
+        .poll(&PollWork::default(), None)
+        .await
+        .unwrap();
 
     let seen = log.lock().unwrap().clone();
     assert_eq!(seen.len(), 4);
     for s in &seen {
-        assert_eq!(header(s, "anthropic-version"), vec!["2023-06-01"], "{}", s.path);
+        assert_eq!(
+            header(s, "anthropic-version"),
+            vec!["2023-06-01"],
+            "{}",
+            s.path
+        );
         assert_eq!(header(s, "x-api-key"), vec!["org-key"]);
         assert!(header(s, "authorization").is_empty());
-        assert!(s.query.split('&').any(|kv| kv == "beta=true"), "{}", s.query);
+        assert!(
+            s.query.split('&').any(|kv| kv == "beta=true"),
+            "{}",
+            s.query
+        );
     }
-    assert_eq!(header(&seen[0], "anthropic-beta"), vec!["agent-memory-2026-07-22"]);
-    assert_eq!(header(&seen[1], "anthropic-beta"), vec!["agent-memory-2026-07-22"]);
-    assert_eq!(header(&seen[2], "anthropic-beta"), vec!["managed-agents-2026-04-01"]);
-    assert_eq!(header(&seen[3], "anthropic-beta"), vec!["managed-agents-2026-04-01"]);
+    assert_eq!(
+        header(&seen[0], "anthropic-beta"),
+        vec!["agent-memory-2026-07-22"]
+    );
+    assert_eq!(
+        header(&seen[1], "anthropic-beta"),
+        vec!["agent-memory-2026-07-22"]
+    );
+    assert_eq!(
+        header(&seen[2], "anthropic-beta"),
+        vec!["managed-agents-2026-04-01"]
+    );
+    assert_eq!(
+        header(&seen[3], "anthropic-beta"),
+        vec!["managed-agents-2026-04-01"]
+    );
 }
 
 #[tokio::test]
@@ -108,19 +148,31 @@ async fn worker_credentials_are_bearer_only_and_extra_headers_pass_through() {
     let session = worker.sessions().retrieve("sesn_1").await.unwrap();
     worker
         .work("env_1")
-        .poll(&PollWork { block_ms: Some(999), reclaim_older_than_ms: Some(2000) }, Some("host-abc123"))
+        .poll(
+            &PollWork {
+                block_ms: Some(999),
+                reclaim_older_than_ms: Some(2000),
+            },
+            Some("host-abc123"),
+        )
         .await
         .unwrap();
 
     let seen = log.lock().unwrap().clone();
     for s in &seen {
         assert_eq!(header(s, "authorization"), vec!["Bearer env-key-123"]);
-        assert!(header(s, "x-api-key").is_empty(), "a worker credential is never sent with x-api-key");
+        assert!(
+            header(s, "x-api-key").is_empty(),
+            "a worker credential is never sent with x-api-key"
+        );
         assert_eq!(header(s, "x-custom-trace"), vec!["abc"]);
         assert_eq!(header(s, "x-stainless-helper"), vec!["environments-worker"]);
     }
     assert_eq!(header(&seen[1], "anthropic-worker-id"), vec!["host-abc123"]);
-    assert!(seen[1].query.contains("block_ms=999") && seen[1].query.contains("reclaim_older_than_ms=2000"));
+    assert!(
+        seen[1].query.contains("block_ms=999")
+            && seen[1].query.contains("reclaim_older_than_ms=2000")
+    );
     assert!(header(&seen[0], "anthropic-worker-id").is_empty());
 
     // The session decodes, its memory store resource typed and the file kept raw.
@@ -130,7 +182,10 @@ async fn worker_credentials_are_bearer_only_and_extra_headers_pass_through() {
     assert_eq!(stores[0].access(), Access::ReadOnly);
     assert_eq!(stores[0].mount_path.as_deref(), Some("/mnt/memory/prefs"));
     assert!(matches!(&session.resources[1], SessionResource::Other(v) if v["type"] == "file"));
-    assert_eq!(session.agent.rest["name"], "a", "unused agent fields are kept");
+    assert_eq!(
+        session.agent.rest["name"], "a",
+        "unused agent fields are kept"
+    );
 }
 
 #[tokio::test]
@@ -148,11 +203,27 @@ async fn an_empty_poll_is_none_in_every_form() {
         }
     }
     let (url, _) = capture(empty).await;
-    let client = Client::builder(Credential::bearer("k")).base_url(&url).build().unwrap();
+    let client = Client::builder(Credential::bearer("k"))
+        .base_url(&url)
+        .build()
+        .unwrap();
     for env in ["null", "nocontent", "blank"] {
-        assert!(client.work(env).poll(&PollWork::default(), None).await.unwrap().is_none(), "{env}");
+        assert!(
+            client
+                .work(env)
+                .poll(&PollWork::default(), None)
+                .await
+                .unwrap()
+                .is_none(),
+            "{env}"
+        );
     }
-    let work = client.work("env_1").poll(&PollWork::default(), None).await.unwrap().unwrap();
+    let work = client
+        .work("env_1")
+        .poll(&PollWork::default(), None)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(work.data.id, "sesn_1");
     assert!(work.data.is_session());
     assert_eq!(work.state, WorkState::Queued);
@@ -175,10 +246,18 @@ async fn errors_are_decoded_and_classified() {
         let body = format!(
             r#"{{"type":"error","error":{{"type":"{kind}","message":"m","details":{{"current_state":{{"state":"active","lease_extended":false,"ttl_seconds":30,"last_heartbeat":null}}}}}},"request_id":"req_1"}}"#
         );
-        (StatusCode::from_u16(status).unwrap(), [("content-type", "application/json")], body).into_response()
+        (
+            StatusCode::from_u16(status).unwrap(),
+            [("content-type", "application/json")],
+            body,
+        )
+            .into_response()
     }
     let (url, _) = capture(failing).await;
-    let client = Client::builder(Credential::bearer("k")).base_url(&url).build().unwrap();
+    let client = Client::builder(Credential::bearer("k"))
+        .base_url(&url)
+        .build()
+        .unwrap();
     for (id, status, permanent) in [
         ("e404", 404, true),
         ("e409", 409, true),
@@ -195,7 +274,8 @@ async fn errors_are_decoded_and_classified() {
         assert_eq!(err.is_permanent(), permanent, "{id}");
         if status == 412 {
             let details = err.api().unwrap().details.clone().unwrap();
-            let lease: LeaseState = serde_json::from_value(details["current_state"].clone()).unwrap();
+            let lease: LeaseState =
+                serde_json::from_value(details["current_state"].clone()).unwrap();
             assert_eq!(lease.state, WorkState::Active);
         }
         if status == 502 {
@@ -207,7 +287,10 @@ async fn errors_are_decoded_and_classified() {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead_url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let dead = Client::builder(Credential::bearer("k")).base_url(dead_url).build().unwrap();
+    let dead = Client::builder(Credential::bearer("k"))
+        .base_url(dead_url)
+        .build()
+        .unwrap();
     let err = dead.sessions().retrieve("sesn_1").await.unwrap_err();
     assert!(matches!(err, Error::Transport(_)), "{err:?}");
     assert!(err.is_transient());
@@ -216,7 +299,10 @@ async fn errors_are_decoded_and_classified() {
 #[tokio::test]
 async fn a_bad_base_url_is_a_configuration_error() {
     for url in ["not a url", "ftp://example.com"] {
-        let err = Client::builder(Credential::bearer("k")).base_url(url).build().unwrap_err();
+        let err = Client::builder(Credential::bearer("k"))
+            .base_url(url)
+            .build()
+            .unwrap_err();
         assert!(matches!(err, Error::Config(_)), "{url}");
     }
 }
@@ -230,27 +316,45 @@ async fn typed_round_trip_and_pagination_stream_against_the_devserver() {
         .unwrap();
     let store = client
         .memory_stores()
-        .create(&CreateMemoryStore { name: "typed".into(), ..Default::default() })
+        .create(&CreateMemoryStore {
+            name: "typed".into(),
+            ..Default::default()
+        })
         .await
         .unwrap();
     let memories = client.memories(&store.id);
     for i in 0..30 {
         memories
-            .create(&CreateMemory { path: format!("/p/{i:02}.md"), content: Some(format!("c{i}")) }, None)
+            .create(
+                &CreateMemory {
+                    path: format!("/p/{i:02}.md"),
+                    content: Some(format!("c{i}")),
+                },
+                None,
+            )
             .await
             .unwrap();
     }
     let listed: Vec<MemoryListItem> = memories
-        .list_all(ListMemories { limit: Some(7), ..Default::default() })
+        .list_all(ListMemories {
+            limit: Some(7),
+            ..Default::default()
+        })
         .try_collect()
         .await
         .unwrap();
-    let paths: Vec<String> = listed.iter().map(|i| i.as_memory().unwrap().path.clone()).collect();
+    let paths: Vec<String> = listed
+        .iter()
+        .map(|i| i.as_memory().unwrap().path.clone())
+        .collect();
     let want: Vec<String> = (0..30).map(|i| format!("/p/{i:02}.md")).collect();
     assert_eq!(paths, want);
 
     let full: Vec<MemoryListItem> = memories
-        .list_all(ListMemories { view: Some(View::Full), ..Default::default() })
+        .list_all(ListMemories {
+            view: Some(View::Full),
+            ..Default::default()
+        })
         .try_collect()
         .await
         .unwrap();
@@ -288,13 +392,19 @@ async fn typed_round_trip_and_pagination_stream_against_the_devserver() {
 
     let versions: Vec<MemoryVersion> = client
         .memory_versions(&store.id)
-        .list_all(ListMemoryVersions { memory_id: Some(first.id.clone()), ..Default::default() })
+        .list_all(ListMemoryVersions {
+            memory_id: Some(first.id.clone()),
+            ..Default::default()
+        })
         .try_collect()
         .await
         .unwrap();
     assert_eq!(versions.len(), 2);
     assert_eq!(versions[0].operation, MemoryOperation::Modified);
-    let deleted = memories.delete(&first.id, Some(&updated.content_sha256)).await.unwrap();
+    let deleted = memories
+        .delete(&first.id, Some(&updated.content_sha256))
+        .await
+        .unwrap();
     assert_eq!(deleted.id, first.id);
     let stores: Vec<MemoryStore> = client
         .memory_stores()

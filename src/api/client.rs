@@ -236,7 +236,8 @@ impl Client {
                 }
             }
             Credential::Bearer(token) => {
-                if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", token.expose_secret()))
+                if let Ok(mut v) =
+                    HeaderValue::from_str(&format!("Bearer {}", token.expose_secret()))
                 {
                     v.set_sensitive(true);
                     headers.insert(reqwest::header::AUTHORIZATION, v);

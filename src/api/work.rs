@@ -37,13 +37,21 @@ impl WorkQueue<'_> {
 
     /// Claim the next item, or `None` when the queue is empty. `worker_id` is
     /// sent as `Anthropic-Worker-ID` so the queue's stats count this worker.
-    pub async fn poll(&self, params: &PollWork, worker_id: Option<&str>) -> Result<Option<Work>, Error> {
+    pub async fn poll(
+        &self,
+        params: &PollWork,
+        worker_id: Option<&str>,
+    ) -> Result<Option<Work>, Error> {
         let query = Query::default()
             .opt("block_ms", params.block_ms)
             .opt("reclaim_older_than_ms", params.reclaim_older_than_ms);
         let mut rb = self
             .client
-            .request(Method::GET, ApiFamily::ManagedAgents, &format!("{}/poll", self.base()))
+            .request(
+                Method::GET,
+                ApiFamily::ManagedAgents,
+                &format!("{}/poll", self.base()),
+            )
             .query(query.pairs());
         if let Some(worker_id) = worker_id {
             rb = rb.header("anthropic-worker-id", worker_id);
@@ -53,9 +61,11 @@ impl WorkQueue<'_> {
 
     /// Acknowledge a claimed item (`queued → starting`).
     pub async fn ack(&self, work_id: &str) -> Result<Option<Work>, Error> {
-        let rb = self
-            .client
-            .request(Method::POST, ApiFamily::ManagedAgents, &self.one(work_id, "/ack"));
+        let rb = self.client.request(
+            Method::POST,
+            ApiFamily::ManagedAgents,
+            &self.one(work_id, "/ack"),
+        );
         self.client.optional_json(rb).await
     }
 
@@ -72,7 +82,11 @@ impl WorkQueue<'_> {
             .opt("desired_ttl_seconds", desired_ttl_seconds);
         let rb = self
             .client
-            .request(Method::POST, ApiFamily::ManagedAgents, &self.one(work_id, "/heartbeat"))
+            .request(
+                Method::POST,
+                ApiFamily::ManagedAgents,
+                &self.one(work_id, "/heartbeat"),
+            )
             .query(query.pairs());
         self.client.json(rb).await
     }
@@ -82,15 +96,21 @@ impl WorkQueue<'_> {
     pub async fn stop(&self, work_id: &str, force: bool) -> Result<(), Error> {
         let rb = self
             .client
-            .request(Method::POST, ApiFamily::ManagedAgents, &self.one(work_id, "/stop"))
+            .request(
+                Method::POST,
+                ApiFamily::ManagedAgents,
+                &self.one(work_id, "/stop"),
+            )
             .json(&json!({ "force": force }));
         self.client.discard(rb).await
     }
 
     pub async fn retrieve(&self, work_id: &str) -> Result<Work, Error> {
-        let rb = self
-            .client
-            .request(Method::GET, ApiFamily::ManagedAgents, &self.one(work_id, ""));
+        let rb = self.client.request(
+            Method::GET,
+            ApiFamily::ManagedAgents,
+            &self.one(work_id, ""),
+        );
         self.client.json(rb).await
     }
 

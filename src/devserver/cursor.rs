@@ -20,7 +20,9 @@ pub fn decode<T: DeserializeOwned>(page: Option<&str>) -> HttpResult<Option<T>> 
     let invalid = || HttpError::invalid_request("page: not a valid page cursor");
     let encoded = page.strip_prefix("page_").ok_or_else(invalid)?;
     let json = URL_SAFE_NO_PAD.decode(encoded).map_err(|_| invalid())?;
-    serde_json::from_slice(&json).map(Some).map_err(|_| invalid())
+    serde_json::from_slice(&json)
+        .map(Some)
+        .map_err(|_| invalid())
 }
 
 #[cfg(test)]

@@ -56,40 +56,56 @@ pub async fn check_request(
     Ok(next.run(request).await)
 }
 
+/// An organisation key may come as `x-api-key` or, as the 2.x SDKs send it,
+/// as `Authorization: Bearer`; worker credentials come as Bearer only.
 fn authenticate(state: &AppState, headers: &HeaderMap) -> HttpResult<Principal> {
+    let admin = || Principal::Admin {
+        api_key_id: state.admin_key_id().to_string(),
+    };
     if let Some(key) = headers.get("x-api-key") {
         let key = key.to_str().unwrap_or_default();
         return if state.is_admin_key(key) {
-            Ok(Principal::Admin {
-                api_key_id: state.admin_key_id().to_string(),
-            })
+            Ok(admin())
         } else {
             Err(HttpError::authentication("invalid x-api-key"))
         };
     }
     if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
         let auth = auth.to_str().unwrap_or_default();
-        return match auth.strip_prefix("Bearer ") {
-            Some(_) => Err(HttpError::authentication("invalid bearer token")),
-            None => Err(HttpError::authentication(
+        let Some(token) = auth.strip_prefix("Bearer ") else {
+            return Err(HttpError::authentication(
                 "the Authorization header must be 'Bearer <token>'",
-            )),
+            ));
         };
+        if state.is_admin_key(token) {
+            return Ok(admin());
+        }
+        return Err(HttpError::authentication("invalid bearer token"));
     }
     Err(HttpError::authentication(
         "x-api-key header is required (or Authorization: Bearer for worker credentials)",
     ))
 }
 
+/// `anthropic-version` must be present and a `YYYY-MM-DD` version date
+/// (`2023-06-01` in the API reference, `2026-10-21` from the 2.x SDKs).
 fn check_version(headers: &HeaderMap) -> HttpResult<()> {
-    match headers.get("anthropic-version").map(|v| v.to_str()) {
-        None => Err(HttpError::invalid_request(
+    let Some(value) = headers.get("anthropic-version") else {
+        return Err(HttpError::invalid_request(
             "anthropic-version: header is required",
-        )),
-        Some(Ok(ANTHROPIC_VERSION)) | Some(Ok("2023-01-01")) => Ok(()),
-        Some(_) => Err(HttpError::invalid_request(format!(
-            "anthropic-version: unsupported version; use {ANTHROPIC_VERSION}"
-        ))),
+        ));
+    };
+    let is_date = value
+        .to_str()
+        .ok()
+        .and_then(|v| chrono::NaiveDate::parse_from_str(v, "%Y-%m-%d").ok())
+        .is_some_and(|d| d >= chrono::NaiveDate::from_ymd_opt(2023, 1, 1).unwrap_or_default());
+    if is_date {
+        Ok(())
+    } else {
+        Err(HttpError::invalid_request(format!(
+            "anthropic-version: not a known API version; use {ANTHROPIC_VERSION}"
+        )))
     }
 }
 
@@ -187,8 +203,14 @@ impl QueryParams {
         let Some(raw) = self.get(name) else {
             return Ok(None);
         };
+        // RFC 3339; a timestamp without an offset (a naive Python datetime) is UTC.
         chrono::DateTime::parse_from_rfc3339(raw)
-            .map(|t| Some(t.with_timezone(&chrono::Utc)))
+            .map(|t| t.with_timezone(&chrono::Utc))
+            .or_else(|_| {
+                chrono::NaiveDateTime::parse_from_str(raw, "%Y-%m-%dT%H:%M:%S%.f")
+                    .map(|t| t.and_utc())
+            })
+            .map(Some)
             .map_err(|_| {
                 HttpError::invalid_request(format!("{name}: must be an RFC 3339 timestamp"))
             })
@@ -273,7 +295,10 @@ mod tests {
         let ok = [
             headers(&[("anthropic-beta", BETA_AGENT_MEMORY)]),
             headers(&[("anthropic-beta", BETA_MANAGED_AGENTS)]),
-            headers(&[("anthropic-beta", "files-api-2025-04-14, agent-memory-2026-07-22")]),
+            headers(&[(
+                "anthropic-beta",
+                "files-api-2025-04-14, agent-memory-2026-07-22",
+            )]),
         ];
         for h in &ok {
             assert!(check_beta(h, ApiFamily::Memory).is_ok(), "{h:?}");
@@ -303,11 +328,24 @@ mod tests {
         assert_eq!(q.limit().unwrap(), 7, "the last value wins");
         assert_eq!(q.boolean("include_archived").unwrap(), Some(true));
         assert!(q.timestamp("created_at[gte]").unwrap().is_some());
+        let naive = QueryParams::parse(Some("t=2026-01-01T00%3A00%3A00.5"));
+        assert_eq!(
+            naive.timestamp("t").unwrap().unwrap().to_rfc3339(),
+            "2026-01-01T00:00:00.500+00:00"
+        );
         assert_eq!(q.view(View::Basic).unwrap(), View::Full);
         assert!(QueryParams::parse(Some("limit=0")).limit().is_err());
         assert!(QueryParams::parse(Some("limit=101")).limit().is_err());
         assert!(QueryParams::parse(Some("limit=x")).limit().is_err());
-        assert!(QueryParams::parse(Some("view=partial")).view(View::Basic).is_err());
-        assert!(QueryParams::parse(Some("include_archived=yes")).boolean("include_archived").is_err());
+        assert!(
+            QueryParams::parse(Some("view=partial"))
+                .view(View::Basic)
+                .is_err()
+        );
+        assert!(
+            QueryParams::parse(Some("include_archived=yes"))
+                .boolean("include_archived")
+                .is_err()
+        );
     }
 }

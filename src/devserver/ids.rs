@@ -53,7 +53,10 @@ mod tests {
     fn ids_have_the_api_shape_and_do_not_repeat() {
         let a = new_id("memstore");
         let b = new_id("memstore");
-        assert!(a.starts_with("memstore_01") && a.len() == "memstore_01".len() + 22, "{a}");
+        assert!(
+            a.starts_with("memstore_01") && a.len() == "memstore_01".len() + 22,
+            "{a}"
+        );
         assert_ne!(a, b);
     }
 

@@ -234,7 +234,11 @@ async fn method_not_allowed(request: Request<axum::body::Body>) -> HttpError {
     HttpError::new(
         axum::http::StatusCode::METHOD_NOT_ALLOWED,
         "invalid_request_error",
-        format!("{} is not allowed on {}", request.method(), request.uri().path()),
+        format!(
+            "{} is not allowed on {}",
+            request.method(),
+            request.uri().path()
+        ),
     )
 }
 

@@ -224,7 +224,10 @@ mod tests {
     fn names_descriptions_metadata() {
         assert!(store_name("User Preferences").is_ok());
         assert!(store_name(&"x".repeat(255)).is_ok());
-        assert!(store_name(&"é".repeat(255)).is_ok(), "characters, not bytes");
+        assert!(
+            store_name(&"é".repeat(255)).is_ok(),
+            "characters, not bytes"
+        );
         assert!(store_name("").is_err());
         assert!(store_name(&"x".repeat(256)).is_err());
         assert!(store_name("tab\there").is_err());

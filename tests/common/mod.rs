@@ -2,6 +2,9 @@
 //! helpers that send exactly the headers a real client sends.
 #![allow(dead_code)]
 
+pub mod process;
+pub mod sdk;
+
 use envworker::devserver::{Devserver, DevserverConfig, RunningDevserver};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -30,11 +33,16 @@ impl Answer {
         assert_eq!(self.body["type"], "error", "{:#}", self.body);
         assert_eq!(self.body["error"]["type"], kind, "{:#}", self.body);
         assert!(
-            self.body["request_id"].as_str().is_some_and(|r| r.starts_with("req_")),
+            self.body["request_id"]
+                .as_str()
+                .is_some_and(|r| r.starts_with("req_")),
             "{:#}",
             self.body
         );
-        self.body["error"]["message"].as_str().unwrap_or_default().to_string()
+        self.body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
     }
 
     #[track_caller]
@@ -99,9 +107,8 @@ impl TestServer {
         let body = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|_| {
-                panic!("body is not JSON: {}", String::from_utf8_lossy(&bytes))
-            })
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| panic!("body is not JSON: {}", String::from_utf8_lossy(&bytes)))
         };
         Answer {
             status,
@@ -112,7 +119,11 @@ impl TestServer {
 
     pub async fn create_store(&self, name: &str) -> String {
         let store = self
-            .memory(Method::POST, "/v1/memory_stores", Some(json!({ "name": name })))
+            .memory(
+                Method::POST,
+                "/v1/memory_stores",
+                Some(json!({ "name": name })),
+            )
             .await
             .ok();
         store["id"].as_str().unwrap().to_string()
@@ -134,7 +145,11 @@ impl TestServer {
         let mut pages = 0;
         let mut page: Option<String> = None;
         loop {
-            let sep = if path_and_query.contains('?') { '&' } else { '?' };
+            let sep = if path_and_query.contains('?') {
+                '&'
+            } else {
+                '?'
+            };
             let url = match &page {
                 Some(p) => format!("{path_and_query}{sep}page={p}"),
                 None => path_and_query.to_string(),
@@ -164,7 +179,9 @@ impl TestServer {
                 .list_all(&format!("/v1/memory_stores/{id}/memories?view=full"))
                 .await;
             let (versions, _) = self
-                .list_all(&format!("/v1/memory_stores/{id}/memory_versions?view=full&limit=100"))
+                .list_all(&format!(
+                    "/v1/memory_stores/{id}/memory_versions?view=full&limit=100"
+                ))
                 .await;
             out.push(json!({ "store": store, "memories": memories, "versions": versions }));
         }

@@ -225,7 +225,11 @@ impl SessionEvent {
     }
 
     /// A successful or failed tool result for `tool_use_id`.
-    pub fn tool_result(tool_use_id: impl Into<String>, content: Vec<Value>, is_error: bool) -> Self {
+    pub fn tool_result(
+        tool_use_id: impl Into<String>,
+        content: Vec<Value>,
+        is_error: bool,
+    ) -> Self {
         SessionEvent::UserToolResult(UserToolResult {
             id: None,
             processed_at: None,
@@ -295,7 +299,9 @@ mod tests {
             }
             other => panic!("expected a tool use, got {other:?}"),
         }
-        assert!(matches!(&events[1], SessionEvent::StatusIdle(i) if i.stop_reason.as_ref().unwrap().kind == "end_turn"));
+        assert!(
+            matches!(&events[1], SessionEvent::StatusIdle(i) if i.stop_reason.as_ref().unwrap().kind == "end_turn")
+        );
         assert!(matches!(&events[2], SessionEvent::Other(v) if v["content"][0]["text"] == "hi"));
         assert_eq!(events[2].event_type(), "agent.message");
         assert_eq!(events[2].id(), Some("sevt_3"));

@@ -397,7 +397,9 @@ mod tests {
             ]"#,
         )
         .unwrap();
-        assert!(matches!(&page[0], MemoryListItem::Memory(m) if m.path == "/a.md" && m.content.is_none()));
+        assert!(
+            matches!(&page[0], MemoryListItem::Memory(m) if m.path == "/a.md" && m.content.is_none())
+        );
         assert!(matches!(&page[1], MemoryListItem::Prefix(p) if p.path == "/dir/"));
         assert!(matches!(&page[2], MemoryListItem::Other(v) if v["type"] == "memory_hologram"));
     }
@@ -418,6 +420,9 @@ mod tests {
     #[test]
     fn actor_round_trips_only_its_own_fields() {
         let json = serde_json::to_value(Actor::session("sesn_1")).unwrap();
-        assert_eq!(json, serde_json::json!({"type":"session_actor","session_id":"sesn_1"}));
+        assert_eq!(
+            json,
+            serde_json::json!({"type":"session_actor","session_id":"sesn_1"})
+        );
     }
 }

@@ -365,7 +365,9 @@ fn list_page(
             cursor::encode(&match last {
                 MemoryListItem::Prefix(p) => MemoryCursor::From(prefix_upper_bound(&p.path)),
                 MemoryListItem::Memory(m) => MemoryCursor::After(m.path.clone()),
-                MemoryListItem::Other(_) => unreachable!("the devserver lists memories and prefixes only"),
+                MemoryListItem::Other(_) => {
+                    unreachable!("the devserver lists memories and prefixes only")
+                }
             })
         })
     } else {

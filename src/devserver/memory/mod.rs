@@ -19,9 +19,14 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/memory_stores", post(stores::create).get(stores::list))
         .route(
             "/v1/memory_stores/{store_id}",
-            get(stores::retrieve).post(stores::update).delete(stores::delete),
+            get(stores::retrieve)
+                .post(stores::update)
+                .delete(stores::delete),
         )
-        .route("/v1/memory_stores/{store_id}/archive", post(stores::archive))
+        .route(
+            "/v1/memory_stores/{store_id}/archive",
+            post(stores::archive),
+        )
         .route(
             "/v1/memory_stores/{store_id}/memories",
             post(memories::create).get(memories::list),

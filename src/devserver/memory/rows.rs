@@ -10,7 +10,8 @@ use crate::api::types::{Actor, Memory, MemoryOperation, MemoryStore, MemoryVersi
 use super::super::error::{HttpError, HttpResult};
 use super::super::ids;
 
-pub const STORE_COLUMNS: &str = "id, name, description, metadata, created_at, updated_at, archived_at";
+pub const STORE_COLUMNS: &str =
+    "id, name, description, metadata, created_at, updated_at, archived_at";
 
 pub fn store_from_row(row: &Row<'_>) -> rusqlite::Result<MemoryStore> {
     store_at(row, 0)
@@ -72,7 +73,11 @@ pub fn memory_from_row(row: &Row<'_>, with_content: bool) -> rusqlite::Result<Me
         memory_version_id: row.get(5)?,
         created_at: ids::from_micros(row.get(6)?),
         updated_at: ids::from_micros(row.get(7)?),
-        content: if with_content { Some(row.get(8)?) } else { None },
+        content: if with_content {
+            Some(row.get(8)?)
+        } else {
+            None
+        },
     })
 }
 
@@ -84,7 +89,11 @@ pub fn load_memory(tx: &Transaction<'_>, store_id: &str, memory_id: &str) -> Htt
         |r| memory_from_row(r, true),
     )
     .optional()?
-    .ok_or_else(|| HttpError::not_found(format!("memory {memory_id} not found in memory store {store_id}")))
+    .ok_or_else(|| {
+        HttpError::not_found(format!(
+            "memory {memory_id} not found in memory store {store_id}"
+        ))
+    })
 }
 
 /// A memory already at `path`, or at a path that would be a folder of it or
@@ -131,11 +140,16 @@ pub fn path_conflict(
 }
 
 /// 409 `memory_path_conflict_error` naming the memory in the way.
-pub fn conflict_error(path: &str, (conflicting_path, conflicting_id): (String, String)) -> HttpError {
+pub fn conflict_error(
+    path: &str,
+    (conflicting_path, conflicting_id): (String, String),
+) -> HttpError {
     let message = if conflicting_path == path {
         format!("a memory already exists at {path}")
     } else {
-        format!("{path} conflicts with the memory at {conflicting_path}: a path cannot be both a memory and a folder")
+        format!(
+            "{path} conflicts with the memory at {conflicting_path}: a path cannot be both a memory and a folder"
+        )
     };
     HttpError::conflict("memory_path_conflict_error", message).with_details(serde_json::json!({
         "conflicting_path": conflicting_path,

@@ -62,8 +62,12 @@ pub async fn list(
     let q = QueryParams::parse(raw.as_deref());
     let limit = q.limit()?;
     let include_archived = q.boolean("include_archived")?.unwrap_or(false);
-    let gte = q.timestamp("created_at[gte]")?.map(|t| t.timestamp_micros());
-    let lte = q.timestamp("created_at[lte]")?.map(|t| t.timestamp_micros());
+    let gte = q
+        .timestamp("created_at[gte]")?
+        .map(|t| t.timestamp_micros());
+    let lte = q
+        .timestamp("created_at[lte]")?
+        .map(|t| t.timestamp_micros());
     let cursor: Option<StoreCursor> = cursor::decode(q.get("page"))?;
 
     let page = state
@@ -88,7 +92,9 @@ pub async fn list(
             let mut items = rows.collect::<Result<Vec<_>, _>>()?;
             let next_page = if items.len() > limit {
                 items.truncate(limit);
-                items.last().map(|(seq, _)| cursor::encode(&StoreCursor { before: *seq }))
+                items
+                    .last()
+                    .map(|(seq, _)| cursor::encode(&StoreCursor { before: *seq }))
             } else {
                 None
             };

@@ -11,9 +11,9 @@ use crate::api::types::{MemoryVersion, Page, View};
 use super::super::error::{HttpError, HttpResult};
 use super::super::http::{Principal, QueryParams};
 use super::super::{AppState, cursor, ids};
+use super::authorize_store;
 use super::memories::FULL_VIEW_PAGE_CAP;
 use super::rows::{VERSION_COLUMNS, load_store, version_at, version_from_row};
-use super::authorize_store;
 
 #[derive(Serialize, Deserialize)]
 struct VersionCursor {
@@ -99,7 +99,11 @@ pub async fn list(
     Ok(Json(page))
 }
 
-fn load_version(tx: &Transaction<'_>, store_id: &str, version_id: &str) -> HttpResult<MemoryVersion> {
+fn load_version(
+    tx: &Transaction<'_>,
+    store_id: &str,
+    version_id: &str,
+) -> HttpResult<MemoryVersion> {
     tx.query_row(
         &format!("SELECT {VERSION_COLUMNS} FROM memory_versions WHERE id = ?1 AND store_id = ?2"),
         [version_id, store_id],

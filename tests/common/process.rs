@@ -1,0 +1,51 @@
+//! The `envworker` binary run as a child process, as users run it.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A running `envworker devserver` child, killed on drop.
+pub struct DevserverProcess {
+    pub child: Child,
+    pub url: String,
+}
+
+impl DevserverProcess {
+    /// Start `envworker devserver --listen 127.0.0.1:0 --admin-key KEY EXTRA…`
+    /// and wait for the line that announces its URL.
+    pub fn start(admin_key: &str, extra: &[&str]) -> DevserverProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_envworker"))
+            .args([
+                "devserver",
+                "--listen",
+                "127.0.0.1:0",
+                "--admin-key",
+                admin_key,
+            ])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("envworker starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("envworker devserver listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("the devserver announces its URL");
+        DevserverProcess { child, url }
+    }
+}
+
+impl Drop for DevserverProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

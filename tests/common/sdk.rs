@@ -1,0 +1,106 @@
+//! The official Python SDK (`anthropic==2.10.0`) in a virtualenv under
+//! `target/`, installed on first use. An SDK that cannot be installed fails
+//! the test: a conformance check that silently skips proves nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub const SDK_VERSION: &str = "2.10.0";
+
+/// The virtualenv's python, with the SDK importable.
+pub fn python() -> PathBuf {
+    static PYTHON: OnceLock<PathBuf> = OnceLock::new();
+    PYTHON.get_or_init(install).clone()
+}
+
+fn venv_python(venv: &Path) -> PathBuf {
+    venv.join("bin").join("python")
+}
+
+fn has_sdk(python: &Path) -> bool {
+    Command::new(python)
+        .args([
+            "-c",
+            &format!("import anthropic, standardwebhooks; assert anthropic.__version__ == '{SDK_VERSION}'"),
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn install() -> PathBuf {
+    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let venv = root.join(format!("sdk-venv-{SDK_VERSION}"));
+    if has_sdk(&venv_python(&venv)) {
+        return venv_python(&venv);
+    }
+    // Build in a private directory and rename it into place, so concurrent
+    // test processes never see a half-installed virtualenv.
+    let staging = root.join(format!("sdk-venv-staging-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    let host_python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+    run(
+        Command::new(&host_python)
+            .args(["-m", "venv"])
+            .arg(&staging),
+        "create the virtualenv",
+    );
+    run(
+        Command::new(venv_python(&staging)).args([
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            &format!("anthropic[webhooks]=={SDK_VERSION}"),
+        ]),
+        "install the official SDK",
+    );
+    if std::fs::rename(&staging, &venv).is_err() {
+        // Another process got there first; use theirs if it works.
+        let _ = std::fs::remove_dir_all(&staging);
+    }
+    let python = venv_python(&venv);
+    assert!(
+        has_sdk(&python),
+        "the official SDK anthropic=={SDK_VERSION} is not importable from {}",
+        venv.display()
+    );
+    python
+}
+
+fn run(cmd: &mut Command, what: &str) -> Output {
+    let output = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot {what}: {e} (is python3 with venv installed?)"));
+    assert!(
+        output.status.success(),
+        "cannot {what}: {}\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// Run a script from `tests/conformance/` with the SDK; panics with its
+/// output unless it exits 0. Returns its stdout.
+pub fn run_script(script: &str, env: &[(&str, &str)]) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/conformance")
+        .join(script);
+    let mut cmd = Command::new(python());
+    cmd.arg(&path).env("PYTHONUNBUFFERED", "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let output = cmd.output().expect("python runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    assert!(
+        output.status.success(),
+        "{script} failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+}
