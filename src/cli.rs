@@ -44,4 +44,37 @@ pub struct DevserverArgs {
     /// Directory of the SQLite database, kept across restarts (default: a fresh temporary one).
     #[arg(long, env = "ENVWORKER_DEVSERVER_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
+
+    /// Where sessions mount their memory stores: mount_path = <root>/<slug of the store name>.
+    #[arg(
+        long,
+        env = "ENVWORKER_DEVSERVER_MOUNT_ROOT",
+        default_value = "/mnt/memory"
+    )]
+    pub mount_root: String,
+
+    /// Send signed session.status_run_started webhooks to this URL.
+    #[arg(
+        long,
+        env = "ENVWORKER_DEVSERVER_WEBHOOK_URL",
+        requires = "webhook_secret"
+    )]
+    pub webhook_url: Option<String>,
+
+    /// The webhook signing secret (whsec_…).
+    #[arg(
+        long,
+        env = "ENVWORKER_DEVSERVER_WEBHOOK_SECRET",
+        hide_env_values = true,
+        requires = "webhook_url"
+    )]
+    pub webhook_secret: Option<String>,
+
+    /// A fault to inject, e.g. 'POST /v1/memory_stores/*/memories/*:status=503,rate=0.5' (repeatable).
+    #[arg(long = "fault", value_name = "RULE")]
+    pub faults: Vec<String>,
+
+    /// Lease TTL of a work item in seconds, unless a heartbeat asks for another.
+    #[arg(long, env = "ENVWORKER_DEVSERVER_LEASE_TTL", default_value_t = 30)]
+    pub lease_ttl: i64,
 }

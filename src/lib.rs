@@ -7,6 +7,7 @@
 //!   cursor pagination, error classes.
 //! - [`devserver`] — a local control plane answering as the real API does,
 //!   over SQLite, so workers can be run and tested without the real API.
+//! - [`webhook`] — Standard Webhooks signing and verification.
 //! - [`cli`] — the command line: subcommands and flags (each flag also reads
 //!   its `ENVWORKER_*` / `ANTHROPIC_*` variable).
 //! - [`logging`] — tracing setup, text or JSON lines.
@@ -15,3 +16,4 @@ pub mod api;
 pub mod cli;
 pub mod devserver;
 pub mod logging;
+pub mod webhook;

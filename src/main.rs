@@ -6,8 +6,10 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use envworker::cli::{Cli, Command, DevserverArgs};
+use envworker::devserver::faults::FaultRule;
 use envworker::devserver::{Devserver, DevserverConfig};
 use envworker::logging;
+use envworker::webhook::SigningKey;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -26,9 +28,18 @@ async fn main() -> ExitCode {
 }
 
 async fn devserver(args: DevserverArgs) -> anyhow::Result<()> {
-    let mut config = DevserverConfig::new(args.admin_key);
+    let mut config = DevserverConfig::new(args.admin_key)
+        .mount_root(args.mount_root)
+        .lease_ttl_seconds(args.lease_ttl);
     if let Some(dir) = args.data_dir {
         config = config.data_dir(dir);
+    }
+    if let (Some(url), Some(secret)) = (args.webhook_url, args.webhook_secret) {
+        let key = SigningKey::parse(&secret).context("--webhook-secret")?;
+        config = config.webhook(url, key);
+    }
+    for spec in &args.faults {
+        config = config.fault(FaultRule::parse(spec).map_err(anyhow::Error::msg)?);
     }
     let server = Devserver::open(config).context("cannot start the devserver")?;
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -30,7 +30,8 @@ pub enum DbError {
 }
 
 /// Schema migrations, applied in order; `PRAGMA user_version` records how many ran.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE memory_stores (
     seq          INTEGER PRIMARY KEY AUTOINCREMENT,
     id           TEXT NOT NULL UNIQUE,
@@ -72,7 +73,89 @@ CREATE TABLE memory_versions (
 );
 CREATE INDEX memory_versions_by_store ON memory_versions (store_id, seq);
 CREATE INDEX memory_versions_by_memory ON memory_versions (memory_id, seq);
-"#];
+"#,
+    r#"
+CREATE TABLE environments (
+    seq          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id           TEXT NOT NULL UNIQUE,
+    name         TEXT NOT NULL,
+    description  TEXT NOT NULL,
+    metadata     TEXT NOT NULL,
+    config_type  TEXT NOT NULL,
+    scope        TEXT,
+    created_at   INTEGER NOT NULL,
+    updated_at   INTEGER NOT NULL,
+    archived_at  INTEGER
+);
+-- Worker credentials, by the SHA-256 of the secret: the secret itself is never stored.
+CREATE TABLE credentials (
+    token_sha256   TEXT PRIMARY KEY,
+    kind           TEXT NOT NULL,
+    environment_id TEXT NOT NULL,
+    session_id     TEXT,
+    work_id        TEXT,
+    created_at     INTEGER NOT NULL,
+    revoked_at     INTEGER
+);
+CREATE TABLE sessions (
+    seq            INTEGER PRIMARY KEY AUTOINCREMENT,
+    id             TEXT NOT NULL UNIQUE,
+    environment_id TEXT NOT NULL,
+    status         TEXT NOT NULL,
+    agent          TEXT NOT NULL,
+    resources      TEXT NOT NULL,
+    metadata       TEXT NOT NULL,
+    title          TEXT,
+    created_at     INTEGER NOT NULL,
+    updated_at     INTEGER NOT NULL,
+    archived_at    INTEGER
+);
+-- `ref_id` is the tool call a result or confirmation answers.
+CREATE TABLE session_events (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    id         TEXT NOT NULL UNIQUE,
+    session_id TEXT NOT NULL,
+    type       TEXT NOT NULL,
+    ref_id     TEXT,
+    body       TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE INDEX session_events_by_session ON session_events (session_id, seq);
+CREATE INDEX session_events_by_ref ON session_events (session_id, ref_id);
+CREATE TABLE work_items (
+    seq                 INTEGER PRIMARY KEY AUTOINCREMENT,
+    id                  TEXT NOT NULL UNIQUE,
+    environment_id      TEXT NOT NULL,
+    data_type           TEXT NOT NULL,
+    data_id             TEXT NOT NULL,
+    state               TEXT NOT NULL,
+    metadata            TEXT NOT NULL,
+    created_at          INTEGER NOT NULL,
+    claimed_at          INTEGER,
+    claimed_by          TEXT,
+    acknowledged_at     INTEGER,
+    started_at          INTEGER,
+    last_heartbeat      TEXT,
+    latest_heartbeat_at INTEGER,
+    lease_expires_at    INTEGER,
+    ttl_seconds         INTEGER NOT NULL,
+    stop_requested_at   INTEGER,
+    stopped_at          INTEGER
+);
+CREATE INDEX work_items_queue ON work_items (environment_id, state, seq);
+CREATE INDEX work_items_by_session ON work_items (data_id, seq);
+CREATE TABLE worker_polls (
+    environment_id TEXT NOT NULL,
+    worker_id      TEXT NOT NULL,
+    polled_at      INTEGER NOT NULL,
+    PRIMARY KEY (environment_id, worker_id)
+);
+CREATE TABLE scenarios (
+    session_id TEXT PRIMARY KEY,
+    report     TEXT NOT NULL
+);
+"#,
+];
 
 /// The storage handle. Cloning shares the connection.
 #[derive(Clone)]

@@ -9,82 +9,42 @@ use axum::middleware::Next;
 use axum::response::Response;
 use serde::de::DeserializeOwned;
 
-use crate::api::types::{Actor, MemoryOperation, Timestamp, View};
+use crate::api::types::{MemoryOperation, Timestamp, View};
 use crate::api::{ANTHROPIC_VERSION, ApiFamily, BETA_AGENT_MEMORY, BETA_MANAGED_AGENTS};
 
 use super::AppState;
+use super::auth::{Principal, authenticate};
 use super::error::{HttpError, HttpResult};
 
 /// Largest request body accepted; larger bodies get 413 `request_too_large`.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// Who is calling.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Principal {
-    /// The devserver's admin key, acting as an organisation API key.
-    Admin { api_key_id: String },
-}
-
-impl Principal {
-    /// The actor recorded on memory versions this principal writes.
-    pub fn actor(&self) -> Actor {
-        match self {
-            Principal::Admin { api_key_id } => Actor::api(api_key_id.clone()),
-        }
-    }
-
-    /// Refuse anything but an organisation key, for `what` ("create memory stores").
-    pub fn require_org(&self, what: &str) -> HttpResult<()> {
-        match self {
-            Principal::Admin { .. } => Ok(()),
-        }
-        .map_err(|()| HttpError::permission(format!("this credential cannot {what}")))
-    }
-}
-
-/// Check `anthropic-version`, the credential and the beta header of one API
+/// Check the credential, `anthropic-version` and the beta header of one API
 /// family, then hand the [`Principal`] to the handler.
 pub async fn check_request(
     State((state, family)): State<(AppState, ApiFamily)>,
     mut request: Request,
     next: Next,
 ) -> Result<Response, HttpError> {
-    let principal = authenticate(&state, request.headers())?;
+    let principal = authenticate(&state, request.headers()).await?;
     check_version(request.headers())?;
     check_beta(request.headers(), family)?;
     request.extensions_mut().insert(principal);
     Ok(next.run(request).await)
 }
 
-/// An organisation key may come as `x-api-key` or, as the 2.x SDKs send it,
-/// as `Authorization: Bearer`; worker credentials come as Bearer only.
-fn authenticate(state: &AppState, headers: &HeaderMap) -> HttpResult<Principal> {
-    let admin = || Principal::Admin {
-        api_key_id: state.admin_key_id().to_string(),
-    };
-    if let Some(key) = headers.get("x-api-key") {
-        let key = key.to_str().unwrap_or_default();
-        return if state.is_admin_key(key) {
-            Ok(admin())
-        } else {
-            Err(HttpError::authentication("invalid x-api-key"))
-        };
+/// The `/dev/*` endpoints: the admin key only, no version or beta header.
+pub async fn check_admin(
+    State(state): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Result<Response, HttpError> {
+    match authenticate(&state, request.headers()).await? {
+        Principal::Admin { .. } => Ok(next.run(request).await),
+        _ => Err(HttpError::permission(
+            "the /dev endpoints need the devserver's admin key",
+        )),
     }
-    if let Some(auth) = headers.get(axum::http::header::AUTHORIZATION) {
-        let auth = auth.to_str().unwrap_or_default();
-        let Some(token) = auth.strip_prefix("Bearer ") else {
-            return Err(HttpError::authentication(
-                "the Authorization header must be 'Bearer <token>'",
-            ));
-        };
-        if state.is_admin_key(token) {
-            return Ok(admin());
-        }
-        return Err(HttpError::authentication("invalid bearer token"));
-    }
-    Err(HttpError::authentication(
-        "x-api-key header is required (or Authorization: Bearer for worker credentials)",
-    ))
 }
 
 /// `anthropic-version` must be present and a `YYYY-MM-DD` version date
@@ -181,6 +141,15 @@ impl QueryParams {
                 "{name}: must be an integer from {min} to {max}"
             ))),
         }
+    }
+
+    /// Every value given for `name` (`types[]=a&types[]=b`).
+    pub fn all(&self, name: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .collect()
     }
 
     /// `limit`, 1–100, default 20.

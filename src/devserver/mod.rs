@@ -2,6 +2,10 @@
 //! Managed Agents API does, backed by SQLite, so that workers — ours and the
 //! official SDK's — can be run and tested without the real API.
 //!
+//! It serves self-hosted environments and their work queue, sessions and
+//! their events (list, send, SSE), memory stores, scripted sessions driven by
+//! scenario files (`/dev/scenarios`), signed webhooks, and injected faults.
+//!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
 //! use envworker::devserver::{Devserver, DevserverConfig};
@@ -13,40 +17,72 @@
 //! # Ok(()) }
 //! ```
 
+pub mod auth;
 pub mod cursor;
 pub mod db;
+pub mod environments;
 pub mod error;
+pub mod faults;
 pub mod http;
 pub mod ids;
+pub mod live;
 mod memory;
+pub mod scenario;
+pub mod sessions;
 pub mod validate;
+pub mod webhooks;
+pub mod work;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::{HeaderValue, Request};
 use axum::middleware;
 use axum::response::Response;
+use axum::routing::{get, post};
+use rusqlite::Transaction;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::ApiFamily;
+use crate::webhook::SigningKey;
 
 use self::db::{Db, DbError};
-use self::error::HttpError;
+use self::error::{HttpError, HttpResult};
+use self::faults::{FaultRule, Faults};
+use self::live::{Effects, Live};
+use self::webhooks::WebhookSender;
+
+/// Default lease TTL of a work item, in seconds.
+pub const DEFAULT_LEASE_TTL_SECONDS: i64 = 30;
+/// Default mount root of memory stores.
+pub const DEFAULT_MOUNT_ROOT: &str = "/mnt/memory";
 
 /// How to start a devserver.
 #[derive(Clone)]
 pub struct DevserverConfig {
-    /// The organisation key, accepted as `x-api-key`.
+    /// The organisation key, accepted as `x-api-key` or Bearer.
     pub admin_key: String,
     /// Where the SQLite database lives; `None` is a fresh temporary database.
     pub data_dir: Option<PathBuf>,
+    /// Where memory stores are mounted: `mount_path` = `<root>/<slug>`.
+    pub mount_root: String,
+    /// Deliver `session.status_run_started` here, signed with the key.
+    pub webhook: Option<(String, SigningKey)>,
+    /// First retry delay of a failed webhook delivery (doubles each time).
+    pub webhook_backoff: Duration,
+    /// Fault rules active from the start.
+    pub faults: Vec<FaultRule>,
+    /// Lease TTL of a work item unless a heartbeat asks for another.
+    pub lease_ttl_seconds: i64,
+    /// How often an idle event stream sends `event: ping`.
+    pub ping_interval: Duration,
 }
 
 impl std::fmt::Debug for DevserverConfig {
@@ -54,6 +90,10 @@ impl std::fmt::Debug for DevserverConfig {
         f.debug_struct("DevserverConfig")
             .field("admin_key", &"[redacted]")
             .field("data_dir", &self.data_dir)
+            .field("mount_root", &self.mount_root)
+            .field("webhook_url", &self.webhook.as_ref().map(|(u, _)| u))
+            .field("faults", &self.faults)
+            .field("lease_ttl_seconds", &self.lease_ttl_seconds)
             .finish()
     }
 }
@@ -63,11 +103,47 @@ impl DevserverConfig {
         DevserverConfig {
             admin_key: admin_key.into(),
             data_dir: None,
+            mount_root: DEFAULT_MOUNT_ROOT.into(),
+            webhook: None,
+            webhook_backoff: Duration::from_secs(1),
+            faults: Vec::new(),
+            lease_ttl_seconds: DEFAULT_LEASE_TTL_SECONDS,
+            ping_interval: Duration::from_secs(15),
         }
     }
 
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(dir.into());
+        self
+    }
+
+    pub fn mount_root(mut self, root: impl Into<String>) -> Self {
+        self.mount_root = root.into();
+        self
+    }
+
+    pub fn webhook(mut self, url: impl Into<String>, key: SigningKey) -> Self {
+        self.webhook = Some((url.into(), key));
+        self
+    }
+
+    pub fn webhook_backoff(mut self, backoff: Duration) -> Self {
+        self.webhook_backoff = backoff;
+        self
+    }
+
+    pub fn fault(mut self, rule: FaultRule) -> Self {
+        self.faults.push(rule);
+        self
+    }
+
+    pub fn lease_ttl_seconds(mut self, ttl: i64) -> Self {
+        self.lease_ttl_seconds = ttl;
+        self
+    }
+
+    pub fn ping_interval(mut self, interval: Duration) -> Self {
+        self.ping_interval = interval;
         self
     }
 }
@@ -77,8 +153,14 @@ impl DevserverConfig {
 pub enum DevserverError {
     #[error("the admin key must not be empty")]
     EmptyAdminKey,
+    #[error("the mount root must be an absolute path, got {0:?}")]
+    MountRoot(String),
+    #[error("the lease TTL must be 1 to {max} seconds", max = work::MAX_TTL_SECONDS)]
+    LeaseTtl,
     #[error(transparent)]
     Db(#[from] DbError),
+    #[error("cannot recover the database: {0}")]
+    Recover(String),
     #[error("cannot read the listener's address: {0}")]
     Listener(#[source] std::io::Error),
 }
@@ -93,11 +175,42 @@ struct StateInner {
     db: Db,
     admin_key_sha256: [u8; 32],
     admin_key_id: String,
+    mount_root: String,
+    lease_ttl_seconds: i64,
+    ping_interval: Duration,
+    live: Live,
+    faults: Faults,
+    webhook: Option<WebhookSender>,
+    shutdown: CancellationToken,
 }
 
 impl AppState {
     pub fn db(&self) -> &Db {
         &self.inner.db
+    }
+
+    pub fn live(&self) -> &Live {
+        &self.inner.live
+    }
+
+    pub fn faults(&self) -> &Faults {
+        &self.inner.faults
+    }
+
+    pub fn mount_root(&self) -> String {
+        self.inner.mount_root.clone()
+    }
+
+    pub fn lease_ttl_seconds(&self) -> i64 {
+        self.inner.lease_ttl_seconds
+    }
+
+    pub fn ping_interval(&self) -> Duration {
+        self.inner.ping_interval
+    }
+
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.inner.shutdown.clone()
     }
 
     /// Compare digests rather than the keys themselves, so the comparison
@@ -110,6 +223,37 @@ impl AppState {
     /// The admin key's public id (`apikey_…`), recorded as the actor of its writes.
     pub fn admin_key_id(&self) -> &str {
         &self.inner.admin_key_id
+    }
+
+    /// Set in motion what a committed transaction produced.
+    pub fn apply(&self, fx: Effects) {
+        self.inner.live.publish(fx.events);
+        if fx.work_available {
+            self.inner.live.work_available.notify_waiters();
+        }
+        if let Some(webhook) = &self.inner.webhook {
+            for session_id in &fx.run_started {
+                webhook.run_started(session_id);
+            }
+        }
+    }
+
+    /// Run `f` in a transaction and apply its effects once it committed.
+    pub async fn commit<T, F>(&self, f: F) -> HttpResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Transaction<'_>, &mut Effects) -> HttpResult<T> + Send + 'static,
+    {
+        let (value, fx) = self
+            .db()
+            .transaction(move |tx| {
+                let mut fx = Effects::default();
+                let value = f(tx, &mut fx)?;
+                Ok((value, fx))
+            })
+            .await?;
+        self.apply(fx);
+        Ok(value)
     }
 }
 
@@ -124,15 +268,31 @@ impl Devserver {
         if config.admin_key.is_empty() {
             return Err(DevserverError::EmptyAdminKey);
         }
+        if !config.mount_root.starts_with('/') {
+            return Err(DevserverError::MountRoot(config.mount_root));
+        }
+        if !(1..=work::MAX_TTL_SECONDS).contains(&config.lease_ttl_seconds) {
+            return Err(DevserverError::LeaseTtl);
+        }
         let db = Db::open(config.data_dir.as_deref())?;
         let digest: [u8; 32] = Sha256::digest(config.admin_key.as_bytes()).into();
         let admin_key_id = format!("apikey_01{}", &hex::encode(digest)[..22]);
+        let webhook = config
+            .webhook
+            .map(|(url, key)| WebhookSender::new(url, key, config.webhook_backoff));
         Ok(Devserver {
             state: AppState {
                 inner: Arc::new(StateInner {
                     db,
                     admin_key_sha256: digest,
                     admin_key_id,
+                    mount_root: config.mount_root,
+                    lease_ttl_seconds: config.lease_ttl_seconds,
+                    ping_interval: config.ping_interval,
+                    live: Live::default(),
+                    faults: Faults::new(config.faults),
+                    webhook,
+                    shutdown: CancellationToken::new(),
                 }),
             },
         })
@@ -147,37 +307,78 @@ impl Devserver {
         app(self.state.clone())
     }
 
-    /// Serve on `listener` until `shutdown` resolves.
+    /// Serve on `listener` until `shutdown` resolves; background tasks (the
+    /// lease sweeper, scripted sessions) stop with it.
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        axum::serve(listener, self.app())
-            .with_graceful_shutdown(shutdown)
-            .await
+        let token = self.state.shutdown_token();
+        let recovered = self
+            .state
+            .db()
+            .transaction(scenario::fail_interrupted)
+            .await;
+        if let Err(e) = recovered {
+            tracing::error!(error = %e, "cannot mark interrupted scenarios");
+        }
+        tokio::spawn(sweep_leases(self.state.clone()));
+        let result = axum::serve(listener, self.app())
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+            })
+            .await;
+        token.cancel();
+        result
     }
 
     /// Serve on `listener` in a background task.
     pub fn spawn(self, listener: TcpListener) -> Result<RunningDevserver, DevserverError> {
         let addr = listener.local_addr().map_err(DevserverError::Listener)?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(self.serve(listener, async {
-            let _ = stopped.await;
-        }));
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let state = self.state.clone();
+        let task = tokio::spawn(self.serve(listener, async move { stopped.cancelled().await }));
         Ok(RunningDevserver {
             addr,
-            stop: Some(stop),
-            task,
+            stop,
+            state,
+            task: Some(task),
         })
+    }
+}
+
+/// Re-queue expired leases every quarter second and wake blocked polls.
+async fn sweep_leases(state: AppState) {
+    let token = state.shutdown_token();
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        tokio::select! {
+            _ = token.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let requeued = state
+            .db()
+            .transaction(|tx| work::expire_leases(tx, ids::now_micros()))
+            .await;
+        match requeued {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(work_items = n, "leases expired; work items re-queued");
+                state.live().work_available.notify_waiters();
+            }
+            Err(e) => tracing::error!(error = %e, "lease sweep failed"),
+        }
     }
 }
 
 /// A devserver serving in the background; dropping it stops it.
 pub struct RunningDevserver {
     addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::io::Result<()>>,
+    stop: CancellationToken,
+    state: AppState,
+    task: Option<JoinHandle<std::io::Result<()>>>,
 }
 
 impl RunningDevserver {
@@ -190,32 +391,112 @@ impl RunningDevserver {
         format!("http://{}", self.addr)
     }
 
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
     /// Stop accepting, finish in-flight requests, and wait.
     pub async fn shutdown(mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        self.stop.cancel();
+        // Open SSE streams would hold a graceful shutdown forever.
+        self.state.shutdown_token().cancel();
+        if let Some(task) = self.task.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
         }
-        let _ = (&mut self.task).await;
     }
 }
 
 impl Drop for RunningDevserver {
     fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
+        self.stop.cancel();
+        self.state.shutdown_token().cancel();
     }
 }
 
-/// The router: the API families, each behind its header checks, and an
-/// API-shaped 404/405 for everything else.
+/// The router: each API family behind its header checks and the fault layer,
+/// the `/dev` endpoints behind the admin key, and API-shaped 404/405 answers.
 pub fn app(state: AppState) -> Router {
-    let memory = memory::routes().layer(middleware::from_fn_with_state(
-        (state.clone(), ApiFamily::Memory),
-        http::check_request,
-    ));
+    let family = |routes: Router<AppState>, family: ApiFamily| {
+        routes
+            .layer(middleware::from_fn_with_state(
+                (state.clone(), family),
+                http::check_request,
+            ))
+            .layer(middleware::from_fn_with_state(
+                state.clone(),
+                faults::inject,
+            ))
+    };
+    let managed_agents = Router::new()
+        .route(
+            "/v1/environments",
+            post(environments::create).get(environments::list),
+        )
+        .route(
+            "/v1/environments/{environment_id}",
+            get(environments::retrieve)
+                .post(environments::update)
+                .delete(environments::delete),
+        )
+        .route(
+            "/v1/environments/{environment_id}/archive",
+            post(environments::archive),
+        )
+        .route("/v1/environments/{environment_id}/work", get(work::list))
+        .route(
+            "/v1/environments/{environment_id}/work/poll",
+            get(work::poll),
+        )
+        .route(
+            "/v1/environments/{environment_id}/work/stats",
+            get(work::stats),
+        )
+        .route(
+            "/v1/environments/{environment_id}/work/{work_id}",
+            get(work::retrieve).post(work::update),
+        )
+        .route(
+            "/v1/environments/{environment_id}/work/{work_id}/ack",
+            post(work::ack),
+        )
+        .route(
+            "/v1/environments/{environment_id}/work/{work_id}/heartbeat",
+            post(work::heartbeat),
+        )
+        .route(
+            "/v1/environments/{environment_id}/work/{work_id}/stop",
+            post(work::stop),
+        )
+        .route("/v1/sessions", post(sessions::create).get(sessions::list))
+        .route(
+            "/v1/sessions/{session_id}",
+            get(sessions::retrieve).delete(sessions::delete),
+        )
+        .route("/v1/sessions/{session_id}/archive", post(sessions::archive))
+        .route(
+            "/v1/sessions/{session_id}/events",
+            get(sessions::list_events).post(sessions::send_events),
+        )
+        .route(
+            "/v1/sessions/{session_id}/events/stream",
+            get(sessions::stream),
+        );
+    let dev = Router::new()
+        .route("/dev/environments", post(environments::dev_create))
+        .route("/dev/scenarios", post(scenario::start))
+        .route("/dev/scenarios/{session_id}", get(scenario::report))
+        .route(
+            "/dev/faults",
+            get(faults::list).post(faults::add).delete(faults::clear),
+        )
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            http::check_admin,
+        ));
     Router::new()
-        .merge(memory)
+        .merge(family(memory::routes(), ApiFamily::Memory))
+        .merge(family(managed_agents, ApiFamily::ManagedAgents))
+        .merge(dev)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::map_response(add_request_id))

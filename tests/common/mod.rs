@@ -11,6 +11,24 @@ use serde_json::{Value, json};
 
 pub const ADMIN_KEY: &str = "test-admin-key";
 pub const MEMORY_BETA: &str = "agent-memory-2026-07-22";
+pub const AGENTS_BETA: &str = "managed-agents-2026-04-01";
+
+/// What `POST /dev/scenarios` answers.
+#[derive(Debug, Clone)]
+pub struct Started {
+    pub session_id: String,
+    pub environment_id: String,
+    pub environment_key: String,
+}
+
+/// A scenario file of `events/scenarios/`.
+pub fn scenario(name: &str) -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("events/scenarios")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
 
 pub struct TestServer {
     pub running: RunningDevserver,
@@ -83,6 +101,82 @@ impl TestServer {
             ],
         )
         .await
+    }
+
+    /// A request to the managed-agents endpoints (environments, work, sessions)
+    /// with the admin key.
+    pub async fn agents(&self, method: Method, path: &str, body: Option<Value>) -> Answer {
+        self.send(
+            method,
+            path,
+            body,
+            &[
+                ("x-api-key", ADMIN_KEY),
+                ("anthropic-version", "2023-06-01"),
+                ("anthropic-beta", AGENTS_BETA),
+            ],
+        )
+        .await
+    }
+
+    /// A request to the managed-agents endpoints with a worker credential.
+    pub async fn worker(
+        &self,
+        key: &str,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Answer {
+        let auth = format!("Bearer {key}");
+        self.send(
+            method,
+            path,
+            body,
+            &[
+                ("authorization", &auth),
+                ("anthropic-version", "2023-06-01"),
+                ("anthropic-beta", AGENTS_BETA),
+            ],
+        )
+        .await
+    }
+
+    /// A request to a `/dev` endpoint with the admin key.
+    pub async fn dev(&self, method: Method, path: &str, body: Option<Value>) -> Answer {
+        self.send(method, path, body, &[("x-api-key", ADMIN_KEY)])
+            .await
+    }
+
+    /// Load a scenario file from `events/scenarios/` (or any JSON) and start it.
+    pub async fn start_scenario(&self, scenario: &Value) -> Started {
+        let body = self
+            .dev(Method::POST, "/dev/scenarios", Some(scenario.clone()))
+            .await
+            .ok();
+        Started {
+            session_id: body["session_id"].as_str().unwrap().to_string(),
+            environment_id: body["environment_id"].as_str().unwrap().to_string(),
+            environment_key: body["environment_key"].as_str().unwrap().to_string(),
+        }
+    }
+
+    /// The scenario's report once it is no longer `running`.
+    pub async fn final_report(&self, session_id: &str, timeout: std::time::Duration) -> Value {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let report = self
+                .dev(Method::GET, &format!("/dev/scenarios/{session_id}"), None)
+                .await
+                .ok();
+            if report["status"] != "running" {
+                return report;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the scenario is still running: {report:#}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
 
     /// A request with exactly these headers.

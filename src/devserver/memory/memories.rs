@@ -6,17 +6,17 @@ use rusqlite::{Transaction, params};
 use serde::{Deserialize, Serialize};
 
 use crate::api::types::{
-    CreateMemory, DeletedMemory, Memory, MemoryListItem, MemoryOperation, MemoryPrefix, Page,
-    UpdateMemory, View,
+    CreateMemory, DeletedMemory, Memory, MemoryListItem, MemoryPrefix, Page, UpdateMemory, View,
 };
 
+use super::super::auth::Principal;
 use super::super::error::{HttpError, HttpResult};
-use super::super::http::{JsonBody, Principal, QueryParams};
-use super::super::{AppState, cursor, ids, validate};
+use super::super::http::{JsonBody, QueryParams};
+use super::super::{AppState, cursor, validate};
 use super::authorize_store;
 use super::rows::{
-    MEMORY_COLUMNS, NewVersion, conflict_error, insert_version, load_memory, load_store,
-    load_writable_store, memory_from_row, path_conflict,
+    MEMORY_COLUMNS, conflict_error, insert_memory, load_memory, load_store, load_writable_store,
+    memory_from_row, path_conflict, remove_memory, rewrite_memory,
 };
 
 /// A `full` page holds at most this many items, whatever `limit` says.
@@ -51,42 +51,7 @@ pub async fn create(
         .transaction(move |tx| {
             authorize_store(tx, &principal, &store_id, true)?;
             load_writable_store(tx, &store_id)?;
-            if let Some(hit) = path_conflict(tx, &store_id, &body.path, None)? {
-                return Err(conflict_error(&body.path, hit));
-            }
-            let count: i64 = tx.query_row(
-                "SELECT COUNT(*) FROM memories WHERE store_id = ?1",
-                [&store_id],
-                |r| r.get(0),
-            )?;
-            if count as u64 >= validate::MAX_MEMORIES_PER_STORE {
-                return Err(HttpError::invalid_request(format!(
-                    "memory store {store_id} already holds {} memories, the most a store can hold",
-                    validate::MAX_MEMORIES_PER_STORE
-                )));
-            }
-            let id = ids::new_id("mem");
-            let sha = ids::sha256_hex(content.as_bytes());
-            let now = ids::now_micros();
-            let version_id = insert_version(
-                tx,
-                NewVersion {
-                    store_id: &store_id,
-                    memory_id: &id,
-                    operation: MemoryOperation::Created,
-                    path: &body.path,
-                    content: Some((&content, &sha)),
-                    actor: &principal.actor(),
-                    at: now,
-                },
-            )?;
-            tx.execute(
-                "INSERT INTO memories
-                   (id, store_id, path, content, content_sha256, size_bytes, version_id, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
-                params![id, store_id, body.path, content, sha, content.len() as i64, version_id, now],
-            )?;
-            load_memory(tx, &store_id, &id)
+            insert_memory(tx, &store_id, &body.path, &content, &principal.actor())
         })
         .await?;
     Ok(Json(in_view(memory, view)))
@@ -177,27 +142,7 @@ pub async fn update(
             {
                 return Err(conflict_error(&path, hit));
             }
-            let sha = ids::sha256_hex(content.as_bytes());
-            let now = ids::now_micros();
-            let version_id = insert_version(
-                tx,
-                NewVersion {
-                    store_id: &store_id,
-                    memory_id: &memory_id,
-                    operation: MemoryOperation::Modified,
-                    path: &path,
-                    content: Some((&content, &sha)),
-                    actor: &principal.actor(),
-                    at: now,
-                },
-            )?;
-            tx.execute(
-                "UPDATE memories SET path = ?2, content = ?3, content_sha256 = ?4, size_bytes = ?5,
-                        version_id = ?6, updated_at = ?7
-                 WHERE id = ?1",
-                params![memory_id, path, content, sha, content.len() as i64, version_id, now],
-            )?;
-            load_memory(tx, &store_id, &memory_id)
+            rewrite_memory(tx, &current, &path, &content, &principal.actor())
         })
         .await?;
     Ok(Json(in_view(memory, view)))
@@ -231,19 +176,7 @@ pub async fn delete(
                     ),
                 ));
             }
-            insert_version(
-                tx,
-                NewVersion {
-                    store_id: &store_id,
-                    memory_id: &memory_id,
-                    operation: MemoryOperation::Deleted,
-                    path: &current.path,
-                    content: None,
-                    actor: &principal.actor(),
-                    at: ids::now_micros(),
-                },
-            )?;
-            tx.execute("DELETE FROM memories WHERE id = ?1", [&memory_id])?;
+            remove_memory(tx, &current, &principal.actor())?;
             Ok(DeletedMemory {
                 id: memory_id,
                 object_type: "memory_deleted".into(),

@@ -1,17 +1,19 @@
 //! The memory stores API (`spec/protocol.md` §2.5) over SQLite.
 
 mod memories;
-mod rows;
+pub(super) mod rows;
 mod stores;
 mod versions;
 
 use axum::Router;
 use axum::routing::{get, post};
-use rusqlite::Transaction;
+use rusqlite::{OptionalExtension, Transaction};
+
+use crate::api::types::{Access, SessionResource};
 
 use super::AppState;
-use super::error::HttpResult;
-use super::http::Principal;
+use super::auth::Principal;
+use super::error::{HttpError, HttpResult};
 
 /// Routes under `/v1/memory_stores`.
 pub fn routes() -> Router<AppState> {
@@ -52,14 +54,48 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// May `principal` read (or, with `write`, change) the memories of `store_id`?
-/// An organisation key may touch every store.
+/// An organisation key may touch every store. The memory endpoints refuse
+/// environment keys. A sessions token reaches only the stores attached to its
+/// session, and writes only where the attachment is `read_write`.
 pub(super) fn authorize_store(
-    _tx: &Transaction<'_>,
+    tx: &Transaction<'_>,
     principal: &Principal,
-    _store_id: &str,
-    _write: bool,
+    store_id: &str,
+    write: bool,
 ) -> HttpResult<()> {
     match principal {
         Principal::Admin { .. } => Ok(()),
+        Principal::Environment { .. } => Err(HttpError::permission(
+            "the memory store endpoints do not accept an environment key; \
+             use the sessions token from the work item's secret",
+        )),
+        Principal::Session { session_id, .. } => {
+            let resources: Option<String> = tx
+                .query_row(
+                    "SELECT resources FROM sessions WHERE id = ?1",
+                    [session_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let resources: Vec<SessionResource> = resources
+                .and_then(|r| serde_json::from_str(&r).ok())
+                .unwrap_or_default();
+            let attachment = resources.iter().find_map(|r| match r {
+                SessionResource::MemoryStore(m) if m.memory_store_id == store_id => Some(m),
+                _ => None,
+            });
+            match attachment {
+                None => Err(HttpError::permission(format!(
+                    "memory store {store_id} is not attached to session {session_id}"
+                ))),
+                Some(m) if write && m.access() == Access::ReadOnly => {
+                    Err(HttpError::permission(format!(
+                        "memory store {store_id} is attached read-only to session {session_id}; \
+                         the session cannot write to it"
+                    )))
+                }
+                Some(_) => Ok(()),
+            }
+        }
     }
 }

@@ -8,7 +8,7 @@ use rusqlite::{OptionalExtension, Row, Transaction, params};
 use crate::api::types::{Actor, Memory, MemoryOperation, MemoryStore, MemoryVersion};
 
 use super::super::error::{HttpError, HttpResult};
-use super::super::ids;
+use super::super::{ids, validate};
 
 pub const STORE_COLUMNS: &str =
     "id, name, description, metadata, created_at, updated_at, archived_at";
@@ -155,6 +155,155 @@ pub fn conflict_error(
         "conflicting_path": conflicting_path,
         "conflicting_memory_id": conflicting_id,
     }))
+}
+
+/// Insert a store; returns it.
+pub fn insert_store(
+    tx: &Transaction<'_>,
+    name: &str,
+    description: &str,
+    metadata: &BTreeMap<String, String>,
+) -> HttpResult<MemoryStore> {
+    let id = ids::new_id("memstore");
+    let now = ids::now_micros();
+    tx.execute(
+        "INSERT INTO memory_stores (id, name, description, metadata, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
+        params![id, name, description, metadata_json(metadata), now],
+    )?;
+    load_store(tx, &id)
+}
+
+/// The memory at `path`, with its content.
+pub fn find_by_path(
+    tx: &Transaction<'_>,
+    store_id: &str,
+    path: &str,
+) -> HttpResult<Option<Memory>> {
+    Ok(tx
+        .query_row(
+            &format!(
+                "SELECT {MEMORY_COLUMNS}, content FROM memories WHERE store_id = ?1 AND path = ?2"
+            ),
+            [store_id, path],
+            |r| memory_from_row(r, true),
+        )
+        .optional()?)
+}
+
+/// Create a memory: refuses an occupied (or folder-conflicting) path and a
+/// full store; appends the `created` version.
+pub fn insert_memory(
+    tx: &Transaction<'_>,
+    store_id: &str,
+    path: &str,
+    content: &str,
+    actor: &Actor,
+) -> HttpResult<Memory> {
+    if let Some(hit) = path_conflict(tx, store_id, path, None)? {
+        return Err(conflict_error(path, hit));
+    }
+    let count: i64 = tx.query_row(
+        "SELECT COUNT(*) FROM memories WHERE store_id = ?1",
+        [store_id],
+        |r| r.get(0),
+    )?;
+    if count as u64 >= validate::MAX_MEMORIES_PER_STORE {
+        return Err(HttpError::invalid_request(format!(
+            "memory store {store_id} already holds {} memories, the most a store can hold",
+            validate::MAX_MEMORIES_PER_STORE
+        )));
+    }
+    let id = ids::new_id("mem");
+    let sha = ids::sha256_hex(content.as_bytes());
+    let now = ids::now_micros();
+    let version_id = insert_version(
+        tx,
+        NewVersion {
+            store_id,
+            memory_id: &id,
+            operation: MemoryOperation::Created,
+            path,
+            content: Some((content, &sha)),
+            actor,
+            at: now,
+        },
+    )?;
+    tx.execute(
+        "INSERT INTO memories
+           (id, store_id, path, content, content_sha256, size_bytes, version_id, created_at, updated_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
+        params![id, store_id, path, content, sha, content.len() as i64, version_id, now],
+    )?;
+    load_memory(tx, store_id, &id)
+}
+
+/// Give `current` a new path and content (the caller has checked both) and
+/// append the `modified` version.
+pub fn rewrite_memory(
+    tx: &Transaction<'_>,
+    current: &Memory,
+    path: &str,
+    content: &str,
+    actor: &Actor,
+) -> HttpResult<Memory> {
+    let sha = ids::sha256_hex(content.as_bytes());
+    let now = ids::now_micros();
+    let version_id = insert_version(
+        tx,
+        NewVersion {
+            store_id: &current.memory_store_id,
+            memory_id: &current.id,
+            operation: MemoryOperation::Modified,
+            path,
+            content: Some((content, &sha)),
+            actor,
+            at: now,
+        },
+    )?;
+    tx.execute(
+        "UPDATE memories SET path = ?2, content = ?3, content_sha256 = ?4, size_bytes = ?5,
+                version_id = ?6, updated_at = ?7
+         WHERE id = ?1",
+        params![
+            current.id,
+            path,
+            content,
+            sha,
+            content.len() as i64,
+            version_id,
+            now
+        ],
+    )?;
+    load_memory(tx, &current.memory_store_id, &current.id)
+}
+
+/// Delete `current`, appending the `deleted` version.
+pub fn remove_memory(tx: &Transaction<'_>, current: &Memory, actor: &Actor) -> HttpResult<()> {
+    insert_version(
+        tx,
+        NewVersion {
+            store_id: &current.memory_store_id,
+            memory_id: &current.id,
+            operation: MemoryOperation::Deleted,
+            path: &current.path,
+            content: None,
+            actor,
+            at: ids::now_micros(),
+        },
+    )?;
+    tx.execute("DELETE FROM memories WHERE id = ?1", [&current.id])?;
+    Ok(())
+}
+
+/// Every memory of a store, path → content.
+pub fn contents(tx: &Transaction<'_>, store_id: &str) -> HttpResult<BTreeMap<String, String>> {
+    let mut stmt =
+        tx.prepare("SELECT path, content FROM memories WHERE store_id = ?1 ORDER BY path")?;
+    let rows = stmt.query_map([store_id], |r| {
+        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+    })?;
+    Ok(rows.collect::<Result<BTreeMap<_, _>, _>>()?)
 }
 
 /// What a new version records.

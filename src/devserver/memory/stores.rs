@@ -9,11 +9,12 @@ use crate::api::types::{
     CreateMemoryStore, DeletedMemoryStore, MemoryStore, Page, UpdateMemoryStore,
 };
 
+use super::super::auth::Principal;
 use super::super::error::{HttpError, HttpResult};
-use super::super::http::{JsonBody, Principal, QueryParams};
+use super::super::http::{JsonBody, QueryParams};
 use super::super::{AppState, cursor, ids, validate};
 use super::authorize_store;
-use super::rows::{STORE_COLUMNS, load_store, metadata_json, store_at};
+use super::rows::{self, STORE_COLUMNS, load_store, metadata_json, store_at};
 
 fn invalid(message: String) -> HttpError {
     HttpError::invalid_request(message)
@@ -33,16 +34,7 @@ pub async fn create(
 
     let store = state
         .db()
-        .transaction(move |tx| {
-            let id = ids::new_id("memstore");
-            let now = ids::now_micros();
-            tx.execute(
-                "INSERT INTO memory_stores (id, name, description, metadata, created_at, updated_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
-                params![id, body.name, description, metadata_json(&metadata), now],
-            )?;
-            load_store(tx, &id)
-        })
+        .transaction(move |tx| rows::insert_store(tx, &body.name, &description, &metadata))
         .await?;
     Ok(Json(store))
 }

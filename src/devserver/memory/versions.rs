@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::types::{MemoryVersion, Page, View};
 
+use super::super::auth::Principal;
 use super::super::error::{HttpError, HttpResult};
-use super::super::http::{Principal, QueryParams};
+use super::super::http::QueryParams;
 use super::super::{AppState, cursor, ids};
 use super::authorize_store;
 use super::memories::FULL_VIEW_PAGE_CAP;

@@ -1,0 +1,335 @@
+//! Faults for tests: per-route latency, an error status at a rate, and
+//! "commit, then drop the response" (the request takes effect, the client
+//! never hears so). Set at start with `--fault RULE` (repeatable) or at run
+//! time with `POST /dev/faults`; `DELETE /dev/faults` clears them.
+//!
+//! Rule syntax for the flag: `[METHOD ]PATH_GLOB:key=value[,key=value…]`,
+//! where `*` in the glob matches anything (slashes too) and the keys are
+//! `latency_ms`, `status`, `rate` (0–1, default 1), `drop` (`true`) and
+//! `times` (apply to this many matching requests, then stop). For example
+//! `POST /v1/memory_stores/*/memories/*:status=503,rate=0.5` or
+//! `*:latency_ms=5`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use rand::RngExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::error::{HttpError, HttpResult};
+use super::http::JsonBody;
+
+/// One fault rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FaultRule {
+    /// Only requests with this method; any method when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// A glob over the request path (`*` matches anything).
+    pub path: String,
+    #[serde(default)]
+    pub latency_ms: u64,
+    /// Answer with this error status instead of handling the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+    /// Handle the request (it commits), then drop the response.
+    #[serde(default)]
+    pub drop_response: bool,
+    /// Probability that a matching request gets the status or the drop.
+    #[serde(default = "one")]
+    pub rate: f64,
+    /// Matching requests left before the rule retires; unlimited when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub times: Option<u64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl FaultRule {
+    /// Parse the flag syntax.
+    pub fn parse(spec: &str) -> Result<FaultRule, String> {
+        let (target, options) = spec
+            .split_once(':')
+            .ok_or_else(|| format!("fault {spec:?}: expected [METHOD ]PATH:key=value,…"))?;
+        let mut words = target.split_whitespace();
+        let (method, path) = match (words.next(), words.next(), words.next()) {
+            (Some(path), None, None) => (None, path),
+            (Some(method), Some(path), None) => (Some(method.to_ascii_uppercase()), path),
+            _ => return Err(format!("fault {spec:?}: expected [METHOD ]PATH before ':'")),
+        };
+        let mut rule = FaultRule {
+            method,
+            path: path.to_string(),
+            latency_ms: 0,
+            status: None,
+            drop_response: false,
+            rate: 1.0,
+            times: None,
+        };
+        for option in options.split(',').filter(|o| !o.trim().is_empty()) {
+            let (key, value) = option
+                .split_once('=')
+                .ok_or_else(|| format!("fault {spec:?}: {option:?} is not key=value"))?;
+            let bad = || format!("fault {spec:?}: bad value for {key}");
+            match key.trim() {
+                "latency_ms" => rule.latency_ms = value.trim().parse().map_err(|_| bad())?,
+                "status" => rule.status = Some(value.trim().parse().map_err(|_| bad())?),
+                "rate" => rule.rate = value.trim().parse().map_err(|_| bad())?,
+                "drop" => rule.drop_response = value.trim().parse().map_err(|_| bad())?,
+                "times" => rule.times = Some(value.trim().parse().map_err(|_| bad())?),
+                other => return Err(format!("fault {spec:?}: unknown key {other:?}")),
+            }
+        }
+        rule.check().map_err(|e| format!("fault {spec:?}: {e}"))?;
+        Ok(rule)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if !(0.0..=1.0).contains(&self.rate) {
+            return Err("rate must be between 0 and 1".into());
+        }
+        if let Some(s) = self.status
+            && !(400..=599).contains(&s)
+        {
+            return Err("status must be an error status (400–599)".into());
+        }
+        if !self.path.starts_with('/') && self.path != "*" {
+            return Err("path must start with / (or be *)".into());
+        }
+        Ok(())
+    }
+
+    fn matches(&self, method: &str, path: &str) -> bool {
+        self.method
+            .as_deref()
+            .is_none_or(|m| m.eq_ignore_ascii_case(method))
+            && glob(&self.path, path)
+    }
+}
+
+/// `*` matches any run of characters, `/` included.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first)
+        || !text[first.len()..].ends_with(last)
+        || text.len() < first.len() + last.len()
+    {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for middle in &parts[1..parts.len() - 1] {
+        match rest.find(middle) {
+            Some(at) => rest = &rest[at + middle.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// The active rules.
+#[derive(Debug, Default)]
+pub struct Faults {
+    rules: Mutex<Vec<FaultRule>>,
+}
+
+/// What one request gets.
+#[derive(Debug, Default, PartialEq)]
+struct Decision {
+    latency: Duration,
+    status: Option<u16>,
+    drop_response: bool,
+}
+
+impl Faults {
+    pub fn new(rules: Vec<FaultRule>) -> Self {
+        Faults {
+            rules: Mutex::new(rules),
+        }
+    }
+
+    pub fn add(&self, rules: Vec<FaultRule>) {
+        self.rules
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(rules);
+    }
+
+    pub fn clear(&self) {
+        self.rules.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    pub fn rules(&self) -> Vec<FaultRule> {
+        self.rules.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn decide(&self, method: &str, path: &str) -> Decision {
+        let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
+        let mut decision = Decision::default();
+        let mut rng = rand::rng();
+        for rule in rules.iter_mut().filter(|r| r.matches(method, path)) {
+            if rule.times == Some(0) {
+                continue;
+            }
+            if let Some(t) = &mut rule.times {
+                *t -= 1;
+            }
+            decision.latency += Duration::from_millis(rule.latency_ms);
+            let hit = rule.rate >= 1.0 || rng.random::<f64>() < rule.rate;
+            if hit {
+                decision.status = decision.status.or(rule.status);
+                decision.drop_response |= rule.drop_response;
+            }
+        }
+        rules.retain(|r| r.times != Some(0));
+        decision
+    }
+}
+
+/// The error type an injected status answers with.
+fn error_kind(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        408 => "timeout_error",
+        409 => "conflict_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        400..=499 => "invalid_request_error",
+        _ => "api_error",
+    }
+}
+
+/// The middleware: applied to the API routes (not to `/dev`).
+pub async fn inject(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let decision = state
+        .faults()
+        .decide(request.method().as_str(), request.uri().path());
+    if !decision.latency.is_zero() {
+        tokio::time::sleep(decision.latency).await;
+    }
+    if let Some(status) = decision.status {
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return HttpError::new(status, error_kind(status.as_u16()), "injected fault")
+            .into_response();
+    }
+    let response = next.run(request).await;
+    if decision.drop_response {
+        // The handler has committed; the client gets a broken response.
+        let (parts, _) = response.into_parts();
+        let broken = futures::stream::once(async {
+            Err::<bytes::Bytes, std::io::Error>(std::io::Error::other("fault: response dropped"))
+        });
+        return Response::from_parts(parts, Body::from_stream(broken));
+    }
+    response
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddFaults {
+    rules: Vec<FaultRule>,
+}
+
+/// `POST /dev/faults`: add rules.
+pub async fn add(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<AddFaults>,
+) -> HttpResult<Json<Value>> {
+    for rule in &body.rules {
+        rule.check().map_err(HttpError::invalid_request)?;
+    }
+    state.faults().add(body.rules);
+    Ok(Json(json!({ "rules": state.faults().rules() })))
+}
+
+/// `GET /dev/faults`.
+pub async fn list(State(state): State<AppState>) -> Json<Value> {
+    Json(json!({ "rules": state.faults().rules() }))
+}
+
+/// `DELETE /dev/faults`: clear every rule.
+pub async fn clear(State(state): State<AppState>) -> Json<Value> {
+    state.faults().clear();
+    Json(json!({ "rules": [] }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob(
+            "/v1/memory_stores/*/memories/*",
+            "/v1/memory_stores/ms_1/memories/mem_2"
+        ));
+        assert!(glob(
+            "/v1/memory_stores/*/memories*",
+            "/v1/memory_stores/ms_1/memories"
+        ));
+        assert!(glob("*", "/anything/at/all"));
+        assert!(glob("/v1/sessions/*/events", "/v1/sessions/s/events"));
+        assert!(!glob(
+            "/v1/sessions/*/events",
+            "/v1/sessions/s/events/stream"
+        ));
+        assert!(!glob("/v1/a", "/v1/ab"));
+        assert!(!glob("/a*b*c", "/acb"));
+    }
+
+    #[test]
+    fn flag_syntax() {
+        let r = FaultRule::parse("post /v1/memory_stores/*:status=503,rate=0.5,times=2").unwrap();
+        assert_eq!(r.method.as_deref(), Some("POST"));
+        assert_eq!((r.status, r.rate, r.times), (Some(503), 0.5, Some(2)));
+        let r = FaultRule::parse("*:latency_ms=5").unwrap();
+        assert_eq!((r.method, r.latency_ms), (None, 5));
+        let r = FaultRule::parse("POST /v1/x:drop=true").unwrap();
+        assert!(r.drop_response);
+        for bad in [
+            "nocolon",
+            "/x:status=200",
+            "/x:rate=2",
+            "/x:bogus=1",
+            "relative:latency_ms=1",
+            "A B C:x=1",
+        ] {
+            assert!(FaultRule::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn times_retires_a_rule_and_latency_adds_up() {
+        let faults = Faults::new(vec![
+            FaultRule::parse("GET /a:status=500,times=1").unwrap(),
+            FaultRule::parse("*:latency_ms=3").unwrap(),
+            FaultRule::parse("*:latency_ms=4").unwrap(),
+        ]);
+        let first = faults.decide("GET", "/a");
+        assert_eq!(
+            (first.status, first.latency),
+            (Some(500), Duration::from_millis(7))
+        );
+        let second = faults.decide("GET", "/a");
+        assert_eq!(second.status, None);
+        assert_eq!(faults.rules().len(), 2);
+        assert_eq!(faults.decide("POST", "/b").status, None);
+    }
+}

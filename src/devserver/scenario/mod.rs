@@ -1,0 +1,196 @@
+//! Scripted sessions: `POST /dev/scenarios` loads a scenario and starts its
+//! session; `GET /dev/scenarios/{session_id}` answers its report.
+
+mod driver;
+pub mod format;
+pub mod report;
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use rusqlite::{OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::api::types::{Actor, SessionResource};
+
+use super::error::{HttpError, HttpResult};
+use super::http::JsonBody;
+use super::memory::rows;
+use super::{AppState, auth, environments, sessions};
+use report::{Report, ReportStatus, StoreInfo};
+
+/// Answer of `POST /dev/scenarios`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct StartedScenario {
+    pub session_id: String,
+    pub environment_id: String,
+    pub environment_key: String,
+}
+
+pub async fn start(
+    State(state): State<AppState>,
+    JsonBody(doc): JsonBody<Value>,
+) -> HttpResult<Json<StartedScenario>> {
+    let checked = format::parse(doc).map_err(HttpError::invalid_request)?;
+    let admin = Actor::api(state.admin_key_id());
+    let st = state.clone();
+    let scenario = checked.scenario.clone();
+    let steps = checked.steps.clone();
+    let actor = admin.clone();
+    let (started, report, store_ids) = state
+        .commit(move |tx, fx| {
+            let env = match &scenario.environment_id {
+                Some(id) => environments::load(tx, id)?,
+                None => environments::insert_self_hosted(tx, &format!("scenario: {}", scenario.name))?,
+            };
+            let key = auth::issue_environment_key(tx, &env.id)?;
+            let mut store_ids = BTreeMap::new();
+            let mut resources = Vec::new();
+            for spec in &scenario.memory_stores {
+                let store = rows::insert_store(
+                    tx,
+                    &spec.name,
+                    spec.description.as_deref().unwrap_or_default(),
+                    &BTreeMap::new(),
+                )?;
+                for (path, content) in &spec.memories {
+                    rows::insert_memory(tx, &store.id, path, content, &actor)?;
+                }
+                resources.push(json!({
+                    "type": "memory_store",
+                    "memory_store_id": store.id,
+                    "access": spec.access().as_str(),
+                    "instructions": spec.instructions,
+                }));
+                store_ids.insert(spec.key.clone(), store.id);
+            }
+            let body = serde_json::from_value(json!({
+                "agent": scenario.agent.clone().unwrap_or(json!({"name": format!("scenario: {}", scenario.name)})),
+                "environment_id": env.id,
+                "resources": resources,
+                "title": scenario.name,
+                "metadata": {"scenario": scenario.name.chars().take(512).collect::<String>()},
+            }))
+            .map_err(|e| HttpError::internal(format!("cannot build the session: {e}")))?;
+            let session = sessions::insert(tx, fx, &st, body)?;
+
+            let mut stores = BTreeMap::new();
+            for (spec, resource) in scenario.memory_stores.iter().zip(&session.resources) {
+                if let SessionResource::MemoryStore(m) = resource {
+                    stores.insert(
+                        spec.key.clone(),
+                        StoreInfo {
+                            memory_store_id: m.memory_store_id.clone(),
+                            mount_path: m.mount_path.clone().unwrap_or_default(),
+                            access: m.access().as_str().into(),
+                        },
+                    );
+                }
+            }
+            let report = Report {
+                session_id: session.id.clone(),
+                environment_id: env.id.clone(),
+                name: scenario.name.clone(),
+                status: ReportStatus::Running,
+                stores,
+                steps: driver::initial_outcomes(&steps),
+                final_contents: None,
+                failures: Vec::new(),
+                started_at: driver::started_now(),
+                finished_at: None,
+            };
+            tx.execute(
+                "INSERT INTO scenarios (session_id, report) VALUES (?1, ?2)",
+                params![session.id, serde_json::to_string(&report).unwrap_or_default()],
+            )?;
+            // The user's message starts the run; the scenario answers it.
+            sessions::send(
+                tx,
+                fx,
+                &st,
+                &session,
+                vec![json!({"type": "user.message", "content": [{"type": "text", "text": format!("Run the scenario {:?}.", scenario.name)}]})],
+            )?;
+            Ok((
+                StartedScenario {
+                    session_id: session.id,
+                    environment_id: env.id,
+                    environment_key: key,
+                },
+                report,
+                store_ids,
+            ))
+        })
+        .await?;
+    let mounts = report
+        .stores
+        .iter()
+        .map(|(k, s)| (k.clone(), s.mount_path.clone()))
+        .collect();
+    tracing::info!(session.id = %started.session_id, scenario = %report.name, "scenario started");
+    let run = driver::Run {
+        session_id: started.session_id.clone(),
+        steps: checked.steps,
+        mounts,
+        store_ids,
+        expect_final: checked.scenario.expect_final,
+        report,
+        admin,
+    };
+    tokio::spawn(driver::drive(state.clone(), run));
+    Ok(Json(started))
+}
+
+pub async fn report(
+    State(state): State<AppState>,
+    Path(session_id): Path<String>,
+) -> HttpResult<Json<Value>> {
+    let report = state
+        .db()
+        .transaction(move |tx| {
+            let raw: Option<String> = tx
+                .query_row(
+                    "SELECT report FROM scenarios WHERE session_id = ?1",
+                    [&session_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            raw.ok_or_else(|| {
+                HttpError::not_found(format!("no scenario runs in session {session_id}"))
+            })
+        })
+        .await?;
+    Ok(Json(serde_json::from_str(&report).unwrap_or(Value::Null)))
+}
+
+/// At start-up: a scenario that was running when the devserver stopped can
+/// never finish; say so in its report.
+pub fn fail_interrupted(tx: &rusqlite::Transaction<'_>) -> HttpResult<usize> {
+    let mut stmt = tx.prepare("SELECT session_id, report FROM scenarios")?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut failed = 0;
+    for (session_id, raw) in rows {
+        let Ok(mut report) = serde_json::from_str::<Report>(&raw) else {
+            continue;
+        };
+        if report.status == ReportStatus::Running {
+            report.status = ReportStatus::Failed;
+            report
+                .failures
+                .push("the devserver restarted before the scenario finished".into());
+            tx.execute(
+                "UPDATE scenarios SET report = ?2 WHERE session_id = ?1",
+                params![
+                    session_id,
+                    serde_json::to_string(&report).unwrap_or_default()
+                ],
+            )?;
+            failed += 1;
+        }
+    }
+    Ok(failed)
+}

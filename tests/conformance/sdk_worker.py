@@ -1,0 +1,72 @@
+"""Serve devserver work with the official SDK's EnvironmentWorker, in the
+webhook-dispatch shape the docs give: drain the queue with the SDK's poller
+(non-blocking, reclaim_older_than_ms=2000, drain=True, auto_stop=False) and
+hand each item to `EnvironmentWorker.handle_item`.
+
+Environment: ENVWORKER_URL, ENVWORKER_ENVIRONMENT_ID, ENVWORKER_ENVIRONMENT_KEY,
+ENVWORKER_WORKDIR; optional SDK_WORKER_ITEMS (items to serve, default 1),
+SDK_WORKER_TIMEOUT (seconds, default 120), SDK_MAX_IDLE (default 1),
+SDK_SYNC_INTERVAL (default 5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+
+import anthropic
+
+logging.basicConfig(
+    level=logging.INFO,
+    stream=sys.stderr,
+    format="%(asctime)s %(name)s %(levelname)s %(message)s",
+)
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+URL = os.environ["ENVWORKER_URL"]
+ENV = os.environ["ENVWORKER_ENVIRONMENT_ID"]
+KEY = os.environ["ENVWORKER_ENVIRONMENT_KEY"]
+WORKDIR = os.environ["ENVWORKER_WORKDIR"]
+ITEMS = int(os.environ.get("SDK_WORKER_ITEMS", "1"))
+TIMEOUT = float(os.environ.get("SDK_WORKER_TIMEOUT", "120"))
+
+
+async def main() -> int:
+    client = anthropic.AsyncAnthropic(api_key="not-used-by-the-worker", base_url=URL, max_retries=2)
+    worker = client.beta.environments.work.worker(
+        environment_key=KEY,
+        workdir=WORKDIR,
+        max_idle=float(os.environ.get("SDK_MAX_IDLE", "1")),
+        memory_sync_interval=float(os.environ.get("SDK_SYNC_INTERVAL", "5")),
+    )
+    handled = 0
+    deadline = time.monotonic() + TIMEOUT
+    while handled < ITEMS:
+        if time.monotonic() > deadline:
+            print(f"timed out after serving {handled} of {ITEMS} work items")
+            return 1
+        async for work in client.beta.environments.work.poller(
+            environment_id=ENV,
+            environment_key=KEY,
+            block_ms=None,
+            reclaim_older_than_ms=2000,
+            drain=True,
+            auto_stop=False,
+        ):
+            await worker.handle_item(
+                work_id=work.id,
+                environment_id=ENV,
+                session_id=work.data.id,
+                environment_key=KEY,
+                work_secret=work.secret,
+            )
+            handled += 1
+            print(f"served {work.id} for {work.data.id}", flush=True)
+        await asyncio.sleep(0.2)
+    return 0
+
+
+sys.exit(asyncio.run(main()))
