@@ -116,3 +116,78 @@ async fn a_data_dir_survives_sigterm_and_restart() {
     .await;
     assert_eq!(got["name"], "kept");
 }
+
+#[tokio::test]
+async fn devserver_flags_for_faults_mount_root_and_webhooks() {
+    let server = DevserverProcess::start(
+        "flag-key",
+        &["--fault", "GET /v1/memory_stores:status=529,times=1", "--mount-root", "/srv/agents/memory"],
+    );
+    let http = reqwest::Client::new();
+    let get = || {
+        http.get(format!("{}/v1/memory_stores", server.url))
+            .header("x-api-key", "flag-key")
+            .header("anthropic-version", "2023-06-01")
+            .header("anthropic-beta", "agent-memory-2026-07-22")
+            .send()
+    };
+    let first = get().await.unwrap();
+    assert_eq!(first.status(), 529);
+    let body: serde_json::Value = first.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "overloaded_error");
+    assert_eq!(get().await.unwrap().status(), 200, "times=1 retires the fault");
+
+    let store: serde_json::Value = http
+        .post(format!("{}/v1/memory_stores", server.url))
+        .header("x-api-key", "flag-key")
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "agent-memory-2026-07-22")
+        .json(&serde_json::json!({"name": "Mounted Here"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let started: serde_json::Value = http
+        .post(format!("{}/dev/scenarios", server.url))
+        .header("x-api-key", "flag-key")
+        .json(&serde_json::json!({"name": "m", "memory_stores": [{"key": "k", "name": "Mounted Here"}]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let report: serde_json::Value = http
+        .get(format!("{}/dev/scenarios/{}", server.url, started["session_id"].as_str().unwrap()))
+        .header("x-api-key", "flag-key")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(report["stores"]["k"]["mount_path"], "/srv/agents/memory/mounted-here");
+    assert!(store["id"].is_string());
+}
+
+#[test]
+fn bad_devserver_flags_are_refused_with_a_clear_message() {
+    for (args, needle) in [
+        (vec!["--fault", "nonsense"], "fault"),
+        (vec!["--webhook-url", "http://127.0.0.1:9/hook"], "--webhook-secret"),
+        (vec!["--webhook-url", "http://127.0.0.1:9/hook", "--webhook-secret", "not-a-key"], "whsec_"),
+        (vec!["--mount-root", "relative/path"], "absolute"),
+        (vec!["--lease-ttl", "0"], "lease TTL"),
+    ] {
+        let out = envworker()
+            .args(["devserver", "--listen", "127.0.0.1:0", "--admin-key", "k"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}

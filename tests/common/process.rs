@@ -44,8 +44,21 @@ impl DevserverProcess {
 }
 
 impl Drop for DevserverProcess {
+    /// SIGTERM first, so the devserver stops gracefully and removes its
+    /// temporary database; SIGKILL if it has not exited within two seconds.
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        if let Ok(None) = self.child.try_wait() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &self.child.id().to_string()])
+                .status();
+            for _ in 0..40 {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
     }
 }
