@@ -121,7 +121,12 @@ async fn a_data_dir_survives_sigterm_and_restart() {
 async fn devserver_flags_for_faults_mount_root_and_webhooks() {
     let server = DevserverProcess::start(
         "flag-key",
-        &["--fault", "GET /v1/memory_stores:status=529,times=1", "--mount-root", "/srv/agents/memory"],
+        &[
+            "--fault",
+            "GET /v1/memory_stores:status=529,times=1",
+            "--mount-root",
+            "/srv/agents/memory",
+        ],
     );
     let http = reqwest::Client::new();
     let get = || {
@@ -135,7 +140,11 @@ async fn devserver_flags_for_faults_mount_root_and_webhooks() {
     assert_eq!(first.status(), 529);
     let body: serde_json::Value = first.json().await.unwrap();
     assert_eq!(body["error"]["type"], "overloaded_error");
-    assert_eq!(get().await.unwrap().status(), 200, "times=1 retires the fault");
+    assert_eq!(
+        get().await.unwrap().status(),
+        200,
+        "times=1 retires the fault"
+    );
 
     let store: serde_json::Value = http
         .post(format!("{}/v1/memory_stores", server.url))
@@ -160,7 +169,11 @@ async fn devserver_flags_for_faults_mount_root_and_webhooks() {
         .await
         .unwrap();
     let report: serde_json::Value = http
-        .get(format!("{}/dev/scenarios/{}", server.url, started["session_id"].as_str().unwrap()))
+        .get(format!(
+            "{}/dev/scenarios/{}",
+            server.url,
+            started["session_id"].as_str().unwrap()
+        ))
         .header("x-api-key", "flag-key")
         .send()
         .await
@@ -168,7 +181,10 @@ async fn devserver_flags_for_faults_mount_root_and_webhooks() {
         .json()
         .await
         .unwrap();
-    assert_eq!(report["stores"]["k"]["mount_path"], "/srv/agents/memory/mounted-here");
+    assert_eq!(
+        report["stores"]["k"]["mount_path"],
+        "/srv/agents/memory/mounted-here"
+    );
     assert!(store["id"].is_string());
 }
 
@@ -176,8 +192,19 @@ async fn devserver_flags_for_faults_mount_root_and_webhooks() {
 fn bad_devserver_flags_are_refused_with_a_clear_message() {
     for (args, needle) in [
         (vec!["--fault", "nonsense"], "fault"),
-        (vec!["--webhook-url", "http://127.0.0.1:9/hook"], "--webhook-secret"),
-        (vec!["--webhook-url", "http://127.0.0.1:9/hook", "--webhook-secret", "not-a-key"], "whsec_"),
+        (
+            vec!["--webhook-url", "http://127.0.0.1:9/hook"],
+            "--webhook-secret",
+        ),
+        (
+            vec![
+                "--webhook-url",
+                "http://127.0.0.1:9/hook",
+                "--webhook-secret",
+                "not-a-key",
+            ],
+            "whsec_",
+        ),
         (vec!["--mount-root", "relative/path"], "absolute"),
         (vec!["--lease-ttl", "0"], "lease TTL"),
     ] {
