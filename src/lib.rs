@@ -7,13 +7,18 @@
 //!   cursor pagination, error classes.
 //! - [`devserver`] — a local control plane answering as the real API does,
 //!   over SQLite, so workers can be run and tested without the real API.
+//! - [`memory`] — memory stores on disk: the confined folder, the pure
+//!   three-way planner, the sync executor, deletes, flush, dispose.
 //! - [`webhook`] — Standard Webhooks signing and verification.
+//! - [`config`] — configuration helpers shared by every mode (durations).
 //! - [`cli`] — the command line: subcommands and flags (each flag also reads
 //!   its `ENVWORKER_*` / `ANTHROPIC_*` variable).
 //! - [`logging`] — tracing setup, text or JSON lines.
 
 pub mod api;
 pub mod cli;
+pub mod config;
 pub mod devserver;
 pub mod logging;
+pub mod memory;
 pub mod webhook;

@@ -2,6 +2,8 @@
 //! helpers that send exactly the headers a real client sends.
 #![allow(dead_code)]
 
+pub mod fake_memory;
+pub mod harness;
 pub mod process;
 pub mod sdk;
 
@@ -287,4 +289,33 @@ impl TestServer {
 pub fn sha256(content: &str) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(content.as_bytes()))
+}
+
+/// Root reads and writes everything, so a check that needs a permission
+/// error re-runs itself as `nobody` in a child process. Returns `true` when
+/// this process should run the check itself; `false` after the child ran it
+/// (and passed). The test binary is copied somewhere `nobody` can run it.
+pub fn runs_as_nobody(test: &str) -> bool {
+    if !rustix::process::geteuid().is_root() {
+        return true;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::Builder::new()
+        .prefix("envworker-nobody-")
+        .tempdir_in("/tmp")
+        .unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = dir.path().join("test-binary");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let status = std::process::Command::new(&exe)
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env("TMPDIR", "/tmp")
+        .uid(65534)
+        .gid(65534)
+        .status()
+        .unwrap();
+    assert!(status.success(), "{test} failed as nobody: {status}");
+    false
 }

@@ -1,0 +1,850 @@
+//! One confined folder: the on-disk home of a memory store.
+//!
+//! Every access below the root goes through directory file descriptors:
+//! `openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` where the kernel has
+//! it, else a component-by-component `openat(O_NOFOLLOW | O_DIRECTORY)` walk.
+//! So no symlink — planted before or swapped in during an operation — can
+//! lead a read or a write outside the root, and no `..` from the server can
+//! either (it is refused before any syscall).
+//!
+//! The folder holds regular files only: symlinks are refused on read and
+//! skipped by scans; FIFOs, sockets and devices are never opened (reads use
+//! `O_NONBLOCK` and check `fstat` before reading). Directories are created
+//! `0700` and files `0600`; writes go to a temporary file that is renamed
+//! over the target, so a reader never sees half a file. Only
+//! [`Folder::create_root`] makes the root: a write racing an `rm -rf` of the
+//! folder fails instead of silently re-creating it.
+//!
+//! Hashing keeps a stat cache keyed by (mtime, ctime, size, inode), so an
+//! unchanged file is not read again; a file is cached only once its newest
+//! timestamp is more than two seconds older than the scan, so coarse
+//! timestamps cannot hide a rewrite.
+//!
+//! Everything here blocks; callers run it on a blocking thread.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CStr;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use sha2::{Digest, Sha256};
+
+/// Directories are owner-only.
+const DIR_MODE: u32 = 0o700;
+/// Files are owner-only.
+const FILE_MODE: u32 = 0o600;
+/// A file younger than this (by mtime or ctime) is re-hashed on every scan.
+const TIMESTAMP_TRUST_MARGIN: Duration = Duration::from_secs(2);
+
+/// Why the folder refused or failed an operation. The refusals are about the
+/// input (a path or content the folder will not act on); `Io` is the OS.
+#[derive(Debug, thiserror::Error)]
+pub enum FolderError {
+    #[error("path {0:?} escapes the store root")]
+    Escapes(String),
+    #[error("path {0:?} is a symlink")]
+    Symlink(String),
+    #[error("path {0:?} is not a regular file")]
+    NotAFile(String),
+    #[error("path {0:?} is not a directory")]
+    NotADirectory(String),
+    #[error("path {0:?} is not valid utf-8")]
+    NotUtf8(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl FolderError {
+    /// A refusal of the input rather than a failure of the OS: retrying the
+    /// same content cannot succeed.
+    pub fn is_refusal(&self) -> bool {
+        !matches!(self, FolderError::Io { .. })
+    }
+
+    /// The OS error, when this is one.
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            FolderError::Io { source, .. } => Some(source.kind()),
+            _ => None,
+        }
+    }
+
+    fn io(path: &str, errno: Errno) -> FolderError {
+        FolderError::Io {
+            path: path.to_string(),
+            source: std::io::Error::from_raw_os_error(errno.raw_os_error()),
+        }
+    }
+}
+
+/// A scan of the folder: `rel → sha256` of every regular file, and the names
+/// it could not represent (not UTF-8), which can never be memories.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Scan {
+    pub files: BTreeMap<String, String>,
+    pub unrepresentable: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct StatKey {
+    mtime_ns: i128,
+    ctime_ns: i128,
+    size: i64,
+    ino: u64,
+}
+
+/// One store's folder.
+#[derive(Debug)]
+pub struct Folder {
+    /// The configured (absolute) path, as the session names it.
+    configured: PathBuf,
+    /// The path with its ancestors' symlinks resolved, fixed by `create_root`.
+    resolved: Mutex<PathBuf>,
+    /// `true` when nothing was at the path when the folder was opened: then
+    /// this folder is ours, and `dispose` removes it.
+    removed_on_dispose: bool,
+    utf8_only: bool,
+    cache: Mutex<HashMap<String, (StatKey, String)>>,
+}
+
+/// Whether `openat2` works here; cleared the first time the kernel (or a
+/// seccomp filter) says it does not.
+static OPENAT2: AtomicBool = AtomicBool::new(true);
+
+/// `path` is usable verbatim as a folder: absolute, and no `..` component.
+pub fn is_clean_absolute(path: &str) -> bool {
+    path.starts_with('/') && !path.split('/').any(|c| c == "..")
+}
+
+/// The components of a relative path: backslashes are separators, leading
+/// `/` and `.` components are dropped; `..` is refused.
+pub fn components(rel: &str) -> Result<Vec<&str>, FolderError> {
+    let mut out = Vec::new();
+    for c in rel.split(['/', '\\']) {
+        match c {
+            "" | "." => {}
+            ".." => return Err(FolderError::Escapes(rel.to_string())),
+            other => out.push(other),
+        }
+    }
+    Ok(out)
+}
+
+fn stat_key(st: &rustix::fs::Stat) -> StatKey {
+    StatKey {
+        mtime_ns: st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128,
+        ctime_ns: st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128,
+        size: st.st_size,
+        ino: st.st_ino,
+    }
+}
+
+fn now_ns() -> i128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i128)
+        .unwrap_or_default()
+}
+
+/// Hash an open regular file.
+fn hash_fd(fd: OwnedFd) -> std::io::Result<String> {
+    let mut file = std::fs::File::from(fd);
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// Open `comps` beneath `dirfd` without following any symlink.
+fn open_beneath(dirfd: &OwnedFd, comps: &[&str], flags: OFlags) -> Result<OwnedFd, Errno> {
+    let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    if comps.is_empty() {
+        return rustix::fs::openat(dirfd, ".", flags, Mode::empty());
+    }
+    if OPENAT2.load(Ordering::Relaxed) {
+        let joined = comps.join("/");
+        match rustix::fs::openat2(
+            dirfd,
+            joined.as_str(),
+            flags,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+        ) {
+            Err(Errno::NOSYS) | Err(Errno::PERM) => OPENAT2.store(false, Ordering::Relaxed),
+            other => return other,
+        }
+    }
+    // The fallback walk: each directory opened with O_NOFOLLOW from its parent.
+    let (last, dirs) = comps.split_last().expect("non-empty");
+    let mut current: Option<OwnedFd> = None;
+    for dir in dirs {
+        let parent = current.as_ref().unwrap_or(dirfd);
+        current = Some(rustix::fs::openat(parent, *dir, DIR_FLAGS, Mode::empty())?);
+    }
+    rustix::fs::openat(
+        current.as_ref().unwrap_or(dirfd),
+        *last,
+        flags,
+        Mode::empty(),
+    )
+}
+
+/// Map the errno of a no-follow open to the folder's refusals.
+fn open_error(rel: &str, errno: Errno) -> FolderError {
+    match errno {
+        // ELOOP: the leaf (or, with openat2, any component) is a symlink;
+        // EXDEV: openat2 refused to leave the root.
+        Errno::LOOP | Errno::MLINK => FolderError::Symlink(rel.to_string()),
+        Errno::XDEV => FolderError::Escapes(rel.to_string()),
+        Errno::NOTDIR => FolderError::NotADirectory(rel.to_string()),
+        other => FolderError::io(rel, other),
+    }
+}
+
+impl Folder {
+    /// Prepare the folder at `root` (absolute); creates nothing. Whatever is
+    /// at the path now (a directory, a file, a symlink) makes it not ours.
+    pub fn open(root: &Path, utf8_only: bool) -> std::io::Result<Folder> {
+        let removed_on_dispose = match std::fs::symlink_metadata(root) {
+            Ok(_) => false,
+            // Nothing is there (or nothing can be, under a non-directory).
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                true
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Folder {
+            configured: root.to_path_buf(),
+            resolved: Mutex::new(root.to_path_buf()),
+            removed_on_dispose,
+            utf8_only,
+            cache: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The path the session names.
+    pub fn configured(&self) -> &Path {
+        &self.configured
+    }
+
+    /// The folder's path with symlinks in its ancestors resolved.
+    pub fn root(&self) -> PathBuf {
+        self.resolved
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Did `open` find nothing there (so the folder is ours to remove)?
+    pub fn removed_on_dispose(&self) -> bool {
+        self.removed_on_dispose
+    }
+
+    /// Create the root and any missing ancestors (`0700`); an existing
+    /// directory is fine. Fixes the resolved path.
+    pub fn create_root(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(&self.configured)?;
+        let resolved = std::fs::canonicalize(&self.configured)?;
+        *self.resolved.lock().unwrap_or_else(|e| e.into_inner()) = resolved;
+        Ok(())
+    }
+
+    /// The root directory, opened without following a symlink at its place.
+    /// `Ok(None)` when nothing is there.
+    fn root_fd(&self) -> Result<Option<OwnedFd>, FolderError> {
+        let root = self.root();
+        match rustix::fs::openat(CWD, &root, DIR_FLAGS, Mode::empty()) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(Errno::NOENT) => Ok(None),
+            Err(Errno::LOOP) | Err(Errno::NOTDIR) => {
+                Err(FolderError::NotADirectory(root.display().to_string()))
+            }
+            Err(e) => Err(FolderError::io(&root.display().to_string(), e)),
+        }
+    }
+
+    fn require_root(&self) -> Result<OwnedFd, FolderError> {
+        self.root_fd()?.ok_or_else(|| FolderError::Io {
+            path: self.root().display().to_string(),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        })
+    }
+
+    fn check_utf8(&self, rel: &str, data: &[u8]) -> Result<(), FolderError> {
+        if self.utf8_only && std::str::from_utf8(data).is_err() {
+            return Err(FolderError::NotUtf8(rel.to_string()));
+        }
+        Ok(())
+    }
+
+    /// The file's directory, created below the root when missing (`0700`),
+    /// never the root itself.
+    fn parent_dir(
+        &self,
+        root: &OwnedFd,
+        rel: &str,
+        dirs: &[&str],
+        create: bool,
+    ) -> Result<OwnedFd, FolderError> {
+        match open_beneath(root, dirs, DIR_FLAGS) {
+            Ok(fd) => return Ok(fd),
+            Err(Errno::NOENT) if create => {}
+            Err(e) => return Err(open_error(rel, e)),
+        }
+        let mut current = rustix::fs::openat(root, ".", DIR_FLAGS, Mode::empty())
+            .map_err(|e| FolderError::io(rel, e))?;
+        for dir in dirs {
+            match rustix::fs::mkdirat(&current, *dir, Mode::from_raw_mode(DIR_MODE)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(FolderError::io(rel, e)),
+            }
+            current = rustix::fs::openat(&current, *dir, DIR_FLAGS, Mode::empty())
+                .map_err(|e| open_error(rel, e))?;
+        }
+        Ok(current)
+    }
+
+    /// Write `data` at `rel` atomically (temporary file + rename).
+    pub fn put(&self, rel: &str, data: &[u8]) -> Result<(), FolderError> {
+        let comps = components(rel)?;
+        let Some((leaf, dirs)) = comps.split_last() else {
+            return Err(FolderError::NotAFile(rel.to_string()));
+        };
+        if rel.ends_with('/') || rel.ends_with('\\') || rel.ends_with("/.") {
+            return Err(FolderError::NotAFile(rel.to_string()));
+        }
+        self.check_utf8(rel, data)?;
+        let root = self.require_root()?;
+        let dir = self.parent_dir(&root, rel, dirs, true)?;
+        let mut nonce = [0u8; 8];
+        rand::fill(&mut nonce[..]);
+        let tmp = format!(".fs-{}.tmp", hex::encode(nonce));
+        let fd = rustix::fs::openat(
+            &dir,
+            tmp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(FILE_MODE),
+        )
+        .map_err(|e| FolderError::io(rel, e))?;
+        let written = std::fs::File::from(fd).write_all(data);
+        let renamed = written
+            .map_err(|e| FolderError::Io {
+                path: rel.to_string(),
+                source: e,
+            })
+            .and_then(|()| {
+                rustix::fs::renameat(&dir, tmp.as_str(), &dir, *leaf)
+                    .map_err(|e| FolderError::io(rel, e))
+            });
+        if renamed.is_err() {
+            let _ = rustix::fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+        }
+        renamed
+    }
+
+    /// The file's bytes; `None` when absent. Symlinks and non-regular files
+    /// are refused without being read (a FIFO never blocks the open).
+    pub fn get(&self, rel: &str) -> Result<Option<Vec<u8>>, FolderError> {
+        let comps = components(rel)?;
+        if comps.is_empty() {
+            return Err(FolderError::NotAFile(rel.to_string()));
+        }
+        let Some(root) = self.root_fd()? else {
+            return Ok(None);
+        };
+        let fd = match open_beneath(&root, &comps, OFlags::RDONLY | OFlags::NONBLOCK) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(open_error(rel, e)),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(|e| FolderError::io(rel, e))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(FolderError::NotAFile(rel.to_string()));
+        }
+        let mut data = Vec::with_capacity(st.st_size.max(0) as usize);
+        std::fs::File::from(fd)
+            .read_to_end(&mut data)
+            .map_err(|e| FolderError::Io {
+                path: rel.to_string(),
+                source: e,
+            })?;
+        self.check_utf8(rel, &data)?;
+        Ok(Some(data))
+    }
+
+    /// One file's SHA-256; `None` when absent. Shares the scan's cache.
+    pub fn hash_file(&self, rel: &str) -> Result<Option<String>, FolderError> {
+        let comps = components(rel)?;
+        let Some((leaf, dirs)) = comps.split_last() else {
+            return Err(FolderError::NotAFile(rel.to_string()));
+        };
+        let Some(root) = self.root_fd()? else {
+            return Ok(None);
+        };
+        let dir = match open_beneath(&root, dirs, DIR_FLAGS) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(open_error(rel, e)),
+        };
+        let st = match rustix::fs::statat(&dir, *leaf, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(FolderError::io(rel, e)),
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => {}
+            FileType::Symlink => return Err(FolderError::Symlink(rel.to_string())),
+            _ => return Err(FolderError::NotAFile(rel.to_string())),
+        }
+        let key = comps.join("/");
+        self.hash_cached(&dir, leaf, &key, &st, now_ns())
+            .map_err(|e| FolderError::io(rel, e))
+    }
+
+    /// Hash the regular file `name` in `dir` (stat `st`), through the cache.
+    /// `Ok(None)` when it vanished or turned into something else meanwhile.
+    fn hash_cached(
+        &self,
+        dir: &OwnedFd,
+        name: &str,
+        rel: &str,
+        st: &rustix::fs::Stat,
+        scan_start_ns: i128,
+    ) -> Result<Option<String>, Errno> {
+        let key = stat_key(st);
+        if let Some((cached_key, sha)) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(rel)
+            && *cached_key == key
+        {
+            return Ok(Some(sha.clone()));
+        }
+        let fd = match rustix::fs::openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) | Err(Errno::LOOP) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let fresh = rustix::fs::fstat(&fd)?;
+        if FileType::from_raw_mode(fresh.st_mode) != FileType::RegularFile {
+            return Ok(None);
+        }
+        let sha = hash_fd(fd).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        let key = stat_key(&fresh);
+        let newest = key.mtime_ns.max(key.ctime_ns);
+        if newest < scan_start_ns - TIMESTAMP_TRUST_MARGIN.as_nanos() as i128 {
+            self.cache
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(rel.to_string(), (key, sha.clone()));
+        }
+        Ok(Some(sha))
+    }
+
+    /// Hash every regular file below the root. Symlinks (and what they point
+    /// to), FIFOs and devices are skipped; an unreadable directory fails the
+    /// scan rather than reading as deletions. An absent root scans empty.
+    pub fn scan(&self) -> Result<Scan, FolderError> {
+        let start = now_ns();
+        let mut scan = Scan::default();
+        let Some(root) = self.root_fd()? else {
+            return Ok(scan);
+        };
+        self.walk(&root, "", start, &mut scan)?;
+        // Forget cache entries of files that are gone.
+        self.cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|rel, _| scan.files.contains_key(rel));
+        Ok(scan)
+    }
+
+    fn walk(
+        &self,
+        dir: &OwnedFd,
+        prefix: &str,
+        start: i128,
+        scan: &mut Scan,
+    ) -> Result<(), FolderError> {
+        let shown = |name: &str| {
+            if prefix.is_empty() {
+                name.to_string()
+            } else {
+                format!("{prefix}/{name}")
+            }
+        };
+        let entries = Dir::read_from(dir).map_err(|e| FolderError::io(prefix, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| FolderError::io(prefix, e))?;
+            let raw: &CStr = entry.file_name();
+            let bytes = raw.to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(bytes) else {
+                scan.unrepresentable
+                    .push(shown(&String::from_utf8_lossy(bytes)));
+                continue;
+            };
+            let rel = shown(name);
+            let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => continue, // a scan is a snapshot, not a lock
+                Err(e) => return Err(FolderError::io(&rel, e)),
+            };
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    let sub = match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
+                        Ok(fd) => fd,
+                        Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => continue,
+                        Err(e) => return Err(FolderError::io(&rel, e)),
+                    };
+                    self.walk(&sub, &rel, start, scan)?;
+                }
+                FileType::RegularFile => match self.hash_cached(dir, name, &rel, &st, start) {
+                    Ok(Some(sha)) => {
+                        scan.files.insert(rel, sha);
+                    }
+                    Ok(None) => {}
+                    Err(e) => return Err(FolderError::io(&rel, e)),
+                },
+                // Symlinks, FIFOs, sockets, devices: never opened, never synced.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete the file at `rel`; an absent file is fine.
+    pub fn remove(&self, rel: &str) -> Result<(), FolderError> {
+        let comps = components(rel)?;
+        let Some((leaf, dirs)) = comps.split_last() else {
+            return Ok(());
+        };
+        let Some(root) = self.root_fd()? else {
+            return Ok(());
+        };
+        let dir = match open_beneath(&root, dirs, DIR_FLAGS) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT) => return Ok(()),
+            Err(e) => return Err(open_error(rel, e)),
+        };
+        match rustix::fs::unlinkat(&dir, *leaf, AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(FolderError::io(rel, e)),
+        }
+    }
+
+    /// Remove the root and everything below it — only if `open` found
+    /// nothing there. Symlinks inside are removed, never followed.
+    pub fn dispose(&self) -> std::io::Result<()> {
+        if !self.removed_on_dispose {
+            return Ok(());
+        }
+        match std::fs::remove_dir_all(self.root()) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{PermissionsExt, symlink};
+
+    fn folder() -> (tempfile::TempDir, Folder) {
+        let dir = tempfile::tempdir().unwrap();
+        let f = Folder::open(&dir.path().join("store"), true).unwrap();
+        assert!(f.removed_on_dispose());
+        f.create_root().unwrap();
+        (dir, f)
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn put_get_and_owner_only_modes() {
+        let (_t, f) = folder();
+        f.put("a/b/c.md", b"hello").unwrap();
+        assert_eq!(f.get("a/b/c.md").unwrap().unwrap(), b"hello");
+        assert_eq!(
+            f.get("/a/b/c.md").unwrap().unwrap(),
+            b"hello",
+            "a leading / means the root"
+        );
+        assert_eq!(
+            f.get("a\\b\\c.md").unwrap().unwrap(),
+            b"hello",
+            "backslashes are separators"
+        );
+        assert_eq!(f.get("missing.md").unwrap(), None);
+        let root = f.root();
+        assert_eq!(mode(&root.join("a")), 0o700);
+        assert_eq!(mode(&root.join("a/b")), 0o700);
+        assert_eq!(mode(&root.join("a/b/c.md")), 0o600);
+        assert_eq!(mode(&root), 0o700);
+        // Overwrite is atomic and leaves no temporary file behind.
+        f.put("a/b/c.md", b"again").unwrap();
+        let names: Vec<_> = std::fs::read_dir(root.join("a/b"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec!["c.md"]);
+    }
+
+    #[test]
+    fn dot_dot_is_refused_before_any_syscall() {
+        let (_t, f) = folder();
+        for bad in ["../x", "a/../../x", "..", "a/..\\..\\x"] {
+            assert!(
+                matches!(f.put(bad, b"x"), Err(FolderError::Escapes(_))),
+                "{bad}"
+            );
+            assert!(matches!(f.get(bad), Err(FolderError::Escapes(_))), "{bad}");
+            assert!(
+                matches!(f.hash_file(bad), Err(FolderError::Escapes(_))),
+                "{bad}"
+            );
+            assert!(
+                matches!(f.remove(bad), Err(FolderError::Escapes(_))),
+                "{bad}"
+            );
+        }
+        for not_a_file in ["", "/", "a/", "a/."] {
+            assert!(
+                matches!(f.put(not_a_file, b"x"), Err(FolderError::NotAFile(_))),
+                "{not_a_file:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn symlinks_are_refused_on_read_and_write_and_skipped_by_scans() {
+        let (t, f) = folder();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("secret.txt"), "secret").unwrap();
+        let root = f.root();
+        symlink(outside.join("secret.txt"), root.join("leaf.md")).unwrap();
+        symlink(&outside, root.join("dir")).unwrap();
+        assert!(matches!(f.get("leaf.md"), Err(FolderError::Symlink(_))));
+        assert!(matches!(
+            f.hash_file("leaf.md"),
+            Err(FolderError::Symlink(_))
+        ));
+        // A symlinked parent directory: neither read nor written through.
+        assert!(f.get("dir/secret.txt").is_err());
+        assert!(f.put("dir/planted.md", b"x").is_err());
+        assert!(!outside.join("planted.md").exists());
+        // Scans skip both and never look behind them.
+        f.put("real.md", b"r").unwrap();
+        let scan = f.scan().unwrap();
+        assert_eq!(scan.files.keys().collect::<Vec<_>>(), vec!["real.md"]);
+        // Removing through the link removes nothing outside.
+        f.remove("dir/secret.txt").unwrap_err();
+        assert!(outside.join("secret.txt").exists());
+    }
+
+    #[test]
+    fn the_fallback_walk_refuses_symlinks_too() {
+        let (t, f) = folder();
+        let outside = t.path().join("elsewhere");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("s.md"), "s").unwrap();
+        symlink(&outside, f.root().join("link")).unwrap();
+        let root = f.require_root().unwrap();
+        // Force the component walk regardless of the kernel.
+        let walked = {
+            let (last, dirs) = ["link", "s.md"]
+                .split_last()
+                .map(|(l, d)| (*l, d.to_vec()))
+                .unwrap();
+            let mut current: Option<OwnedFd> = None;
+            let mut result = Ok(());
+            for dir in &dirs {
+                match rustix::fs::openat(
+                    current.as_ref().unwrap_or(&root),
+                    *dir,
+                    DIR_FLAGS,
+                    Mode::empty(),
+                ) {
+                    Ok(fd) => current = Some(fd),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            result.and_then(|()| {
+                rustix::fs::openat(
+                    current.as_ref().unwrap_or(&root),
+                    last,
+                    OFlags::RDONLY | OFlags::NOFOLLOW,
+                    Mode::empty(),
+                )
+                .map(|_| ())
+            })
+        };
+        assert!(
+            matches!(walked, Err(Errno::LOOP) | Err(Errno::NOTDIR)),
+            "{walked:?}"
+        );
+    }
+
+    #[test]
+    fn fifos_and_devices_are_never_opened() {
+        let (_t, f) = folder();
+        let fifo = f.root().join("pipe.md");
+        rustix::fs::mknodat(CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        // A blocking open of a FIFO would hang here; the folder refuses instead.
+        assert!(matches!(f.get("pipe.md"), Err(FolderError::NotAFile(_))));
+        assert!(matches!(
+            f.hash_file("pipe.md"),
+            Err(FolderError::NotAFile(_))
+        ));
+        assert!(f.scan().unwrap().files.is_empty());
+    }
+
+    #[test]
+    fn binary_content_is_refused_on_put_and_get() {
+        let (_t, f) = folder();
+        assert!(matches!(
+            f.put("bin.md", &[0xff, 0xfe, 0x00]),
+            Err(FolderError::NotUtf8(_))
+        ));
+        std::fs::write(f.root().join("bin.md"), [0xc3, 0x28]).unwrap();
+        assert!(matches!(f.get("bin.md"), Err(FolderError::NotUtf8(_))));
+        // ...but it is still scanned (so a sync can see and refuse it).
+        assert!(f.scan().unwrap().files.contains_key("bin.md"));
+    }
+
+    #[test]
+    fn the_root_is_never_recreated_by_a_write() {
+        let (_t, f) = folder();
+        f.put("x.md", b"x").unwrap();
+        std::fs::remove_dir_all(f.root()).unwrap();
+        let err = f.put("y/z.md", b"z").unwrap_err();
+        assert_eq!(err.io_kind(), Some(std::io::ErrorKind::NotFound));
+        assert!(!f.root().exists());
+        assert_eq!(
+            f.scan().unwrap(),
+            Scan::default(),
+            "an absent root scans empty"
+        );
+        assert_eq!(f.get("x.md").unwrap(), None);
+    }
+
+    #[test]
+    fn names_that_are_not_utf8_are_reported_not_synced() {
+        use std::os::unix::ffi::OsStrExt;
+        let (_t, f) = folder();
+        let name = std::ffi::OsStr::from_bytes(b"caf\xe9.md");
+        std::fs::write(f.root().join(name), "x").unwrap();
+        let scan = f.scan().unwrap();
+        assert!(scan.files.is_empty());
+        assert_eq!(scan.unrepresentable, vec!["caf\u{fffd}.md"]);
+    }
+
+    #[test]
+    fn the_stat_cache_skips_rereads_and_sees_rewrites() {
+        let (_t, f) = folder();
+        f.put("old.md", b"v1").unwrap();
+        let path = f.root().join("old.md");
+        // Only a file older than the trust margin (by mtime and ctime) is cached.
+        f.scan().unwrap();
+        assert!(
+            !f.cache.lock().unwrap().contains_key("old.md"),
+            "a fresh file is not cached"
+        );
+        std::thread::sleep(TIMESTAMP_TRUST_MARGIN + Duration::from_millis(100));
+        let first = f.scan().unwrap();
+        assert!(
+            f.cache.lock().unwrap().contains_key("old.md"),
+            "aged files are cached"
+        );
+        // A rewrite changes size or ctime, so it is re-hashed.
+        std::fs::write(&path, "v2, longer").unwrap();
+        let second = f.scan().unwrap();
+        assert_ne!(first.files["old.md"], second.files["old.md"]);
+        assert_eq!(
+            second.files["old.md"],
+            hex::encode(Sha256::digest(b"v2, longer"))
+        );
+        // A fresh file (inside the margin) is never cached.
+        f.put("new.md", b"n").unwrap();
+        f.scan().unwrap();
+        assert!(!f.cache.lock().unwrap().contains_key("new.md"));
+    }
+
+    #[test]
+    fn dispose_removes_only_a_folder_it_created() {
+        let t = tempfile::tempdir().unwrap();
+        let existing = t.path().join("preexisting");
+        std::fs::create_dir(&existing).unwrap();
+        let f = Folder::open(&existing, true).unwrap();
+        assert!(!f.removed_on_dispose());
+        f.dispose().unwrap();
+        assert!(existing.exists());
+
+        let (_t2, ours) = folder();
+        ours.put("a/b.md", b"x").unwrap();
+        ours.dispose().unwrap();
+        assert!(!ours.root().exists());
+        ours.dispose().unwrap();
+    }
+
+    #[test]
+    fn clean_absolute_paths() {
+        for ok in ["/mnt/memory/notes", "/a", "/a/./b"] {
+            assert!(is_clean_absolute(ok), "{ok}");
+        }
+        for bad in [
+            "relative/notes",
+            "notes",
+            "/mnt/../../etc/cron.d",
+            "/a/..",
+            "",
+        ] {
+            assert!(!is_clean_absolute(bad), "{bad}");
+        }
+    }
+}

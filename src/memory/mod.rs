@@ -1,0 +1,297 @@
+//! Memory stores on disk: mount each store a session attaches, keep it in
+//! sync while the agent works, and let go without losing an edit.
+//!
+//! - [`folder`] — the confined folder (fd-based, symlink-proof, atomic writes, stat cache);
+//! - [`plan`] — the pure three-way merge of one path;
+//! - [`store`] — one store's I/O: download, sync, flush, dispose;
+//! - [`remote`] — the memory endpoints the sync uses, behind a trait;
+//! - [`options`] — the sync interval and the delete mode.
+//!
+//! The server is the source of truth: conflicts go its way (with a
+//! warning), a local deletion reaches it only once corroborated, and a folder
+//! that cannot be trusted (its marker gone or foreign while files remain) is
+//! never pushed from nor deleted from.
+
+pub mod folder;
+pub mod options;
+pub mod plan;
+pub mod remote;
+pub mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use crate::api::types::{Access, Session};
+
+use self::folder::{Folder, is_clean_absolute};
+use self::options::{DeleteMode, FLUSH_TIMEOUT};
+use self::remote::MemoryApi;
+use self::store::{AttachedStore, FlushStats, PassStats};
+
+/// A store could not be materialised, or the stores were misused.
+#[derive(Debug, thiserror::Error)]
+pub enum MemoryError {
+    /// The session's stores cannot be mounted; the work item fails.
+    #[error("{0}")]
+    Mount(String),
+    #[error("finish() was already called: it is the session's last sync and runs once")]
+    FinishedTwice,
+}
+
+/// The memory stores attached to one session, materialised on disk.
+pub struct SessionMemoryStores {
+    api: Arc<dyn MemoryApi>,
+    workdir: PathBuf,
+    interval: Duration,
+    deletions: DeleteMode,
+    stores: Vec<AttachedStore>,
+    last_sync: std::sync::Mutex<Instant>,
+    finished: AtomicBool,
+}
+
+/// What one sync of every store did (summed).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SyncReport {
+    pub uploads: usize,
+    pub pulls: usize,
+    pub deletes: usize,
+    pub deletes_held: usize,
+    pub deletes_logged: usize,
+    pub conflicts: usize,
+    pub recovered: usize,
+}
+
+impl SyncReport {
+    fn add(&mut self, s: PassStats) {
+        self.uploads += s.uploads;
+        self.pulls += s.pulls;
+        self.deletes += s.deletes;
+        self.deletes_held += s.deletes_held;
+        self.deletes_logged += s.deletes_logged;
+        self.conflicts += s.conflicts;
+        self.recovered += s.recovered as usize;
+    }
+}
+
+/// What a teardown did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TeardownReport {
+    pub final_sync_cut_off: bool,
+    pub flush_cut_off: bool,
+    pub flushed: usize,
+}
+
+impl SessionMemoryStores {
+    /// Stores for one session. `interval` must already be validated (see
+    /// [`options::SyncInterval`]); the fallback folder of a store without a
+    /// `mount_path` is `<workdir>/memory/<name or id>`.
+    pub fn new(
+        api: Arc<dyn MemoryApi>,
+        workdir: &Path,
+        interval: Duration,
+        deletions: DeleteMode,
+    ) -> Self {
+        SessionMemoryStores {
+            api,
+            workdir: workdir.to_path_buf(),
+            interval,
+            deletions,
+            stores: Vec::new(),
+            last_sync: std::sync::Mutex::new(Instant::now()),
+            finished: AtomicBool::new(false),
+        }
+    }
+
+    /// Every attached store's folder (canonical), for the file tools' allowed roots.
+    pub fn roots(&self) -> Vec<PathBuf> {
+        self.stores.iter().map(|s| s.folder.root()).collect()
+    }
+
+    /// The folders of stores attached read-only, where write and edit refuse.
+    pub fn read_only_roots(&self) -> Vec<PathBuf> {
+        self.stores
+            .iter()
+            .filter(|s| s.read_only)
+            .map(|s| s.folder.root())
+            .collect()
+    }
+
+    /// The attached stores (for diagnostics and tests).
+    pub fn stores(&self) -> &[AttachedStore] {
+        &self.stores
+    }
+
+    /// Where a store's files land: its `mount_path` verbatim when it is a
+    /// clean absolute path (anything else is refused, never relocated), or
+    /// the workdir fallback when it has none.
+    fn store_root(
+        &self,
+        store_id: &str,
+        name: Option<&str>,
+        mount_path: Option<&str>,
+    ) -> Result<PathBuf, MemoryError> {
+        match mount_path.filter(|p| !p.is_empty()) {
+            Some(p) if is_clean_absolute(p) => Ok(PathBuf::from(p)),
+            Some(p) => Err(MemoryError::Mount(format!(
+                "memory store mount_path is not a clean absolute path: {p:?} (memory_store_id={store_id})"
+            ))),
+            None => Ok(self
+                .workdir
+                .join("memory")
+                .join(name.filter(|n| !n.is_empty()).unwrap_or(store_id))),
+        }
+    }
+
+    /// Download every attached store, in resource order. The first store
+    /// that cannot be materialised fails the whole download: its own folder
+    /// is removed (a folder that was already there is left untouched), and
+    /// the stores that did land are kept for `dispose`.
+    pub async fn download(&mut self, session: &Session) -> Result<(), MemoryError> {
+        for resource in session.memory_stores() {
+            let id = resource.memory_store_id.clone();
+            let root = self.store_root(
+                &id,
+                resource.name.as_deref(),
+                resource.mount_path.as_deref(),
+            )?;
+            let folder = Folder::open(&root, true).map_err(|e| {
+                MemoryError::Mount(format!(
+                    "failed to download memory store memory_store_id={id}: {e}"
+                ))
+            })?;
+            if !folder.removed_on_dispose() {
+                return Err(MemoryError::Mount(format!(
+                    "something already exists at the memory store's path: {} (memory_store_id={id}); it must not exist when the session starts",
+                    root.display()
+                )));
+            }
+            if let Err(e) = folder.create_root() {
+                let _ = folder.dispose();
+                return Err(MemoryError::Mount(format!(
+                    "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
+                    root.display()
+                )));
+            }
+            let store =
+                AttachedStore::new(id.clone(), resource.access() == Access::ReadOnly, folder);
+            match store.stamp_and_pull(self.api.as_ref()).await {
+                Ok(count) => {
+                    info!(
+                        memory_store.id = %id,
+                        root = %store.folder.root().display(),
+                        count,
+                        "downloaded memories"
+                    );
+                    self.stores.push(store);
+                }
+                Err(e) => {
+                    let _ = store.folder.dispose();
+                    return Err(MemoryError::Mount(format!(
+                        "failed to download memory store memory_store_id={id}: {e}"
+                    )));
+                }
+            }
+        }
+        *self.last_sync.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        Ok(())
+    }
+
+    async fn sync_all(&self, final_sync: bool) -> SyncReport {
+        let api = self.api.as_ref();
+        let passes = futures::future::join_all(
+            self.stores
+                .iter()
+                .map(|s| s.sync(api, self.deletions, final_sync)),
+        )
+        .await;
+        *self.last_sync.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        let mut report = SyncReport::default();
+        for pass in passes {
+            report.add(pass);
+        }
+        report
+    }
+
+    /// Sync every store (in parallel) when the interval has passed since the
+    /// last sync; `None` when it was not due. Never fails.
+    pub async fn sync_if_due(&self) -> Option<SyncReport> {
+        let last = *self.last_sync.lock().unwrap_or_else(|e| e.into_inner());
+        if last.elapsed() < self.interval {
+            return None;
+        }
+        Some(self.sync_all(false).await)
+    }
+
+    /// Sync every store now, whatever the cadence (a regular sync, not the final one).
+    pub async fn sync_now(&self) -> SyncReport {
+        self.sync_all(false).await
+    }
+
+    /// The session's last sync: like any sync, but a corroborated local
+    /// deletion does not wait out its window (the cap and the re-checks
+    /// still apply). Runs once.
+    pub async fn finish(&self) -> Result<SyncReport, MemoryError> {
+        if self.finished.swap(true, Ordering::SeqCst) {
+            return Err(MemoryError::FinishedTwice);
+        }
+        Ok(self.sync_all(true).await)
+    }
+
+    /// Push new and changed files of every writable store; send no deletes,
+    /// pull nothing. Never fails. Bound it with a timeout: a store cut off
+    /// part-way logs how many of its changed files had not been uploaded.
+    pub async fn flush_writes(&self) -> usize {
+        let api = self.api.as_ref();
+        let stats: Vec<FlushStats> =
+            futures::future::join_all(self.stores.iter().map(|s| s.flush(api))).await;
+        stats.iter().map(|s| s.uploaded).sum()
+    }
+
+    /// Remove every folder this worker created that passes the marker check.
+    pub async fn dispose(&self) {
+        for store in &self.stores {
+            store.dispose().await;
+        }
+    }
+
+    /// The teardown of a session: the final sync on a clean end (bounded),
+    /// then the push-only flush (bounded separately, always), then dispose.
+    pub async fn teardown(&self, clean_end: bool, bound: Duration) -> TeardownReport {
+        let mut report = TeardownReport::default();
+        if clean_end {
+            match tokio::time::timeout(bound, self.finish()).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => warn!(error = %e, "final memory sync skipped"),
+                Err(_) => {
+                    report.final_sync_cut_off = true;
+                    warn!(
+                        "final memory sync cut off after {}s; the flush that follows still uploads changed files",
+                        bound.as_secs_f64()
+                    );
+                }
+            }
+        }
+        match tokio::time::timeout(bound, self.flush_writes()).await {
+            Ok(n) => report.flushed = n,
+            Err(_) => {
+                report.flush_cut_off = true;
+                warn!(
+                    "memory flush cut off after {}s; changed files it had not uploaded yet are not saved",
+                    bound.as_secs_f64()
+                );
+            }
+        }
+        self.dispose().await;
+        report
+    }
+
+    /// [`teardown`](Self::teardown) with the reference's 30 s bounds.
+    pub async fn teardown_default(&self, clean_end: bool) -> TeardownReport {
+        self.teardown(clean_end, FLUSH_TIMEOUT).await
+    }
+}

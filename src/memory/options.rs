@@ -1,0 +1,173 @@
+//! The memory options a worker is built with, validated at construction.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How often a running session's stores are synced (checked after each tool call).
+pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(15);
+/// The shortest sync interval: every sync lists every attached store.
+pub const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(5);
+/// The bound on each teardown pass (the final sync, then the flush).
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Whether a file deleted locally may delete its memory on the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeleteMode {
+    /// Delete once a later sync confirms the file is still gone.
+    #[default]
+    Enabled,
+    /// Run the same checks and only log what would be deleted.
+    LogOnly,
+    /// Never delete on the server.
+    Disabled,
+}
+
+impl DeleteMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeleteMode::Enabled => "enabled",
+            DeleteMode::LogOnly => "log_only",
+            DeleteMode::Disabled => "disabled",
+        }
+    }
+}
+
+impl fmt::Display for DeleteMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for DeleteMode {
+    type Err = OptionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "enabled" => Ok(DeleteMode::Enabled),
+            "log_only" => Ok(DeleteMode::LogOnly),
+            "disabled" => Ok(DeleteMode::Disabled),
+            other => Err(OptionError::DeleteMode(other.to_string())),
+        }
+    }
+}
+
+/// A refused option.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum OptionError {
+    #[error(
+        "memory sync interval must be at least {min}s (got {0}); to run without memory sync, turn it off",
+        min = MIN_SYNC_INTERVAL.as_secs()
+    )]
+    IntervalTooShort(String),
+    #[error("memory sync deletions must be enabled, log_only or disabled (got {0:?})")]
+    DeleteMode(String),
+    #[error("{0}")]
+    Duration(String),
+}
+
+/// The sync cadence: off (no download, no sync) or every interval ≥ 5 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncInterval {
+    Off,
+    Every(Duration),
+}
+
+impl Default for SyncInterval {
+    fn default() -> Self {
+        SyncInterval::Every(DEFAULT_SYNC_INTERVAL)
+    }
+}
+
+impl SyncInterval {
+    /// An interval, refused under the 5 s floor.
+    pub fn every(interval: Duration) -> Result<SyncInterval, OptionError> {
+        if interval < MIN_SYNC_INTERVAL {
+            return Err(OptionError::IntervalTooShort(format!(
+                "{}s",
+                interval.as_secs_f64()
+            )));
+        }
+        Ok(SyncInterval::Every(interval))
+    }
+
+    /// Seconds as a float, as the Python SDK takes them: NaN, infinities and
+    /// values under the floor are refused.
+    pub fn from_secs_f64(secs: f64) -> Result<SyncInterval, OptionError> {
+        // NaN compares as nothing, so it fails this check too.
+        let at_least_floor = secs
+            .partial_cmp(&MIN_SYNC_INTERVAL.as_secs_f64())
+            .is_some_and(|o| o.is_ge());
+        if !at_least_floor || !secs.is_finite() {
+            return Err(OptionError::IntervalTooShort(format!("{secs}")));
+        }
+        Ok(SyncInterval::Every(Duration::from_secs_f64(secs)))
+    }
+
+    pub fn interval(self) -> Option<Duration> {
+        match self {
+            SyncInterval::Off => None,
+            SyncInterval::Every(d) => Some(d),
+        }
+    }
+}
+
+impl FromStr for SyncInterval {
+    type Err = OptionError;
+
+    /// `off` (or `none`, `disabled`), or a duration: `15s`, `5`, `1m30s`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "off" | "none" | "disabled" => Ok(SyncInterval::Off),
+            other => SyncInterval::every(
+                crate::config::parse_duration(other).map_err(OptionError::Duration)?,
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interval_floor_and_off() {
+        assert_eq!(
+            "15s".parse::<SyncInterval>().unwrap(),
+            SyncInterval::Every(Duration::from_secs(15))
+        );
+        assert_eq!(
+            "5".parse::<SyncInterval>().unwrap(),
+            SyncInterval::Every(Duration::from_secs(5))
+        );
+        assert_eq!(
+            "1m30s".parse::<SyncInterval>().unwrap(),
+            SyncInterval::Every(Duration::from_secs(90))
+        );
+        assert_eq!("off".parse::<SyncInterval>().unwrap(), SyncInterval::Off);
+        for bad in ["4s", "4999ms", "0", "soon", "-1"] {
+            assert!(bad.parse::<SyncInterval>().is_err(), "{bad}");
+        }
+        for bad in [0.0, 4.999, -1.0, f64::NAN, f64::INFINITY] {
+            assert!(SyncInterval::from_secs_f64(bad).is_err(), "{bad}");
+        }
+        assert!(SyncInterval::from_secs_f64(5.0).is_ok());
+        let msg = SyncInterval::every(Duration::from_secs(1))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("at least 5s"), "{msg}");
+    }
+
+    #[test]
+    fn delete_modes() {
+        for m in [
+            DeleteMode::Enabled,
+            DeleteMode::LogOnly,
+            DeleteMode::Disabled,
+        ] {
+            assert_eq!(m.as_str().parse::<DeleteMode>().unwrap(), m);
+        }
+        assert!("sometimes".parse::<DeleteMode>().is_err());
+        assert_eq!(DeleteMode::default(), DeleteMode::Enabled);
+    }
+}

@@ -1,0 +1,142 @@
+//! The memory store calls the sync makes, behind a trait so that tests can
+//! inject a failure at an exact point; [`Client`](crate::api::Client) is the
+//! production implementation.
+
+use futures::future::BoxFuture;
+
+use crate::api::types::{
+    CreateMemory, ListMemories, Memory, MemoryListItem, Page, Precondition, UpdateMemory, View,
+};
+use crate::api::{Client, Error};
+
+/// The memory endpoints the sync uses.
+pub trait MemoryApi: Send + Sync {
+    /// One page of a store's listing.
+    fn list<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>>;
+
+    /// One memory with its content.
+    fn retrieve<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>>;
+
+    /// Create a memory at `path` (with its leading `/`).
+    fn create<'a>(
+        &'a self,
+        store_id: &'a str,
+        path: &'a str,
+        content: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>>;
+
+    /// Replace a memory's content if it still hashes to `expected_sha256`.
+    fn update<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+        content: &'a str,
+        expected_sha256: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>>;
+
+    /// Delete a memory if it still hashes to `expected_sha256`.
+    fn delete<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+        expected_sha256: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>>;
+}
+
+impl MemoryApi for Client {
+    fn list<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        Box::pin(async move {
+            self.memories(store_id)
+                .list(&ListMemories {
+                    view: Some(view),
+                    limit: Some(limit),
+                    page,
+                    ..Default::default()
+                })
+                .await
+        })
+    }
+
+    fn retrieve<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>> {
+        Box::pin(async move {
+            self.memories(store_id)
+                .retrieve(memory_id, Some(View::Full))
+                .await
+        })
+    }
+
+    fn create<'a>(
+        &'a self,
+        store_id: &'a str,
+        path: &'a str,
+        content: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>> {
+        Box::pin(async move {
+            self.memories(store_id)
+                .create(
+                    &CreateMemory {
+                        path: path.to_string(),
+                        content: Some(content.to_string()),
+                    },
+                    None,
+                )
+                .await
+        })
+    }
+
+    fn update<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+        content: &'a str,
+        expected_sha256: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>> {
+        Box::pin(async move {
+            self.memories(store_id)
+                .update(
+                    memory_id,
+                    &UpdateMemory {
+                        content: Some(content.to_string()),
+                        path: None,
+                        precondition: Some(Precondition::content_sha256(expected_sha256)),
+                    },
+                    None,
+                )
+                .await
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+        expected_sha256: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            self.memories(store_id)
+                .delete(memory_id, Some(expected_sha256))
+                .await
+                .map(|_| ())
+        })
+    }
+}

@@ -1,0 +1,918 @@
+//! One attached store: its folder, its sync state, and the I/O that carries
+//! out the planner's decisions.
+//!
+//! State per store: the `baseline` (path → hash both sides held at the last
+//! download or successful sync), `refused` (hashes the server refused for
+//! good), `pending` (paths seen missing, since when) and `sent` (hashes of
+//! uploads whose answer never came, settled by the next listing).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use futures::{StreamExt, stream};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::api::types::{Memory, MemoryListItem, View};
+
+use super::folder::{Folder, FolderError, Scan};
+use super::options::DeleteMode;
+use super::plan::{Decision, Listed, Note, PassFacts, PathFacts, Pending, delete_cap, plan};
+use super::remote::MemoryApi;
+
+/// The reserved marker at every store root; never synced.
+pub const MARKER_PATH: &str = ".anthropic-memory-store";
+const MARKER_VERSION: u32 = 1;
+/// Content fetches in flight at once in one store's pull pass.
+pub const FETCH_CONCURRENCY: usize = 16;
+/// Uploads in flight at once in one store's flush (and sync).
+pub const UPLOAD_CONCURRENCY: usize = 32;
+const BASIC_PAGE: u32 = 100;
+const FULL_PAGE: u32 = 20;
+
+pub fn marker_content(store_id: &str) -> String {
+    format!("version {MARKER_VERSION}\n{store_id}")
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn marker_sha(store_id: &str) -> String {
+    sha256_hex(marker_content(store_id).as_bytes())
+}
+
+/// A sync failure that stops this store's pass (logged, never raised).
+#[derive(Debug, thiserror::Error)]
+pub enum PassError {
+    #[error(transparent)]
+    Folder(#[from] FolderError),
+    #[error(transparent)]
+    Api(#[from] crate::api::Error),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("a blocking task failed: {0}")]
+    Join(String),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    baseline: BTreeMap<String, String>,
+    refused: HashMap<String, String>,
+    pending: HashMap<String, Instant>,
+    sent: HashMap<String, String>,
+    /// Names already reported as unsyncable.
+    warned_names: HashSet<String>,
+}
+
+/// A scan with the marker taken out and checked.
+struct Marked {
+    files: BTreeMap<String, String>,
+    /// `None` when the marker names this store; otherwise why not.
+    distrust: Option<&'static str>,
+}
+
+/// What a pass did, for the caller's counters.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PassStats {
+    pub uploads: usize,
+    pub pulls: usize,
+    pub deletes: usize,
+    pub deletes_held: usize,
+    pub deletes_logged: usize,
+    pub conflicts: usize,
+    pub refused: usize,
+    pub recovered: bool,
+}
+
+/// One attached store.
+pub struct AttachedStore {
+    pub id: String,
+    pub read_only: bool,
+    pub folder: Arc<Folder>,
+    state: Mutex<State>,
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, PassError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| PassError::Join(e.to_string()))
+}
+
+impl AttachedStore {
+    pub fn new(id: String, read_only: bool, folder: Folder) -> AttachedStore {
+        AttachedStore {
+            id,
+            read_only,
+            folder: Arc::new(folder),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current baseline (for tests and diagnostics).
+    pub fn baseline(&self) -> BTreeMap<String, String> {
+        self.state().baseline.clone()
+    }
+
+    async fn scan(&self) -> Result<Marked, PassError> {
+        let folder = self.folder.clone();
+        let Scan {
+            mut files,
+            unrepresentable,
+        } = blocking(move || folder.scan()).await??;
+        {
+            let mut state = self.state();
+            for name in unrepresentable {
+                if state.warned_names.insert(name.clone()) {
+                    warn!(
+                        memory_store.id = %self.id,
+                        memory.path = %name,
+                        "the file name is not valid UTF-8, so it cannot be a memory; the file stays un-synced"
+                    );
+                }
+            }
+        }
+        let distrust = match files.remove(MARKER_PATH) {
+            Some(sha) if sha == marker_sha(&self.id) => None,
+            Some(_) => Some("the marker file does not match this store"),
+            None => Some("the marker file is gone"),
+        };
+        Ok(Marked { files, distrust })
+    }
+
+    /// Every memory of the store (prefixes and the marker path skipped).
+    async fn list(
+        &self,
+        api: &dyn MemoryApi,
+        view: View,
+    ) -> Result<BTreeMap<String, Memory>, PassError> {
+        let limit = if view == View::Full {
+            FULL_PAGE
+        } else {
+            BASIC_PAGE
+        };
+        let mut out = BTreeMap::new();
+        let mut page = None;
+        loop {
+            let got = api.list(&self.id, view, limit, page.take()).await?;
+            let next = got.next_cursor().map(str::to_string);
+            for item in got.data {
+                let MemoryListItem::Memory(memory) = item else {
+                    continue;
+                };
+                let rel = memory.path.trim_start_matches('/').to_string();
+                if rel == MARKER_PATH {
+                    warn!(
+                        memory_store.id = %self.id,
+                        memory.path = %memory.path,
+                        "the server listed the reserved marker path; skipping"
+                    );
+                    continue;
+                }
+                out.insert(rel, memory);
+            }
+            match next {
+                Some(n) => page = Some(n),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    /// Uploads whose answer never came, resolved against a fresh listing: a
+    /// memory holding exactly what was sent is that upload, landed. Every
+    /// record is then dropped, so it never claims another writer's bytes.
+    fn settle_sent(&self, remote: &BTreeMap<String, Memory>) {
+        let mut state = self.state();
+        let sent = std::mem::take(&mut state.sent);
+        for (rel, sha) in sent {
+            if remote.get(&rel).is_some_and(|m| m.content_sha256 == sha) {
+                state.baseline.insert(rel, sha);
+            }
+        }
+    }
+
+    /// Write the marker, then every memory of the store; the baseline is
+    /// rebuilt from successful writes only, so a failed write is pulled
+    /// again later, never read as a deletion.
+    pub async fn stamp_and_pull(&self, api: &dyn MemoryApi) -> Result<usize, PassError> {
+        {
+            let mut state = self.state();
+            state.baseline.clear();
+            state.sent.clear();
+            // The disk was just rebuilt: earlier absences mean nothing.
+            state.pending.clear();
+        }
+        let folder = self.folder.clone();
+        let marker = marker_content(&self.id);
+        blocking(move || folder.put(MARKER_PATH, marker.as_bytes())).await??;
+        let mut page = None;
+        let mut written = 0;
+        loop {
+            let got = api
+                .list(&self.id, View::Full, FULL_PAGE, page.take())
+                .await?;
+            let next = got.next_cursor().map(str::to_string);
+            let items: Vec<(String, String, String)> = got
+                .data
+                .into_iter()
+                .filter_map(MemoryListItem::into_memory)
+                .filter_map(|m| {
+                    let rel = m.path.trim_start_matches('/').to_string();
+                    if rel == MARKER_PATH {
+                        warn!(memory_store.id = %self.id, memory.path = %m.path, "the server listed the reserved marker path; skipping");
+                        return None;
+                    }
+                    Some((rel, m.content.unwrap_or_default(), m.content_sha256))
+                })
+                .collect();
+            // One blocking hop per page.
+            let folder = self.folder.clone();
+            let results = blocking(move || {
+                items
+                    .into_iter()
+                    .map(|(rel, content, sha)| {
+                        let r = folder.put(&rel, content.as_bytes());
+                        (rel, sha, r)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await?;
+            let mut state = self.state();
+            for (rel, sha, result) in results {
+                match result {
+                    Ok(()) => {
+                        state.baseline.insert(rel, sha);
+                        written += 1;
+                    }
+                    Err(e) => {
+                        warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to write memory")
+                    }
+                }
+            }
+            drop(state);
+            match next {
+                Some(n) => page = Some(n),
+                None => return Ok(written),
+            }
+        }
+    }
+
+    async fn recover(&self, api: &dyn MemoryApi, reason: &str) -> Result<(), PassError> {
+        warn!(
+            memory_store.id = %self.id,
+            root = %self.folder.root().display(),
+            "{reason}; re-downloading the memory store folder instead of syncing"
+        );
+        let folder = self.folder.clone();
+        blocking(move || folder.create_root()).await??;
+        self.stamp_and_pull(api).await?;
+        Ok(())
+    }
+
+    /// One sync pass; never fails (a failure is logged and the next pass retries).
+    pub async fn sync(
+        &self,
+        api: &dyn MemoryApi,
+        deletions: DeleteMode,
+        final_sync: bool,
+    ) -> PassStats {
+        let mut stats = PassStats::default();
+        if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
+            warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
+        }
+        stats
+    }
+
+    async fn try_sync(
+        &self,
+        api: &dyn MemoryApi,
+        deletions: DeleteMode,
+        final_sync: bool,
+        stats: &mut PassStats,
+    ) -> Result<(), PassError> {
+        let scan = self.scan().await?;
+        if let Some(reason) = scan.distrust {
+            if !scan.files.is_empty() {
+                warn!(
+                    memory_store.id = %self.id,
+                    root = %self.folder.root().display(),
+                    "{reason}; leaving the memory store folder as found and not syncing. Delete it to recover — the server copy is intact."
+                );
+                return Ok(());
+            }
+            stats.recovered = true;
+            return self.recover(api, "the folder or its marker is gone").await;
+        }
+        let remote = self.list(api, View::Basic).await?;
+        self.settle_sent(&remote);
+        // One file gone is a deletion; every file gone at once is a wipe.
+        if scan.files.is_empty() && self.state().baseline.len() > 1 {
+            stats.recovered = true;
+            return self.recover(api, "every memory file is gone at once").await;
+        }
+
+        let now = Instant::now();
+        let pass = PassFacts {
+            read_only: self.read_only,
+            deletions,
+            final_sync,
+            now,
+        };
+        let (baseline, refused, pending) = {
+            let s = self.state();
+            (s.baseline.clone(), s.refused.clone(), s.pending.clone())
+        };
+        let paths: BTreeSet<&String> = remote
+            .keys()
+            .chain(scan.files.keys())
+            .chain(baseline.keys())
+            .collect();
+        let mut next_baseline = BTreeMap::new();
+        let mut pulls = Vec::new();
+        let mut uploads = Vec::new();
+        let mut removals = Vec::new();
+        let mut deletes = Vec::new();
+        let mut suppressed = 0;
+        for rel in paths {
+            let facts = PathFacts {
+                local: scan.files.get(rel).map(String::as_str),
+                baseline: baseline.get(rel).map(String::as_str),
+                remote: remote.get(rel).map(|m| Listed {
+                    id: &m.id,
+                    sha: &m.content_sha256,
+                }),
+                refused: refused.get(rel).map(String::as_str),
+                missing_since: pending.get(rel).copied(),
+            };
+            let p = plan(facts, pass);
+            self.record_pending(rel, p.pending);
+            if p.note == Some(Note::DeleteSuppressed) {
+                suppressed += 1;
+            } else if let Some(note) = p.note {
+                if note == Note::BothChanged {
+                    stats.conflicts += 1;
+                }
+                self.report(rel, note);
+            }
+            match p.decision {
+                Decision::Forget => {}
+                Decision::Keep(sha) | Decision::HoldDelete { base: sha } => {
+                    next_baseline.insert(rel.clone(), sha);
+                }
+                Decision::Pull { keep } => {
+                    if let Some(k) = keep {
+                        next_baseline.insert(rel.clone(), k);
+                    }
+                    pulls.push((rel.clone(), remote[rel].id.clone()));
+                }
+                Decision::Upload { update, fallback } => {
+                    uploads.push((
+                        rel.clone(),
+                        facts.local.map(str::to_string),
+                        update,
+                        fallback,
+                    ));
+                }
+                Decision::RemoveLocal { base } => removals.push((rel.clone(), base)),
+                Decision::Delete { id, base } => deletes.push((rel.clone(), id, base)),
+            }
+        }
+
+        // A memory the server deleted: remove the file, unless it was edited
+        // since the scan — then it is the only copy and is planned again.
+        for (rel, base) in removals {
+            match self.remove_local(&rel, &base).await {
+                Removal::Gone => {}
+                Removal::Kept => {
+                    next_baseline.insert(rel, base);
+                }
+                Removal::Edited(fresh) => {
+                    let facts = PathFacts {
+                        local: Some(&fresh),
+                        baseline: Some(&base),
+                        remote: None,
+                        refused: refused.get(&rel).map(String::as_str),
+                        missing_since: None,
+                    };
+                    let p = plan(facts, pass);
+                    if let Some(note) = p.note {
+                        self.report(&rel, note);
+                    }
+                    if let Decision::Upload { update, fallback } = p.decision {
+                        uploads.push((rel, Some(fresh), update, fallback));
+                    }
+                }
+            }
+        }
+
+        let uploaded: Vec<(String, Option<String>, bool)> = stream::iter(uploads)
+            .map(|(rel, local, update, fallback)| async move {
+                let got = self.upload(api, &rel, local.as_deref(), update).await;
+                let ok = got.is_some();
+                (rel, got.or(fallback), ok)
+            })
+            .buffer_unordered(UPLOAD_CONCURRENCY)
+            .collect()
+            .await;
+        for (rel, sha, ok) in uploaded {
+            stats.uploads += ok as usize;
+            if let Some(sha) = sha {
+                next_baseline.insert(rel, sha);
+            }
+        }
+        stats.refused = self.state().refused.len();
+
+        let cap = delete_cap(baseline.len());
+        let mut attempted = 0;
+        let mut capped = 0;
+        for (rel, id, base) in deletes {
+            match self
+                .confirm_delete(
+                    api,
+                    &rel,
+                    &id,
+                    &base,
+                    deletions,
+                    cap,
+                    &mut attempted,
+                    &mut capped,
+                )
+                .await
+            {
+                Some(sha) => {
+                    next_baseline.insert(rel, sha);
+                }
+                None => stats.deletes += 1,
+            }
+        }
+        if deletions == DeleteMode::LogOnly {
+            stats.deletes_logged = attempted;
+        }
+        stats.deletes_held = capped;
+
+        self.state().baseline = next_baseline;
+        stats.pulls = self.pull_all(api, pulls).await;
+
+        if suppressed > 0 {
+            debug!(
+                memory_store.id = %self.id,
+                count = suppressed,
+                "remote deletes are disabled; locally deleted memories stay on the server"
+            );
+        }
+        if capped > 0 {
+            warn!(
+                memory_store.id = %self.id,
+                "delete cap reached: {} {attempted} deletes, held {capped} for later syncs",
+                if deletions == DeleteMode::LogOnly { "would send" } else { "sent" }
+            );
+        }
+        Ok(())
+    }
+
+    fn record_pending(&self, rel: &str, pending: Pending) {
+        let mut state = self.state();
+        match pending {
+            Pending::Unchanged => {}
+            Pending::Clear => {
+                state.pending.remove(rel);
+            }
+            Pending::Since(t) => {
+                state.pending.entry(rel.to_string()).or_insert(t);
+            }
+        }
+    }
+
+    fn report(&self, rel: &str, note: Note) {
+        let id = &self.id;
+        match note {
+            Note::BothChanged => {
+                warn!(memory_store.id = %id, memory.path = %rel, "memory changed both locally and remotely; keeping the remote version")
+            }
+            Note::RestoredRemote => {
+                warn!(memory_store.id = %id, memory.path = %rel, "memory deleted locally but changed remotely; restoring the remote version")
+            }
+            Note::Recreating => {
+                info!(memory_store.id = %id, memory.path = %rel, "memory deleted remotely but edited locally; re-creating it from the file")
+            }
+            Note::ReadOnlyKeepsEdit => {
+                warn!(memory_store.id = %id, memory.path = %rel, "memory deleted remotely but edited locally; keeping the file, which a read-only store cannot push")
+            }
+            Note::DeleteSuppressed => {}
+        }
+    }
+
+    async fn remove_local(&self, rel: &str, base: &str) -> Removal {
+        let folder = self.folder.clone();
+        let r = rel.to_string();
+        let fresh = match blocking(move || folder.hash_file(&r)).await {
+            Ok(Ok(fresh)) => fresh,
+            // A failed re-hash keeps the baseline, so a retry can never
+            // re-upload the deleted memory.
+            _ => return Removal::Kept,
+        };
+        match fresh {
+            None => Removal::Gone,
+            Some(fresh) if fresh != base => Removal::Edited(fresh),
+            Some(_) => {
+                let folder = self.folder.clone();
+                let r = rel.to_string();
+                match blocking(move || folder.remove(&r)).await {
+                    Ok(Ok(())) => Removal::Gone,
+                    Ok(Err(e)) => {
+                        warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to remove memory deleted remotely");
+                        Removal::Kept
+                    }
+                    Err(e) => {
+                        warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to remove memory deleted remotely");
+                        Removal::Kept
+                    }
+                }
+            }
+        }
+    }
+
+    /// Push one file; `None` when nothing new landed (the caller keeps its
+    /// fallback). 404 on an update re-creates; 409 on an update loses the
+    /// local edit; 400, 413 and content the folder refuses (not UTF-8) are
+    /// remembered as refused until the file changes.
+    pub fn upload<'a>(
+        &'a self,
+        api: &'a dyn MemoryApi,
+        rel: &'a str,
+        local_sha: Option<&'a str>,
+        update: Option<(String, String)>,
+    ) -> futures::future::BoxFuture<'a, Option<String>> {
+        Box::pin(async move {
+            let folder = self.folder.clone();
+            let r = rel.to_string();
+            let data = match blocking(move || folder.get(&r)).await {
+                Ok(Ok(Some(data))) => data,
+                Ok(Ok(None)) => return None,
+                Ok(Err(e)) if e.is_refusal() => {
+                    self.refuse(rel, local_sha, &e.to_string());
+                    return None;
+                }
+                Ok(Err(e)) => {
+                    warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
+                    return None;
+                }
+                Err(e) => {
+                    warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
+                    return None;
+                }
+            };
+            self.state().sent.insert(rel.to_string(), sha256_hex(&data));
+            // The folder returns only UTF-8 for a memory store.
+            let content = String::from_utf8_lossy(&data);
+            let path = format!("/{rel}");
+            let result = match &update {
+                None => api.create(&self.id, &path, &content).await,
+                Some((id, expected)) => api.update(&self.id, id, &content, expected).await,
+            };
+            match result {
+                Ok(memory) => {
+                    let mut state = self.state();
+                    state.refused.remove(rel);
+                    state.sent.remove(rel);
+                    Some(memory.content_sha256)
+                }
+                Err(e) => match (update.is_some(), e.status()) {
+                    // Deleted since the listing: the file is now the only copy.
+                    (true, Some(404)) => self.upload(api, rel, local_sha, None).await,
+                    (true, Some(409)) => {
+                        // The sent hash stays: this may be a retry of an
+                        // attempt that landed; the next listing tells.
+                        warn!(
+                            memory_store.id = %self.id,
+                            memory.path = %rel,
+                            "memory changed both locally and remotely; the upload was refused and the local edit loses"
+                        );
+                        None
+                    }
+                    (_, Some(400 | 413)) => {
+                        self.refuse(rel, local_sha, &e.to_string());
+                        None
+                    }
+                    _ => {
+                        warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
+                        None
+                    }
+                },
+            }
+        })
+    }
+
+    fn refuse(&self, rel: &str, local_sha: Option<&str>, rejection: &str) {
+        if let Some(sha) = local_sha {
+            self.state()
+                .refused
+                .insert(rel.to_string(), sha.to_string());
+            warn!(
+                memory_store.id = %self.id,
+                memory.path = %rel,
+                rejection = %rejection,
+                "the server rejected this memory file, so it stays un-synced until its content changes"
+            );
+        } else {
+            warn!(memory_store.id = %self.id, memory.path = %rel, error = %rejection, "failed to upload memory");
+        }
+    }
+
+    /// The second phase of a local deletion: re-check the marker and the
+    /// file now (not from the scan), take a slot under the cap, then delete
+    /// on the server (or only log). Returns the baseline entry to keep, or
+    /// `None` when the path leaves the baseline.
+    #[allow(clippy::too_many_arguments)]
+    async fn confirm_delete(
+        &self,
+        api: &dyn MemoryApi,
+        rel: &str,
+        id: &str,
+        base: &str,
+        mode: DeleteMode,
+        cap: usize,
+        attempted: &mut usize,
+        capped: &mut usize,
+    ) -> Option<String> {
+        let keep = Some(base.to_string());
+        let folder = self.folder.clone();
+        let r = rel.to_string();
+        let recheck = blocking(move || {
+            let marker = folder.hash_file(MARKER_PATH)?;
+            let file = folder.hash_file(&r)?;
+            Ok::<_, FolderError>((marker, file))
+        })
+        .await;
+        let Ok(Ok((marker, file))) = recheck else {
+            return keep;
+        };
+        if marker.as_deref() != Some(marker_sha(&self.id).as_str()) {
+            return keep;
+        }
+        if file.is_some() {
+            // Back again: no delete, and a later deletion starts a fresh window.
+            self.state().pending.remove(rel);
+            return keep;
+        }
+        if *attempted >= cap {
+            *capped += 1;
+            return keep;
+        }
+        *attempted += 1;
+        if mode == DeleteMode::LogOnly {
+            info!(memory_store.id = %self.id, memory.path = %rel, "log-only: sync would delete this memory on the server");
+            return keep;
+        }
+        match api.delete(&self.id, id, base).await {
+            Ok(()) => {
+                info!(memory_store.id = %self.id, memory.path = %rel, "propagated local deletion");
+                self.state().pending.remove(rel);
+                None
+            }
+            Err(e) if e.status() == Some(404) => {
+                self.state().pending.remove(rel);
+                None
+            }
+            Err(e) if matches!(e.status(), Some(409 | 412)) => {
+                warn!(memory_store.id = %self.id, memory.path = %rel, "memory deleted locally but changed remotely; keeping the remote version");
+                keep
+            }
+            Err(e) => {
+                warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to delete memory");
+                keep
+            }
+        }
+    }
+
+    /// The content pass: fetch each pulled memory and write it,
+    /// `FETCH_CONCURRENCY` at a time. Returns how many landed.
+    async fn pull_all(&self, api: &dyn MemoryApi, pulls: Vec<(String, String)>) -> usize {
+        stream::iter(pulls)
+            .map(|(rel, id)| async move {
+                let memory = match api.retrieve(&self.id, &id).await {
+                    Ok(m) => m,
+                    // Deleted after the listing: the next sync reconciles it.
+                    Err(e) if e.status() == Some(404) => return false,
+                    Err(e) => {
+                        warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to fetch memory content");
+                        return false;
+                    }
+                };
+                let folder = self.folder.clone();
+                let r = rel.clone();
+                let content = memory.content.unwrap_or_default();
+                match blocking(move || folder.put(&r, content.as_bytes())).await {
+                    Ok(Ok(())) => {
+                        self.state().baseline.insert(rel, memory.content_sha256);
+                        true
+                    }
+                    Ok(Err(e)) => {
+                        warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to write memory");
+                        false
+                    }
+                    Err(e) => {
+                        warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to write memory");
+                        false
+                    }
+                }
+            })
+            .buffer_unordered(FETCH_CONCURRENCY)
+            .filter(|ok| std::future::ready(*ok))
+            .count()
+            .await
+    }
+
+    /// Push-only: upload new and changed files, `UPLOAD_CONCURRENCY` at a
+    /// time; no deletes, no pulls. If the caller drops this future part-way,
+    /// the store logs how many changed files had not finished uploading.
+    pub async fn flush(&self, api: &dyn MemoryApi) -> FlushStats {
+        let mut stats = FlushStats::default();
+        if self.read_only {
+            return stats;
+        }
+        let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
+        let mut guard = CutOffGuard {
+            store_id: &self.id,
+            unsent: progress.clone(),
+            dirty: 0,
+            done: false,
+        };
+        if let Err(e) = self.try_flush(api, &progress, &mut guard, &mut stats).await {
+            warn!(memory_store.id = %self.id, error = %e, "memory flush failed");
+        }
+        guard.done = true;
+        stats
+    }
+
+    async fn try_flush(
+        &self,
+        api: &dyn MemoryApi,
+        unsent: &Arc<Mutex<HashSet<String>>>,
+        guard: &mut CutOffGuard<'_>,
+        stats: &mut FlushStats,
+    ) -> Result<(), PassError> {
+        let scan = self.scan().await?;
+        if let Some(reason) = scan.distrust {
+            warn!(
+                memory_store.id = %self.id,
+                root = %self.folder.root().display(),
+                "{reason}; not uploading anything from the memory store folder"
+            );
+            return Ok(());
+        }
+        let dirty: BTreeMap<String, String> = {
+            let state = self.state();
+            scan.files
+                .into_iter()
+                .filter(|(rel, sha)| {
+                    (state.baseline.get(rel) != Some(sha) || state.sent.contains_key(rel))
+                        && state.refused.get(rel) != Some(sha)
+                })
+                .collect()
+        };
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        stats.dirty = dirty.len();
+        guard.dirty = dirty.len();
+        unsent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(dirty.keys().cloned());
+        let remote = self.list(api, View::Basic).await?;
+        self.settle_sent(&remote);
+        let done = |rel: &str| {
+            unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);
+        };
+        let mut work = Vec::new();
+        for (rel, local) in &dirty {
+            let base = self.state().baseline.get(rel).cloned();
+            let existing = remote.get(rel);
+            if Some(local) == base.as_ref() {
+                // Listed only for an unsettled send that never landed.
+                done(rel);
+                continue;
+            }
+            if let Some(m) = existing {
+                if &m.content_sha256 == local {
+                    self.state().baseline.insert(rel.clone(), local.clone());
+                    done(rel);
+                    continue;
+                }
+                if Some(&m.content_sha256) != base.as_ref() {
+                    warn!(
+                        memory_store.id = %self.id,
+                        memory.path = %rel,
+                        "memory changed both locally and remotely; the flush leaves the remote version"
+                    );
+                    stats.conflicts += 1;
+                    done(rel);
+                    continue;
+                }
+            }
+            work.push((
+                rel.clone(),
+                local.clone(),
+                existing.map(|m| (m.id.clone(), m.content_sha256.clone())),
+            ));
+        }
+        let results: Vec<bool> = stream::iter(work)
+            .map(|(rel, local, update)| async move {
+                let landed = self.upload(api, &rel, Some(&local), update).await;
+                done(&rel);
+                match landed {
+                    Some(sha) => {
+                        self.state().baseline.insert(rel, sha);
+                        true
+                    }
+                    None => false,
+                }
+            })
+            .buffer_unordered(UPLOAD_CONCURRENCY)
+            .collect()
+            .await;
+        stats.uploaded = results.iter().filter(|ok| **ok).count();
+        Ok(())
+    }
+
+    /// Remove the folder if the worker made it and it still passes the
+    /// marker check; never fails.
+    pub async fn dispose(&self) {
+        let checked = match self.scan().await {
+            Ok(scan) => scan,
+            Err(e) => {
+                warn!(memory_store.id = %self.id, root = %self.folder.root().display(), error = %e, "failed to remove the memory store folder");
+                return;
+            }
+        };
+        if let Some(reason) = checked.distrust
+            && !checked.files.is_empty()
+        {
+            warn!(memory_store.id = %self.id, root = %self.folder.root().display(), "{reason}; leaving the memory store folder on disk");
+            return;
+        }
+        let folder = self.folder.clone();
+        match blocking(move || folder.dispose()).await {
+            Ok(Ok(())) if self.folder.removed_on_dispose() => {
+                info!(memory_store.id = %self.id, root = %self.folder.root().display(), "removed memory store dir");
+            }
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                warn!(memory_store.id = %self.id, root = %self.folder.root().display(), error = %e, "failed to remove the memory store folder")
+            }
+            Err(e) => {
+                warn!(memory_store.id = %self.id, root = %self.folder.root().display(), error = %e, "failed to remove the memory store folder")
+            }
+        }
+    }
+}
+
+enum Removal {
+    /// The file is gone; the path leaves the baseline.
+    Gone,
+    /// Keep the baseline (a failed re-hash or removal).
+    Kept,
+    /// Edited since the scan: the file now holds this hash.
+    Edited(String),
+}
+
+/// What a flush did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct FlushStats {
+    pub dirty: usize,
+    pub uploaded: usize,
+    pub conflicts: usize,
+}
+
+/// Logs, when a flush is dropped before it finished, how many of its
+/// changed files had not finished uploading.
+struct CutOffGuard<'a> {
+    store_id: &'a str,
+    unsent: Arc<Mutex<HashSet<String>>>,
+    dirty: usize,
+    done: bool,
+}
+
+impl Drop for CutOffGuard<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let left = self.unsent.lock().map(|u| u.len()).unwrap_or(0);
+        if left > 0 {
+            warn!(
+                memory_store.id = %self.store_id,
+                "memory flush cut off part-way; {left} of {} changed files had not finished uploading",
+                self.dirty
+            );
+        }
+    }
+}

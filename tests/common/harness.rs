@@ -1,0 +1,187 @@
+//! A session's memory stores over the in-process fake: set up, poke the disk
+//! and the server, sync, and read the logs.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use envworker::api::types::{Access, Session};
+use envworker::memory::SessionMemoryStores;
+use envworker::memory::options::DeleteMode;
+use envworker::memory::store::MARKER_PATH;
+use serde_json::json;
+
+use super::fake_memory::FakeMemory;
+
+/// A session object with these memory store resources:
+/// `(store id, access, mount_path, name)`.
+pub fn session(resources: &[(&str, Access, Option<&str>, &str)]) -> Session {
+    let resources: Vec<_> = resources
+        .iter()
+        .map(|(id, access, mount, name)| {
+            json!({"type": "memory_store", "memory_store_id": id, "access": access.as_str(),
+                   "mount_path": mount, "name": name})
+        })
+        .collect();
+    serde_json::from_value(json!({
+        "id": "sesn_test", "type": "session", "status": "running", "environment_id": "env_test",
+        "agent": {"tools": [], "skills": []}, "resources": resources, "metadata": {},
+        "created_at": "2026-01-01T00:00:00Z", "updated_at": "2026-01-01T00:00:00Z"
+    }))
+    .unwrap()
+}
+
+pub struct H {
+    pub fake: Arc<FakeMemory>,
+    pub dir: tempfile::TempDir,
+    pub stores: SessionMemoryStores,
+}
+
+/// One store of a harness: id, access, initial memories.
+pub type Spec<'a> = (&'a str, Access, &'a [(&'a str, &'a str)]);
+
+impl H {
+    /// Stores on the fake, mounted at `<tmp>/mnt/<id>`, downloaded.
+    pub async fn new(specs: &[Spec<'_>], deletions: DeleteMode) -> H {
+        let h = H::prepare(specs, deletions);
+        H::download(h, specs).await
+    }
+
+    /// The fake and the stores object, nothing downloaded yet.
+    pub fn prepare(specs: &[Spec<'_>], deletions: DeleteMode) -> H {
+        let fake = Arc::new(FakeMemory::new());
+        for (id, _, memories) in specs {
+            fake.store(id, memories);
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let stores = SessionMemoryStores::new(
+            fake.clone(),
+            &dir.path().join("work"),
+            Duration::from_secs(15),
+            deletions,
+        );
+        H { fake, dir, stores }
+    }
+
+    pub async fn download(mut h: H, specs: &[Spec<'_>]) -> H {
+        let mounts: Vec<(String, Access, String)> = specs
+            .iter()
+            .map(|(id, access, _)| (id.to_string(), *access, h.mount(id).display().to_string()))
+            .collect();
+        let resources: Vec<(&str, Access, Option<&str>, &str)> = mounts
+            .iter()
+            .map(|(id, a, m)| (id.as_str(), *a, Some(m.as_str()), id.as_str()))
+            .collect();
+        h.stores
+            .download(&session(&resources))
+            .await
+            .expect("download");
+        h.fake.take_calls();
+        h
+    }
+
+    pub fn mount(&self, store: &str) -> PathBuf {
+        self.dir.path().join("mnt").join(store)
+    }
+
+    pub fn path(&self, store: &str, rel: &str) -> PathBuf {
+        self.mount(store).join(rel)
+    }
+
+    pub fn write(&self, store: &str, rel: &str, content: &str) {
+        let p = self.path(store, rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, content).unwrap();
+    }
+
+    pub fn read(&self, store: &str, rel: &str) -> Option<String> {
+        std::fs::read_to_string(self.path(store, rel)).ok()
+    }
+
+    pub fn rm(&self, store: &str, rel: &str) {
+        std::fs::remove_file(self.path(store, rel)).unwrap();
+    }
+
+    /// Every file of the store's folder but the marker: rel → content.
+    pub fn disk(&self, store: &str) -> BTreeMap<String, String> {
+        fn walk(base: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                return;
+            };
+            for e in entries.flatten() {
+                let p = e.path();
+                let ft = e.file_type().unwrap();
+                if ft.is_dir() {
+                    walk(base, &p, out);
+                } else if ft.is_file() {
+                    let rel = p.strip_prefix(base).unwrap().to_string_lossy().to_string();
+                    if rel != MARKER_PATH {
+                        out.insert(rel, std::fs::read_to_string(&p).unwrap_or_default());
+                    }
+                }
+            }
+        }
+        let mut out = BTreeMap::new();
+        walk(&self.mount(store), &self.mount(store), &mut out);
+        out
+    }
+
+    /// The server's contents, keyed without the leading `/` like the disk.
+    pub fn server(&self, store: &str) -> BTreeMap<String, String> {
+        self.fake
+            .contents(store)
+            .into_iter()
+            .map(|(p, c)| (p.trim_start_matches('/').to_string(), c))
+            .collect()
+    }
+}
+
+/// Capture this thread's logs (the async tests run on one thread).
+pub struct Logs {
+    buf: Arc<Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+#[derive(Clone)]
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    pub fn capture() -> Logs {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = Sink(buf.clone());
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .finish();
+        Logs {
+            buf,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.buf.lock().unwrap()).to_string()
+    }
+
+    /// How many log lines contain `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.text().lines().filter(|l| l.contains(needle)).count()
+    }
+
+    pub fn clear(&self) {
+        self.buf.lock().unwrap().clear();
+    }
+}
