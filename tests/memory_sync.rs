@@ -548,7 +548,9 @@ async fn the_sync_matrix() {
         Del,
     }
     use S::*;
-    let rows: [(S, S, Option<&str>, Option<&str>, &[&str]); 9] = [
+    /// Disk change, server change, disk after, server after, requests sent.
+    type Row<'a> = (S, S, Option<&'a str>, Option<&'a str>, &'a [&'a str]);
+    let rows: [Row; 9] = [
         (Same, Same, Some("v1"), Some("v1"), &[]),
         (Edit, Same, Some("v2"), Some("v2"), &["update v2 if v1"]),
         (Same, Edit, Some("v2r"), Some("v2r"), &[]),
