@@ -68,6 +68,8 @@ pub enum Fault {
     Before(std::sync::Arc<dyn Fn(&mut Stores) + Send + Sync>),
     /// Wait this long (tokio time), then answer normally.
     Delay(std::time::Duration),
+    /// Do the change, then answer this status (a retry refused because the first attempt landed).
+    ApplyThen(u16),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,6 +99,8 @@ struct Inner {
     next_id: u64,
     max_content: Option<usize>,
     extra_items: Vec<MemoryListItem>,
+    in_flight: usize,
+    peak: usize,
 }
 
 #[derive(Default)]
@@ -205,6 +209,21 @@ impl FakeMemory {
         self.lock().faults.push_back((op, path, fault));
     }
 
+    /// The most creates and updates that were in flight at once.
+    pub fn peak_uploads(&self) -> usize {
+        self.lock().peak
+    }
+
+    fn enter(&self) {
+        let mut inner = self.lock();
+        inner.in_flight += 1;
+        inner.peak = inner.peak.max(inner.in_flight);
+    }
+
+    fn leave(&self) {
+        self.lock().in_flight -= 1;
+    }
+
     /// Add a raw item (a prefix, a future type) to every first page.
     pub fn list_item(&self, item: MemoryListItem) {
         self.lock().extra_items.push(item);
@@ -249,28 +268,31 @@ impl FakeMemory {
     }
 
     /// Apply a fault that comes before the answer; `Some(result)` ends the call.
-    async fn pre<T>(&self, op: Op, path: Option<&str>) -> (Option<Result<T, Error>>, bool) {
+    /// The flag asks the caller to apply the change and then fail: `Some(code)`.
+    async fn pre<T>(&self, op: Op, path: Option<&str>) -> (Option<Result<T, Error>>, Option<u16>) {
         let fault = self.take_fault(op, path);
         match fault {
-            Some(Fault::Status(code)) => (Some(Err(status(code, "injected"))), false),
+            Some(Fault::Status(code)) => (Some(Err(status(code, "injected"))), None),
             Some(Fault::Before(f)) => {
                 f(&mut self.lock().stores);
-                (None, false)
+                (None, None)
             }
             Some(Fault::Delay(d)) => {
                 tokio::time::sleep(d).await;
-                (None, false)
+                (None, None)
             }
-            Some(Fault::LoseResponse) => (None, true),
-            None => (None, false),
+            Some(Fault::LoseResponse) => (None, Some(502)),
+            Some(Fault::ApplyThen(code)) => (None, Some(code)),
+            None => (None, None),
         }
     }
 }
 
-fn lost<T>(result: Result<T, Error>, lose: bool) -> Result<T, Error> {
-    match result {
-        Ok(_) if lose => Err(status(502, "lost_response")),
-        other => other,
+/// The change is applied; the caller hears `code` instead of the answer.
+fn lost<T>(result: Result<T, Error>, lose: Option<u16>) -> Result<T, Error> {
+    match (result, lose) {
+        (Ok(_), Some(code)) => Err(status(code, "after_the_change")),
+        (other, _) => other,
     }
 }
 
@@ -356,7 +378,9 @@ impl MemoryApi for FakeMemory {
                 path: path.into(),
                 content: content.into(),
             });
+            self.enter();
             let (early, lose) = self.pre(Op::Create, Some(path)).await;
+            self.leave();
             if let Some(r) = early {
                 return r;
             }
@@ -398,7 +422,9 @@ impl MemoryApi for FakeMemory {
                 content: content.into(),
                 expected: expected.into(),
             });
+            self.enter();
             let (early, lose) = self.pre(Op::Update, path.as_deref()).await;
+            self.leave();
             if let Some(r) = early {
                 return r;
             }
