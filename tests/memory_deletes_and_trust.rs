@@ -633,3 +633,69 @@ async fn a_failed_re_read_does_not_resurrect_a_server_deleted_memory() {
     assert_eq!(h.fake.get("s", "dir/a.md"), None);
     assert_eq!(h.read("s", "dir/a.md"), None, "removed on a later pass");
 }
+
+// ------------------------------------ found by the model-based property test
+
+#[tokio::test]
+async fn an_edit_made_after_a_failed_recovery_is_not_mistaken_for_a_conflict() {
+    let logs = Logs::capture();
+    let h = H::new(
+        &[("s", RW, &[("a.md", "a"), ("c.md", "c")])],
+        DeleteMode::Enabled,
+    )
+    .await;
+    h.rm("s", "a.md");
+    h.rm("s", "c.md"); // a wipe: the sync re-downloads the folder …
+    h.fake.fault(Op::List, None, Fault::Delay(Duration::ZERO)); // (the basic listing passes)
+    h.fake.fault(Op::List, None, Fault::Status(500)); // … and the re-download's full listing fails
+    h.stores.sync_now().await;
+    assert!(
+        logs.count("every memory file is gone at once") == 1
+            && logs.count("memory sync failed") == 1,
+        "{}",
+        logs.text()
+    );
+    h.write("s", "c.md", "the agent's edit");
+    h.stores.finish().await.unwrap();
+    assert_eq!(
+        h.fake.get("s", "c.md").as_deref(),
+        Some("the agent's edit"),
+        "the edit is not lost"
+    );
+    assert_eq!(
+        h.fake.get("s", "a.md").as_deref(),
+        Some("a"),
+        "a missing file is restored, never deleted"
+    );
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("a"));
+    assert_eq!(
+        logs.count("keeping the remote version"),
+        0,
+        "{}",
+        logs.text()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_file_seen_by_a_pass_that_failed_later_still_breaks_a_pending_delete() {
+    let h = H::new(
+        &[("s", RW, &[("a.md", "a"), ("b.md", "b")])],
+        DeleteMode::Enabled,
+    )
+    .await;
+    h.rm("s", "a.md");
+    h.stores.sync_now().await; // missing since now
+    h.write("s", "a.md", "back");
+    tokio::time::advance(Duration::from_secs(31)).await;
+    h.fake.fault(Op::List, None, Fault::Status(500));
+    h.stores.sync_now().await; // the scan sees it back; the listing fails
+    h.rm("s", "a.md");
+    h.stores.sync_now().await; // missing again: a fresh window
+    assert!(
+        deletes(h.fake.take_calls()).is_empty(),
+        "the absence was not continuous"
+    );
+    tokio::time::advance(Duration::from_secs(31)).await;
+    h.stores.sync_now().await;
+    assert_eq!(deletes(h.fake.take_calls()), vec!["/a.md"]);
+}

@@ -50,6 +50,9 @@ pub struct PathFacts<'a> {
     pub refused: Option<&'a str>,
     /// Since when the file has been seen missing (a pending delete).
     pub missing_since: Option<Instant>,
+    /// The baseline is from before a re-download that did not re-establish
+    /// it: good for telling a local edit from a conflict, never for deleting.
+    pub tentative: bool,
 }
 
 /// What holds for the whole store during this pass.
@@ -146,6 +149,19 @@ fn owned(s: Option<&str>) -> Option<String> {
 
 /// Decide one path.
 pub fn plan(f: PathFacts<'_>, pass: PassFacts) -> Plan {
+    let f = match (f.tentative, f.local, f.remote) {
+        (false, ..) => f,
+        // A missing file is restored, never deleted on the server.
+        (true, None, Some(_)) => {
+            return Plan::new(Decision::Pull { keep: None }).pending(Pending::Clear);
+        }
+        // Not on the server: the old baseline says nothing about this file.
+        (true, _, None) => PathFacts {
+            baseline: None,
+            ..f
+        },
+        (true, Some(_), Some(_)) => f,
+    };
     let ro = pass.read_only;
     // A file on disk is never a pending deletion.
     let present = if f.local.is_some() {
@@ -299,6 +315,7 @@ mod tests {
             },
             refused: None,
             missing_since: None,
+            tentative: false,
         }
     }
 
@@ -497,6 +514,7 @@ mod tests {
             remote: Some(Listed { id: ID, sha: V1 }),
             refused: Some(V2),
             missing_since: None,
+            tentative: false,
         };
         assert_eq!(plan(refused_edit, rw).decision, keep(V1));
         // ...and a refused edit that survives a remote delete is not re-created.
@@ -518,6 +536,37 @@ mod tests {
             ..facts(Side::Same, Side::Same)
         };
         assert_eq!(plan(back, rw).pending, Pending::Clear);
+    }
+
+    #[test]
+    fn a_tentative_baseline_tells_edits_from_conflicts_but_never_deletes() {
+        let rw = pass(false, DeleteMode::Enabled, Instant::now());
+        let tentative = |local, remote| PathFacts {
+            tentative: true,
+            ..facts(local, remote)
+        };
+        use Side::*;
+        // Missing: restored, never a delete candidate.
+        assert_eq!(
+            plan(tentative(Deleted, Same), rw).decision,
+            Decision::Pull { keep: None }
+        );
+        // Edited against an unchanged server: an upload, not a conflict.
+        assert!(matches!(
+            plan(tentative(Edited, Same), rw).decision,
+            Decision::Upload {
+                update: Some(_),
+                ..
+            }
+        ));
+        // The file as it was and the server gone: a new file, never a local removal.
+        assert_eq!(
+            plan(tentative(Same, Deleted), rw).decision,
+            Decision::Upload {
+                update: None,
+                fallback: None
+            }
+        );
     }
 
     #[test]

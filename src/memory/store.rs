@@ -59,6 +59,9 @@ pub enum PassError {
 #[derive(Debug, Default)]
 struct State {
     baseline: BTreeMap<String, String>,
+    /// Baseline entries from before a re-download that did not land them
+    /// again: they tell a local edit from a conflict, and never drive a delete.
+    tentative: BTreeMap<String, String>,
     refused: HashMap<String, String>,
     pending: HashMap<String, Instant>,
     sent: HashMap<String, String>,
@@ -204,7 +207,8 @@ impl AttachedStore {
     pub async fn stamp_and_pull(&self, api: &dyn MemoryApi) -> Result<usize, PassError> {
         {
             let mut state = self.state();
-            state.baseline.clear();
+            let old = std::mem::take(&mut state.baseline);
+            state.tentative.extend(old);
             state.sent.clear();
             // The disk was just rebuilt: earlier absences mean nothing.
             state.pending.clear();
@@ -214,6 +218,7 @@ impl AttachedStore {
         blocking(move || folder.put(MARKER_PATH, marker.as_bytes())).await??;
         let mut page = None;
         let mut written = 0;
+        let mut listed = HashSet::new();
         loop {
             let got = api
                 .list(&self.id, View::Full, FULL_PAGE, page.take())
@@ -232,6 +237,7 @@ impl AttachedStore {
                     Some((rel, m.content.unwrap_or_default(), m.content_sha256))
                 })
                 .collect();
+            listed.extend(items.iter().map(|(rel, _, _)| rel.clone()));
             // One blocking hop per page.
             let folder = self.folder.clone();
             let results = blocking(move || {
@@ -248,6 +254,7 @@ impl AttachedStore {
             for (rel, sha, result) in results {
                 match result {
                     Ok(()) => {
+                        state.tentative.remove(&rel);
                         state.baseline.insert(rel, sha);
                         written += 1;
                     }
@@ -259,7 +266,11 @@ impl AttachedStore {
             drop(state);
             match next {
                 Some(n) => page = Some(n),
-                None => return Ok(written),
+                None => {
+                    // The whole store was listed: what it no longer holds is no concern.
+                    self.state().tentative.retain(|rel, _| listed.contains(rel));
+                    return Ok(written);
+                }
             }
         }
     }
@@ -310,6 +321,13 @@ impl AttachedStore {
             stats.recovered = true;
             return self.recover(api, "the folder or its marker is gone").await;
         }
+        // A file this scan saw is not missing, whatever happens to the rest of
+        // the pass: a pass that fails after the scan still breaks a pending
+        // delete's streak, so an absence is only corroborated by scans that
+        // all saw it.
+        self.state()
+            .pending
+            .retain(|rel, _| !scan.files.contains_key(rel));
         let remote = self.list(api, View::Basic).await?;
         self.settle_sent(&remote);
         // One file gone is a deletion; every file gone at once is a wipe.
@@ -325,14 +343,20 @@ impl AttachedStore {
             final_sync,
             now,
         };
-        let (baseline, refused, pending) = {
+        let (baseline, tentative, refused, pending) = {
             let s = self.state();
-            (s.baseline.clone(), s.refused.clone(), s.pending.clone())
+            (
+                s.baseline.clone(),
+                s.tentative.clone(),
+                s.refused.clone(),
+                s.pending.clone(),
+            )
         };
         let paths: BTreeSet<&String> = remote
             .keys()
             .chain(scan.files.keys())
             .chain(baseline.keys())
+            .chain(tentative.keys())
             .collect();
         let mut next_baseline = BTreeMap::new();
         let mut pulls = Vec::new();
@@ -341,15 +365,17 @@ impl AttachedStore {
         let mut deletes = Vec::new();
         let mut suppressed = 0;
         for rel in paths {
+            let confirmed = baseline.get(rel);
             let facts = PathFacts {
                 local: scan.files.get(rel).map(String::as_str),
-                baseline: baseline.get(rel).map(String::as_str),
+                baseline: confirmed.or(tentative.get(rel)).map(String::as_str),
                 remote: remote.get(rel).map(|m| Listed {
                     id: &m.id,
                     sha: &m.content_sha256,
                 }),
                 refused: refused.get(rel).map(String::as_str),
                 missing_since: pending.get(rel).copied(),
+                tentative: confirmed.is_none() && tentative.contains_key(rel),
             };
             let p = plan(facts, pass);
             self.record_pending(rel, p.pending);
@@ -400,6 +426,7 @@ impl AttachedStore {
                         remote: None,
                         refused: refused.get(&rel).map(String::as_str),
                         missing_since: None,
+                        tentative: false,
                     };
                     let p = plan(facts, pass);
                     if let Some(note) = p.note {
@@ -457,7 +484,15 @@ impl AttachedStore {
         }
         stats.deletes_held = capped;
 
-        self.state().baseline = next_baseline;
+        {
+            let mut state = self.state();
+            // A tentative entry retires once the path has a real baseline,
+            // or once the server no longer holds it.
+            state
+                .tentative
+                .retain(|rel, _| !next_baseline.contains_key(rel) && remote.contains_key(rel));
+            state.baseline = next_baseline;
+        }
         stats.pulls = self.pull_all(api, pulls).await;
 
         if suppressed > 0 {
@@ -711,7 +746,9 @@ impl AttachedStore {
                 let content = memory.content.unwrap_or_default();
                 match blocking(move || folder.put(&r, content.as_bytes())).await {
                     Ok(Ok(())) => {
-                        self.state().baseline.insert(rel, memory.content_sha256);
+                        let mut state = self.state();
+                        state.tentative.remove(&rel);
+                        state.baseline.insert(rel, memory.content_sha256);
                         true
                     }
                     Ok(Err(e)) => {

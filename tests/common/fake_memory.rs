@@ -101,6 +101,7 @@ struct Inner {
     extra_items: Vec<MemoryListItem>,
     in_flight: usize,
     peak: usize,
+    applied: Vec<(tokio::time::Instant, Call)>,
 }
 
 #[derive(Default)]
@@ -207,6 +208,16 @@ impl FakeMemory {
     pub fn fault(&self, op: Op, path: Option<&str>, fault: Fault) {
         let path = path.map(|p| format!("/{}", p.trim_start_matches('/')));
         self.lock().faults.push_back((op, path, fault));
+    }
+
+    /// Every write that took effect on the server (whatever its caller heard), with its time.
+    pub fn applied(&self) -> Vec<(tokio::time::Instant, Call)> {
+        self.lock().applied.clone()
+    }
+
+    /// Drop every fault not yet triggered.
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
     }
 
     /// The most creates and updates that were in flight at once.
@@ -404,6 +415,11 @@ impl MemoryApi for FakeMemory {
             };
             let memory = Self::memory(store, path, &stored, false);
             memories.insert(path.into(), stored);
+            let call = Call::Create {
+                path: path.into(),
+                content: content.into(),
+            };
+            inner.applied.push((tokio::time::Instant::now(), call));
             lost(Ok(memory), lose)
         })
     }
@@ -447,6 +463,12 @@ impl MemoryApi for FakeMemory {
                 m.version += 1;
             }
             let memory = Self::memory(store, p, m, false);
+            let call = Call::Update {
+                path: p.clone(),
+                content: content.into(),
+                expected: expected.into(),
+            };
+            inner.applied.push((tokio::time::Instant::now(), call));
             lost(Ok(memory), lose)
         })
     }
@@ -482,6 +504,11 @@ impl MemoryApi for FakeMemory {
                 return Err(status(409, "memory_precondition_failed_error"));
             }
             memories.remove(&path);
+            let call = Call::Delete {
+                path,
+                expected: expected.into(),
+            };
+            inner.applied.push((tokio::time::Instant::now(), call));
             lost(Ok(()), lose)
         })
     }

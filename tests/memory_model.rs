@@ -1,0 +1,351 @@
+//! A model-based property test of the memory sync: random interleavings of
+//! agent edits, deletes and renames, remote edits and deletes, syncs, time
+//! passing, dropped responses and server errors, then a quiet phase. After
+//! every run:
+//!
+//! (a) no local edit is lost unless a concurrent remote change won and a
+//!     warning naming the path was logged;
+//! (b) no server delete goes out without an absence corroborated by syncs at
+//!     least 30 s apart (or by the final sync), nor from a distrusted folder;
+//! (c) a distrusted folder never uploads or deletes;
+//! (d) after two quiet syncs the disk equals the server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fake_memory::{Call, Fault, Op as ApiOp};
+use common::harness::{H, Logs};
+use envworker::api::types::Access;
+use envworker::memory::options::DeleteMode;
+use envworker::memory::store::MARKER_PATH;
+use proptest::prelude::*;
+use tokio::time::Instant;
+
+const PATHS: [&str; 4] = ["a.md", "b.md", "d/c.md", "d/e.md"];
+
+#[derive(Debug, Clone)]
+enum Step {
+    Write(usize),
+    Delete(usize),
+    Rename(usize, usize),
+    RemoteWrite(usize),
+    RemoteDelete(usize),
+    Sync,
+    Wait(u64),
+    Fail(ApiOp, FailKind),
+    BreakMarker,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum FailKind {
+    ServerError,
+    LostResponse,
+    AppliedThenConflict,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let path = 0..PATHS.len();
+    let api_op = prop_oneof![
+        Just(ApiOp::List),
+        Just(ApiOp::Retrieve),
+        Just(ApiOp::Create),
+        Just(ApiOp::Update),
+        Just(ApiOp::Delete)
+    ];
+    let kind = prop_oneof![
+        Just(FailKind::ServerError),
+        Just(FailKind::LostResponse),
+        Just(FailKind::AppliedThenConflict)
+    ];
+    prop_oneof![
+        6 => path.clone().prop_map(Step::Write),
+        3 => path.clone().prop_map(Step::Delete),
+        1 => (path.clone(), path.clone()).prop_map(|(a, b)| Step::Rename(a, b)),
+        4 => path.clone().prop_map(Step::RemoteWrite),
+        2 => path.prop_map(Step::RemoteDelete),
+        6 => Just(Step::Sync),
+        3 => (0u64..40).prop_map(Step::Wait),
+        3 => (api_op, kind).prop_map(|(o, k)| Step::Fail(o, k)),
+        1 => Just(Step::BreakMarker),
+    ]
+}
+
+/// What the model knows happened to a path on disk.
+/// When disk and server last agreed on a path, and the content they agreed on.
+type Agreed = (Instant, Option<String>);
+
+#[derive(Debug, Clone, PartialEq)]
+enum Local {
+    Wrote(String),
+    Deleted,
+}
+
+struct Model {
+    /// (time, path, what the agent did, when and on what disk and server last agreed before)
+    local: Vec<(Instant, String, Local, Agreed)>,
+    /// path → the last sync after which disk and server agreed on it, and on what
+    agreed: std::collections::HashMap<String, Agreed>,
+    /// (time, path) of every out-of-band server change
+    remote: Vec<(Instant, String)>,
+    /// (time, paths absent on disk) at every sync
+    syncs: Vec<(Instant, Vec<String>)>,
+    broken_at: Option<Instant>,
+    final_at: Option<Instant>,
+}
+
+async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let logs = Logs::capture();
+    let initial: Vec<(&str, &str)> = vec![("a.md", "init-a"), ("d/c.md", "init-c")];
+    let h = H::new(&[("s", Access::ReadWrite, &initial)], DeleteMode::Enabled).await;
+    let start = Instant::now();
+    let mut m = Model {
+        local: vec![],
+        agreed: PATHS
+            .iter()
+            .map(|p| (p.to_string(), (start, h.fake.get("s", p))))
+            .collect(),
+        remote: vec![],
+        syncs: vec![],
+        broken_at: None,
+        final_at: None,
+    };
+    let disk_absent = |h: &H| -> Vec<String> {
+        PATHS
+            .iter()
+            .filter(|p| h.read("s", p).is_none())
+            .map(|p| p.to_string())
+            .collect()
+    };
+    for (i, s) in steps.into_iter().enumerate() {
+        // Every step at its own instant, so the model can order what happened.
+        tokio::time::advance(Duration::from_millis(1)).await;
+        let now = Instant::now();
+        let broken = m.broken_at.is_some();
+        match s {
+            // A distrusted folder is left alone by the agent, so it stays distrusted.
+            Step::Write(_) | Step::Delete(_) | Step::Rename(..) if broken => {}
+            Step::Write(p) => {
+                let content = format!("local-{i}");
+                h.write("s", PATHS[p], &content);
+                m.local.push((
+                    now,
+                    PATHS[p].into(),
+                    Local::Wrote(content),
+                    m.agreed[PATHS[p]].clone(),
+                ));
+            }
+            Step::Delete(p) => {
+                if h.read("s", PATHS[p]).is_some() {
+                    h.rm("s", PATHS[p]);
+                    m.local.push((
+                        now,
+                        PATHS[p].into(),
+                        Local::Deleted,
+                        m.agreed[PATHS[p]].clone(),
+                    ));
+                }
+            }
+            Step::Rename(a, b) => {
+                if a != b
+                    && let Some(content) = h.read("s", PATHS[a])
+                {
+                    let to = h.path("s", PATHS[b]);
+                    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+                    std::fs::rename(h.path("s", PATHS[a]), &to).unwrap();
+                    m.local.push((
+                        now,
+                        PATHS[a].into(),
+                        Local::Deleted,
+                        m.agreed[PATHS[a]].clone(),
+                    ));
+                    m.local.push((
+                        now,
+                        PATHS[b].into(),
+                        Local::Wrote(content),
+                        m.agreed[PATHS[b]].clone(),
+                    ));
+                }
+            }
+            Step::RemoteWrite(p) => {
+                h.fake.put("s", PATHS[p], &format!("remote-{i}"));
+                m.remote.push((now, PATHS[p].into()));
+            }
+            Step::RemoteDelete(p) => {
+                if h.fake.get("s", PATHS[p]).is_some() {
+                    h.fake.remove("s", PATHS[p]);
+                    m.remote.push((now, PATHS[p].into()));
+                }
+            }
+            Step::Sync => {
+                m.syncs.push((now, disk_absent(&h)));
+                h.stores.sync_now().await;
+                // What a sync leaves equal on both sides is what the worker last agreed on.
+                for p in PATHS {
+                    let server = h.fake.get("s", p);
+                    if h.read("s", p) == server {
+                        m.agreed.insert(p.to_string(), (now, server));
+                    }
+                }
+            }
+            Step::Wait(secs) => tokio::time::advance(Duration::from_secs(secs)).await,
+            Step::Fail(op, kind) => h.fake.fault(
+                op,
+                None,
+                match kind {
+                    FailKind::ServerError => Fault::Status(500),
+                    FailKind::LostResponse => Fault::LoseResponse,
+                    FailKind::AppliedThenConflict => Fault::ApplyThen(409),
+                },
+            ),
+            Step::BreakMarker => {
+                if m.broken_at.is_none() && !h.disk("s").is_empty() {
+                    std::fs::write(h.path("s", MARKER_PATH), "version 1\nmemstore_someone_else")
+                        .unwrap();
+                    m.broken_at = Some(now);
+                }
+            }
+        }
+    }
+
+    // The quiet phase: no faults, no edits; two syncs far enough apart for a
+    // pending delete to be corroborated.
+    h.fake.clear_faults();
+    m.syncs.push((Instant::now(), disk_absent(&h)));
+    h.stores.sync_now().await;
+    tokio::time::advance(Duration::from_secs(31)).await;
+    m.syncs.push((Instant::now(), disk_absent(&h)));
+    h.stores.sync_now().await;
+    let quiet_disk = h.disk("s");
+    let quiet_server = h.server("s");
+    m.final_at = Some(Instant::now());
+    h.stores.finish().await.unwrap();
+    h.stores.flush_writes().await;
+    let applied = h.fake.applied();
+    let text = logs.text();
+
+    // (d) after two quiet syncs the disk equals the server.
+    if m.broken_at.is_none() {
+        prop_assert_eq!(
+            &quiet_disk,
+            &quiet_server,
+            "(d) disk != server after two quiet syncs\n{}",
+            text
+        );
+        prop_assert_eq!(h.disk("s"), h.server("s"), "(d) after the final sync");
+    }
+
+    // (c) a distrusted folder never uploads or deletes.
+    if let Some(broken) = m.broken_at {
+        let after: Vec<_> = applied.iter().filter(|(t, _)| *t >= broken).collect();
+        prop_assert!(
+            after.is_empty(),
+            "(c) writes after the marker broke: {:?}",
+            after
+        );
+    }
+
+    // (b) every delete was corroborated (or final), never from a distrusted folder.
+    for (t, call) in &applied {
+        let Call::Delete { path, .. } = call else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        prop_assert!(
+            m.broken_at.is_none_or(|b| *t < b),
+            "(b) a delete from a distrusted folder"
+        );
+        if m.final_at.is_some_and(|f| *t >= f) {
+            continue;
+        }
+        // The latest sync that saw the file present, then a sync that saw it
+        // absent at least 30 s before the delete.
+        let last_present = m
+            .syncs
+            .iter()
+            .filter(|(ts, absent)| *ts <= *t && !absent.iter().any(|a| a == rel))
+            .map(|(ts, _)| *ts)
+            .max();
+        let corroborated = m.syncs.iter().any(|(ts, absent)| {
+            absent.iter().any(|a| a == rel)
+                && last_present.is_none_or(|lp| *ts > lp)
+                && *ts + Duration::from_secs(30) <= *t
+        });
+        prop_assert!(
+            corroborated,
+            "(b) an uncorroborated delete of {} at {:?}\n{}",
+            rel,
+            t,
+            text
+        );
+    }
+
+    // (a) no local edit is lost silently.
+    if m.broken_at.is_none() {
+        for path in PATHS {
+            let Some((_, _, Local::Wrote(content), (agreed, agreed_content))) =
+                m.local.iter().rev().find(|(_, p, _, _)| p == path)
+            else {
+                continue;
+            };
+            // Content both sides already agreed on is no edit (a rename back, a rewrite of the same bytes).
+            if agreed_content.as_deref() == Some(content.as_str()) {
+                continue;
+            }
+            let held = h.fake.get("s", path).as_deref() == Some(content.as_str());
+            let reached = held
+                || applied.iter().any(|(_, c)| match c {
+                    Call::Create {
+                        path: p,
+                        content: c,
+                    }
+                    | Call::Update {
+                        path: p,
+                        content: c,
+                        ..
+                    } => p.trim_start_matches('/') == path && c == content,
+                    _ => false,
+                });
+            // Concurrent: a remote change since disk and server last agreed
+            // on the path before the write (not pulled when the agent wrote,
+            // or made after).
+            let raced = m.remote.iter().any(|(t, p)| p == path && t >= agreed);
+            let warned = text.lines().any(|l| {
+                l.contains(&format!("memory.path={path}"))
+                    && (l.contains("keeping the remote version")
+                        || l.contains("the local edit loses")
+                        || l.contains("restoring the remote version")
+                        || l.contains("the flush leaves the remote version"))
+            });
+            prop_assert!(
+                reached || (raced && warned),
+                "(a) the edit {:?} of {} was lost (raced: {}, warned: {})\n{}",
+                content,
+                path,
+                raced,
+                warned,
+                text
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("MODEL_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(1000),
+        max_shrink_iters: 2000,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn the_sync_keeps_its_promises(steps in prop::collection::vec(step(), 1..30)) {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(run(steps))?;
+    }
+}
