@@ -512,7 +512,7 @@ async fn a_fifo_in_the_folder_never_blocks_a_sync() {
     let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &h.path("s", "pipe.md"),
+        h.path("s", "pipe.md"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o600),
         0,
