@@ -193,6 +193,23 @@ impl Memories<'_> {
         self.client.json(rb).await
     }
 
+    /// One `basic` page decoded as an index (id, path, hash) — what a sync needs.
+    pub async fn list_index(
+        &self,
+        limit: u32,
+        page: Option<&str>,
+    ) -> Result<Page<MemoryIndexEntry>, Error> {
+        let query = Query::default()
+            .opt("view", Some(View::Basic.as_str()))
+            .opt("limit", Some(limit))
+            .opt("page", page);
+        let rb = self
+            .client
+            .request(Method::GET, ApiFamily::Memory, &self.base())
+            .query(query.pairs());
+        self.client.json(rb).await
+    }
+
     /// Every item of the listing, page after page.
     pub fn list_all(
         &self,

@@ -156,18 +156,25 @@ fn now_ns() -> i128 {
         .unwrap_or_default()
 }
 
+thread_local! {
+    /// One read buffer per (blocking) thread: hashing thousands of small
+    /// files must not allocate and zero a buffer each time.
+    static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 64 * 1024]);
+}
+
 /// Hash an open regular file.
 fn hash_fd(fd: OwnedFd) -> std::io::Result<String> {
     let mut file = std::fs::File::from(fd);
     let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
+    READ_BUF.with_borrow_mut(|buf| {
+        loop {
+            let n = file.read(buf)?;
+            if n == 0 {
+                return Ok::<(), std::io::Error>(());
+            }
+            hasher.update(&buf[..n]);
         }
-        hasher.update(&buf[..n]);
-    }
+    })?;
     Ok(hex::encode(hasher.finalize()))
 }
 

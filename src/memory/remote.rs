@@ -5,7 +5,8 @@
 use futures::future::BoxFuture;
 
 use crate::api::types::{
-    CreateMemory, ListMemories, Memory, MemoryListItem, Page, Precondition, UpdateMemory, View,
+    CreateMemory, ListMemories, Memory, MemoryIndexEntry, MemoryListItem, Page, Precondition,
+    UpdateMemory, View,
 };
 use crate::api::{Client, Error};
 
@@ -19,6 +20,24 @@ pub trait MemoryApi: Send + Sync {
         limit: u32,
         page: Option<String>,
     ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>>;
+
+    /// One page of a store's `basic` listing, as an index (id, path, hash).
+    /// The default goes through [`MemoryApi::list`]; a client that can decode
+    /// the index directly overrides it to skip the fields a sync never reads.
+    fn list_index<'a>(
+        &'a self,
+        store_id: &'a str,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryIndexEntry>, Error>> {
+        Box::pin(async move {
+            let got = self.list(store_id, View::Basic, limit, page).await?;
+            Ok(Page {
+                data: got.data.into_iter().map(MemoryIndexEntry::from).collect(),
+                next_page: got.next_page,
+            })
+        })
+    }
 
     /// One memory with its content.
     fn retrieve<'a>(
@@ -69,6 +88,19 @@ impl MemoryApi for Client {
                     page,
                     ..Default::default()
                 })
+                .await
+        })
+    }
+
+    fn list_index<'a>(
+        &'a self,
+        store_id: &'a str,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryIndexEntry>, Error>> {
+        Box::pin(async move {
+            self.memories(store_id)
+                .list_index(limit, page.as_deref())
                 .await
         })
     }

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::api::types::{Memory, MemoryListItem, View};
+use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
 
 use super::folder::{Folder, FolderError, Scan};
 use super::options::DeleteMode;
@@ -150,36 +150,32 @@ impl AttachedStore {
         Ok(Marked { files, distrust })
     }
 
-    /// Every memory of the store (prefixes and the marker path skipped).
-    async fn list(
+    /// Every memory of the store as (id, hash) by relative path; prefixes,
+    /// unknown item types and the marker path are skipped. Uses the `basic`
+    /// view: a sync compares hashes and never needs the content here.
+    async fn index(
         &self,
         api: &dyn MemoryApi,
-        view: View,
-    ) -> Result<BTreeMap<String, Memory>, PassError> {
-        let limit = if view == View::Full {
-            FULL_PAGE
-        } else {
-            BASIC_PAGE
-        };
+    ) -> Result<BTreeMap<String, MemoryIndexEntry>, PassError> {
         let mut out = BTreeMap::new();
         let mut page = None;
         loop {
-            let got = api.list(&self.id, view, limit, page.take()).await?;
+            let got = api.list_index(&self.id, BASIC_PAGE, page.take()).await?;
             let next = got.next_cursor().map(str::to_string);
-            for item in got.data {
-                let MemoryListItem::Memory(memory) = item else {
+            for entry in got.data {
+                if !entry.is_memory() {
                     continue;
-                };
-                let rel = memory.path.trim_start_matches('/').to_string();
+                }
+                let rel = entry.path.trim_start_matches('/').to_string();
                 if rel == MARKER_PATH {
                     warn!(
                         memory_store.id = %self.id,
-                        memory.path = %memory.path,
+                        memory.path = %entry.path,
                         "the server listed the reserved marker path; skipping"
                     );
                     continue;
                 }
-                out.insert(rel, memory);
+                out.insert(rel, entry);
             }
             match next {
                 Some(n) => page = Some(n),
@@ -191,7 +187,7 @@ impl AttachedStore {
     /// Uploads whose answer never came, resolved against a fresh listing: a
     /// memory holding exactly what was sent is that upload, landed. Every
     /// record is then dropped, so it never claims another writer's bytes.
-    fn settle_sent(&self, remote: &BTreeMap<String, Memory>) {
+    fn settle_sent(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
         let mut state = self.state();
         let sent = std::mem::take(&mut state.sent);
         for (rel, sha) in sent {
@@ -328,7 +324,7 @@ impl AttachedStore {
         self.state()
             .pending
             .retain(|rel, _| !scan.files.contains_key(rel));
-        let remote = self.list(api, View::Basic).await?;
+        let remote = self.index(api).await?;
         self.settle_sent(&remote);
         // One file gone is a deletion; every file gone at once is a wipe.
         if scan.files.is_empty() && self.state().baseline.len() > 1 {
@@ -824,7 +820,7 @@ impl AttachedStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(dirty.keys().cloned());
-        let remote = self.list(api, View::Basic).await?;
+        let remote = self.index(api).await?;
         self.settle_sent(&remote);
         let done = |rel: &str| {
             unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);

@@ -29,7 +29,14 @@ fn has_sdk(python: &Path) -> bool {
 }
 
 fn install() -> PathBuf {
-    let root = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    // Integration tests get CARGO_TARGET_TMPDIR; benchmarks share the same place.
+    let root = PathBuf::from(
+        option_env!("CARGO_TARGET_TMPDIR")
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("{}/target/tmp", env!("CARGO_MANIFEST_DIR"))),
+    );
+    std::fs::create_dir_all(&root).expect("the target directory is writable");
+    let root = root.as_path();
     let venv = root.join(format!("sdk-venv-{SDK_VERSION}"));
     if has_sdk(&venv_python(&venv)) {
         return venv_python(&venv);

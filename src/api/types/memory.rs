@@ -93,18 +93,69 @@ impl Serialize for MemoryListItem {
 }
 
 impl<'de> Deserialize<'de> for MemoryListItem {
+    /// Peek at `type`, then decode the item once; a listing of thousands of
+    /// memories must not build a JSON tree per item.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(d)?;
-        let item = match value.get("type").and_then(Value::as_str) {
+        #[derive(Deserialize)]
+        struct Tag<'a> {
+            #[serde(rename = "type", borrow, default)]
+            kind: Option<std::borrow::Cow<'a, str>>,
+        }
+        let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+        let tag: Tag<'_> = serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?;
+        let item = match tag.kind.as_deref() {
             Some("memory") => MemoryListItem::Memory(
-                serde_json::from_value(value).map_err(serde::de::Error::custom)?,
+                serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?,
             ),
             Some("memory_prefix") => MemoryListItem::Prefix(
-                serde_json::from_value(value).map_err(serde::de::Error::custom)?,
+                serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?,
             ),
-            _ => MemoryListItem::Other(value),
+            _ => MemoryListItem::Other(
+                serde_json::from_str(raw.get()).map_err(serde::de::Error::custom)?,
+            ),
         };
         Ok(item)
+    }
+}
+
+/// A memory as a sync needs it from a `basic` listing: which memory, where,
+/// and the hash of its content. Decoding only these fields keeps a listing of
+/// thousands of memories cheap; other item types come back with `id` empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct MemoryIndexEntry {
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub path: String,
+    #[serde(default)]
+    pub content_sha256: String,
+}
+
+impl From<MemoryListItem> for MemoryIndexEntry {
+    fn from(item: MemoryListItem) -> Self {
+        match item {
+            MemoryListItem::Memory(m) => MemoryIndexEntry {
+                kind: "memory".into(),
+                id: m.id,
+                path: m.path,
+                content_sha256: m.content_sha256,
+            },
+            MemoryListItem::Prefix(p) => MemoryIndexEntry {
+                kind: "memory_prefix".into(),
+                id: String::new(),
+                path: p.path,
+                content_sha256: String::new(),
+            },
+            MemoryListItem::Other(v) => serde_json::from_value(v).unwrap_or_default(),
+        }
+    }
+}
+
+impl MemoryIndexEntry {
+    pub fn is_memory(&self) -> bool {
+        self.kind == "memory"
     }
 }
 

@@ -1,0 +1,345 @@
+//! The memory engine next to the official Python SDK's `SessionMemoryStores`,
+//! on the same 2,000-memory store (2 KB each) of the same devserver, in the
+//! same run: mount (download), a no-op sync right after the mount
+//! (`noop_sync`), a no-op sync once the files are older than the 2 s
+//! timestamp trust margin and were seen once (`steady_sync`), and a flush of
+//! 2,000 changed files, each with 0 ms and 5 ms of injected server latency.
+//!
+//! Every measured operation runs in a fresh child process (ours: this binary
+//! re-executed with `--child`; the SDK's: `benches/sdk_memory.py`), which
+//! reports the operation's wall and CPU time and the process's peak RSS.
+//! Prints medians and ratios. Run: `cargo bench --bench memory`.
+
+#[path = "../tests/common/sdk.rs"]
+#[allow(dead_code)]
+mod sdk;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envworker::api::types::*;
+use envworker::api::{Client, Credential};
+use envworker::memory::SessionMemoryStores;
+use envworker::memory::options::DeleteMode;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+const MEMORIES: usize = 2_000;
+const CONTENT_BYTES: usize = 2_048;
+const ADMIN_KEY: &str = "bench-admin";
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Sample {
+    wall_ms: f64,
+    cpu_ms: f64,
+    peak_rss_kb: f64,
+}
+
+fn cpu_ms() -> f64 {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    t.tv_sec as f64 * 1e3 + t.tv_nsec as f64 / 1e6
+}
+
+fn peak_rss_kb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// `--child OP URL KEY SESSION_ID WORKDIR NONCE`: one measured operation of ours.
+async fn child(args: &[String]) {
+    let (op, url, key, session_id, workdir, nonce) =
+        (&args[0], &args[1], &args[2], &args[3], &args[4], &args[5]);
+    let client = Client::builder(Credential::api_key(key.as_str()))
+        .base_url(url.as_str())
+        .build()
+        .unwrap();
+    let session = client.sessions().retrieve(session_id).await.unwrap();
+    let mut stores = SessionMemoryStores::new(
+        Arc::new(client),
+        std::path::Path::new(workdir),
+        Duration::from_secs(5),
+        DeleteMode::Enabled,
+    );
+    let (wall, cpu);
+    if op == "mount" {
+        let (w, c) = (Instant::now(), cpu_ms());
+        stores.download(&session).await.unwrap();
+        (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
+    } else {
+        stores.download(&session).await.unwrap();
+        if op == "noop_sync" || op == "steady_sync" {
+            if op == "steady_sync" {
+                // Files older than the 2 s trust margin, seen once: the
+                // state of every sync after the first few seconds.
+                tokio::time::sleep(Duration::from_millis(2_100)).await;
+                stores.sync_now().await;
+            }
+            let (w, c) = (Instant::now(), cpu_ms());
+            stores.sync_now().await;
+            (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
+        } else {
+            let root = stores.roots()[0].clone();
+            edit_all(&root, nonce);
+            let (w, c) = (Instant::now(), cpu_ms());
+            stores.flush_writes().await;
+            (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
+        }
+    }
+    stores.dispose().await;
+    println!(
+        "{}",
+        json!({"wall_ms": wall, "cpu_ms": cpu, "peak_rss_kb": peak_rss_kb()})
+    );
+}
+
+fn edit_all(root: &std::path::Path, nonce: &str) {
+    use std::io::Write;
+    for entry in std::fs::read_dir(root).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            edit_all(&path, nonce);
+        } else if !path.ends_with(".anthropic-memory-store") {
+            let mut f = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .unwrap();
+            write!(f, "\nedited {nonce}\n").unwrap();
+        }
+    }
+}
+
+fn run_child(program: &std::path::Path, prefix: &[&str], args: &[&str]) -> Sample {
+    let out = Command::new(program)
+        .args(prefix)
+        .args(args)
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program:?} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let line = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+    Sample {
+        wall_ms: v["wall_ms"].as_f64().unwrap(),
+        cpu_ms: v["cpu_ms"].as_f64().unwrap(),
+        peak_rss_kb: v["peak_rss_kb"].as_f64().unwrap(),
+    }
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    xs[xs.len() / 2]
+}
+
+fn medians(samples: &[Sample]) -> Sample {
+    Sample {
+        wall_ms: median(samples.iter().map(|s| s.wall_ms).collect()),
+        cpu_ms: median(samples.iter().map(|s| s.cpu_ms).collect()),
+        peak_rss_kb: median(samples.iter().map(|s| s.peak_rss_kb).collect()),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--child") {
+        child(&args[at + 1..]).await;
+        return;
+    }
+    let python = sdk::python();
+    let tmp = tempfile::tempdir().unwrap();
+    // Mount on tmpfs when there is one: on a busy ext4, inode allocation
+    // (`ext4_create → recently_deleted`) dominates both sides and buries the
+    // engines' own costs.
+    let shm = std::path::Path::new("/dev/shm");
+    let mount_tmp = if shm.is_dir() {
+        tempfile::tempdir_in(shm).unwrap()
+    } else {
+        tempfile::tempdir().unwrap()
+    };
+    let mount_root = mount_tmp.path().join("mnt");
+    let data_dir = tmp.path().join("data");
+    let mut server = Command::new(env!("CARGO_BIN_EXE_envworker"))
+        .args([
+            "devserver",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin-key",
+            ADMIN_KEY,
+        ])
+        .args([
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+            "--mount-root",
+            mount_root.to_str().unwrap(),
+        ])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(server.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line.trim().rsplit(' ').next().unwrap().to_string();
+
+    // The store, its memories, and a session that attaches it.
+    let admin = Client::builder(Credential::api_key(ADMIN_KEY))
+        .base_url(&url)
+        .build()
+        .unwrap();
+    let store = admin
+        .memory_stores()
+        .create(&CreateMemoryStore {
+            name: "Bench Notes".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let memories = admin.memories(&store.id);
+    let body: String =
+        "memory text line\n".repeat(CONTENT_BYTES / 17 + 1)[..CONTENT_BYTES].to_string();
+    futures::stream::iter(0..MEMORIES)
+        .map(|i| {
+            let (memories, body) = (&memories, &body);
+            async move {
+                memories
+                    .create(
+                        &CreateMemory {
+                            path: format!("/topic-{:02}/note-{i:04}.md", i % 40),
+                            content: Some(body.clone()),
+                        },
+                        None,
+                    )
+                    .await
+                    .unwrap()
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    let http = reqwest::Client::new();
+    let env: Value = http
+        .post(format!("{url}/dev/environments"))
+        .header("x-api-key", ADMIN_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session: Value = http
+        .post(format!("{url}/v1/sessions"))
+        .header("x-api-key", ADMIN_KEY)
+        .header("anthropic-version", "2023-06-01")
+        .header("anthropic-beta", "managed-agents-2026-04-01")
+        .json(
+            &json!({"agent": "bench", "environment_id": env["environment_id"],
+                      "resources": [{"type": "memory_store", "memory_store_id": store.id}]}),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session_id = session["id"].as_str().unwrap().to_string();
+    let workdir = mount_tmp.path().join("work");
+    std::fs::create_dir_all(&workdir).unwrap();
+    let me = std::env::current_exe().unwrap();
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sdk_memory.py");
+    println!(
+        "store: {MEMORIES} memories of {CONTENT_BYTES} B, mounted under {}; each figure is the median of the runs shown",
+        mount_root.display()
+    );
+    println!(
+        "{:<10} {:>7} {:>5} | {:>12} {:>12} {:>12} | {:>12} {:>12} {:>12} | {:>6} {:>6} {:>6}",
+        "operation",
+        "latency",
+        "runs",
+        "ours wall",
+        "ours cpu",
+        "ours peak",
+        "sdk wall",
+        "sdk cpu",
+        "sdk peak",
+        "wall×",
+        "cpu×",
+        "mem×"
+    );
+    let mut nonce = 0;
+    for latency in [0u64, 5] {
+        http.delete(format!("{url}/dev/faults"))
+            .header("x-api-key", ADMIN_KEY)
+            .send()
+            .await
+            .unwrap();
+        if latency > 0 {
+            http.post(format!("{url}/dev/faults"))
+                .header("x-api-key", ADMIN_KEY)
+                .json(&json!({"rules": [{"path": "/v1/memory_stores/*", "latency_ms": latency}]}))
+                .send()
+                .await
+                .unwrap();
+        }
+        for op in ["mount", "noop_sync", "steady_sync", "flush"] {
+            let runs = if latency == 0 { 5 } else { 3 };
+            let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                nonce += 1;
+                let n = nonce.to_string();
+                let a = [
+                    op,
+                    url.as_str(),
+                    ADMIN_KEY,
+                    session_id.as_str(),
+                    workdir.to_str().unwrap(),
+                    n.as_str(),
+                ];
+                ours.push(run_child(&me, &["--child"], &a));
+                nonce += 1;
+                let n = nonce.to_string();
+                let a = [
+                    op,
+                    url.as_str(),
+                    ADMIN_KEY,
+                    session_id.as_str(),
+                    workdir.to_str().unwrap(),
+                    n.as_str(),
+                ];
+                theirs.push(run_child(&python, &[script.to_str().unwrap()], &a));
+            }
+            let (o, t) = (medians(&ours), medians(&theirs));
+            println!(
+                "{:<10} {:>5}ms {:>5} | {:>10.1}ms {:>10.1}ms {:>9.1}MiB | {:>10.1}ms {:>10.1}ms {:>9.1}MiB | {:>6.2} {:>6.2} {:>6.2}",
+                op,
+                latency,
+                runs,
+                o.wall_ms,
+                o.cpu_ms,
+                o.peak_rss_kb / 1024.0,
+                t.wall_ms,
+                t.cpu_ms,
+                t.peak_rss_kb / 1024.0,
+                o.wall_ms / t.wall_ms,
+                o.cpu_ms / t.cpu_ms,
+                o.peak_rss_kb / t.peak_rss_kb
+            );
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
