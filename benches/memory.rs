@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use envworker::api::types::*;
 use envworker::api::{Client, Credential};
 use envworker::memory::SessionMemoryStores;
-use envworker::memory::options::DeleteMode;
+use envworker::memory::options::{DeleteMode, SyncInterval};
 use futures::StreamExt;
 use serde_json::{Value, json};
 
@@ -63,7 +63,7 @@ async fn child(args: &[String]) {
     let mut stores = SessionMemoryStores::new(
         Arc::new(client),
         std::path::Path::new(workdir),
-        Duration::from_secs(5),
+        SyncInterval::every(Duration::from_secs(5)).unwrap(),
         DeleteMode::Enabled,
     );
     let (wall, cpu);

@@ -5,7 +5,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use base64::Engine;
 use common::TestServer;
@@ -14,7 +13,7 @@ use envworker::api::types::{PollWork, SessionResource};
 use envworker::api::{Client, Credential};
 use envworker::devserver::DevserverConfig;
 use envworker::memory::SessionMemoryStores;
-use envworker::memory::options::DeleteMode;
+use envworker::memory::options::{DeleteMode, SyncInterval};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -85,7 +84,7 @@ async fn served() -> Served {
     let mut stores = SessionMemoryStores::new(
         Arc::new(client),
         mnt.path(),
-        Duration::from_secs(15),
+        SyncInterval::default(),
         DeleteMode::Enabled,
     );
     stores.download(&session).await.unwrap();

@@ -4,13 +4,14 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::fake_memory::{Call, Fault, Op, sha};
+use common::fake_memory::{Call, FakeMemory, Fault, Op, sha};
 use common::harness::{H, Logs, session};
 use envworker::api::types::{Access, MemoryListItem, MemoryPrefix};
-use envworker::memory::MemoryError;
 use envworker::memory::options::{DeleteMode, SyncInterval};
+use envworker::memory::{MemoryError, SessionMemoryStores};
 
 const RW: Access = Access::ReadWrite;
 const RO: Access = Access::ReadOnly;
@@ -240,6 +241,34 @@ fn a_sync_interval_under_the_minimum_is_refused_at_construction() {
     }
     assert!("4s".parse::<SyncInterval>().is_err());
     assert_eq!("off".parse::<SyncInterval>().unwrap(), SyncInterval::Off);
+}
+
+#[tokio::test]
+async fn memory_sync_off_downloads_nothing_and_never_syncs() {
+    let fake = Arc::new(FakeMemory::new());
+    fake.store("s", &[("a.md", "a")]);
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path().join("mnt/s");
+    let mut stores = SessionMemoryStores::new(
+        fake.clone(),
+        &dir.path().join("work"),
+        SyncInterval::Off,
+        DeleteMode::Enabled,
+    );
+    let mount_str = mount.display().to_string();
+    stores
+        .download(&session(&[("s", RW, Some(mount_str.as_str()), "s")]))
+        .await
+        .unwrap();
+    assert!(
+        !mount.exists(),
+        "nothing is mounted when memory sync is off"
+    );
+    assert!(stores.roots().is_empty());
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert!(stores.sync_if_due().await.is_none());
+    assert!(fake.take_calls().is_empty(), "no call reaches the server");
 }
 
 #[tokio::test]

@@ -29,7 +29,7 @@ use tracing::{info, warn};
 use crate::api::types::{Access, Session};
 
 use self::folder::{Folder, is_clean_absolute};
-use self::options::{DeleteMode, FLUSH_TIMEOUT};
+use self::options::{DeleteMode, FLUSH_TIMEOUT, SyncInterval};
 use self::remote::MemoryApi;
 use self::store::{AttachedStore, FlushStats, PassStats};
 
@@ -47,7 +47,8 @@ pub enum MemoryError {
 pub struct SessionMemoryStores {
     api: Arc<dyn MemoryApi>,
     workdir: PathBuf,
-    interval: Duration,
+    /// `None`: memory sync is off — no download, no sync.
+    interval: Option<Duration>,
     deletions: DeleteMode,
     stores: Vec<AttachedStore>,
     last_sync: std::sync::Mutex<Instant>,
@@ -87,19 +88,20 @@ pub struct TeardownReport {
 }
 
 impl SessionMemoryStores {
-    /// Stores for one session. `interval` must already be validated (see
-    /// [`options::SyncInterval`]); the fallback folder of a store without a
-    /// `mount_path` is `<workdir>/memory/<name or id>`.
+    /// Stores for one session. The interval is validated by its type (≥ 5 s,
+    /// or off: then nothing is downloaded or synced, as in the reference);
+    /// the fallback folder of a store without a `mount_path` is
+    /// `<workdir>/memory/<name or id>`.
     pub fn new(
         api: Arc<dyn MemoryApi>,
         workdir: &Path,
-        interval: Duration,
+        interval: SyncInterval,
         deletions: DeleteMode,
     ) -> Self {
         SessionMemoryStores {
             api,
             workdir: workdir.to_path_buf(),
-            interval,
+            interval: interval.interval(),
             deletions,
             stores: Vec::new(),
             last_sync: std::sync::Mutex::new(Instant::now()),
@@ -152,6 +154,9 @@ impl SessionMemoryStores {
     /// is removed (a folder that was already there is left untouched), and
     /// the stores that did land are kept for `dispose`.
     pub async fn download(&mut self, session: &Session) -> Result<(), MemoryError> {
+        if self.interval.is_none() {
+            return Ok(());
+        }
         for resource in session.memory_stores() {
             let id = resource.memory_store_id.clone();
             let root = self.store_root(
@@ -220,8 +225,9 @@ impl SessionMemoryStores {
     /// Sync every store (in parallel) when the interval has passed since the
     /// last sync; `None` when it was not due. Never fails.
     pub async fn sync_if_due(&self) -> Option<SyncReport> {
+        let interval = self.interval?;
         let last = *self.last_sync.lock().unwrap_or_else(|e| e.into_inner());
-        if last.elapsed() < self.interval {
+        if last.elapsed() < interval {
             return None;
         }
         Some(self.sync_all(false).await)

@@ -5,11 +5,10 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use envworker::api::types::{Access, Session};
 use envworker::memory::SessionMemoryStores;
-use envworker::memory::options::DeleteMode;
+use envworker::memory::options::{DeleteMode, SyncInterval};
 use envworker::memory::store::MARKER_PATH;
 use serde_json::json;
 
@@ -59,7 +58,7 @@ impl H {
         let stores = SessionMemoryStores::new(
             fake.clone(),
             &dir.path().join("work"),
-            Duration::from_secs(15),
+            SyncInterval::default(),
             deletions,
         );
         H { fake, dir, stores }
