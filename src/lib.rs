@@ -9,6 +9,8 @@
 //!   over SQLite, so workers can be run and tested without the real API.
 //! - [`memory`] — memory stores on disk: the confined folder, the pure
 //!   three-way planner, the sync executor, deletes, flush, dispose.
+//! - [`tools`] — the agent toolset (`bash`, `read`, `write`, `edit`, `glob`,
+//!   `grep`) with its path policy, and the agent's skills.
 //! - [`webhook`] — Standard Webhooks signing and verification.
 //! - [`config`] — configuration helpers shared by every mode (durations).
 //! - [`cli`] — the command line: subcommands and flags (each flag also reads
@@ -21,4 +23,5 @@ pub mod config;
 pub mod devserver;
 pub mod logging;
 pub mod memory;
+pub mod tools;
 pub mod webhook;

@@ -1,10 +1,11 @@
 //! Session endpoints the worker uses: retrieve, list events, send events.
 
-use futures::Stream;
+use eventsource_stream::Eventsource;
+use futures::{Stream, StreamExt};
 use reqwest::Method;
 
 use super::client::{ApiFamily, Client, Query, paginate};
-use super::error::Error;
+use super::error::{ApiError, Error};
 use super::seg;
 use super::types::*;
 
@@ -82,5 +83,51 @@ impl Sessions<'_> {
             )
             .json(&SendEvents { events });
         self.client.json(rb).await
+    }
+
+    /// Open `GET /v1/sessions/{id}/events/stream`. Connecting (and an error
+    /// status) is reported here; the stream then yields every event from now
+    /// on. Keep-alive `ping`s and events without an `event:` line are
+    /// skipped, as the official SDKs do; a `data:` that is not an event, or
+    /// a broken connection, ends the stream with an error (the caller
+    /// reconnects and re-reads the history).
+    pub async fn stream(
+        &self,
+        id: &str,
+    ) -> Result<impl Stream<Item = Result<SessionEvent, Error>> + Send + 'static, Error> {
+        let rb = self
+            .client
+            .unbounded_request(
+                Method::GET,
+                ApiFamily::ManagedAgents,
+                &format!("{}/events/stream", Self::one(id)),
+            )
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        let response = self.client.execute(rb).await?;
+        let events = response
+            .bytes_stream()
+            .eventsource()
+            .filter_map(|item| async move {
+                match item {
+                    Err(eventsource_stream::EventStreamError::Transport(e)) => {
+                        Some(Err(Error::Transport(e)))
+                    }
+                    Err(e) => Some(Err(Error::Decode(format!("event stream: {e}")))),
+                    Ok(event) => match event.event.as_str() {
+                        // The default name: the stream gave no `event:` line.
+                        "ping" | "message" | "" => None,
+                        "error" => Some(Err(Error::Api(ApiError::from_parts(
+                            500,
+                            None,
+                            event.data.as_bytes(),
+                        )))),
+                        _ => Some(
+                            serde_json::from_str::<SessionEvent>(&event.data)
+                                .map_err(|e| Error::Decode(format!("event stream: {e}"))),
+                        ),
+                    },
+                }
+            });
+        Ok(events)
     }
 }

@@ -1,0 +1,280 @@
+//! `bash`: one persistent `/bin/bash` per session, so the working directory,
+//! variables and background jobs survive between calls.
+//!
+//! Each command runs as `{ cmd\n} </dev/null 2>&1` followed by a `printf` of
+//! a per-call random sentinel and `$?`; the output is read up to that
+//! sentinel. The sentinel is written split by `''`, so only the shell's own
+//! `printf` can assemble it and a command cannot forge the end of its output.
+//! The shell runs in its own process group; a timeout, a cancelled call or
+//! the end of the session kills the whole group, and the next call starts a
+//! fresh shell.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use rand::RngExt;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+use tokio::time::Instant;
+
+use super::{ToolError, ToolOutput};
+
+/// Output kept per call; beyond it the tail is kept.
+pub const BASH_OUTPUT_LIMIT: usize = 100 * 1024;
+/// A command's timeout when the call gives none.
+pub const BASH_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How a command failed to produce a result.
+#[derive(Debug, thiserror::Error)]
+pub enum BashError {
+    #[error("bash command timed out after {0}ms")]
+    Timeout(u128),
+    #[error("the shell exited{0}")]
+    Exited(String),
+    #[error("cannot start /bin/bash: {0}")]
+    Spawn(std::io::Error),
+    #[error("cannot talk to the shell: {0}")]
+    Io(std::io::Error),
+}
+
+/// What a command printed (stdout and stderr together) and its exit status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BashResult {
+    pub output: String,
+    /// `-1` when the status could not be read.
+    pub exit_code: i32,
+}
+
+/// A running `/bin/bash --noprofile --norc`.
+pub struct BashSession {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+    pgid: Option<rustix::process::Pid>,
+}
+
+fn ansi() -> &'static regex::Regex {
+    static ANSI: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    ANSI.get_or_init(|| regex::Regex::new(r"\x1b\[[0-9;?]*[ -/]*[@-~]").expect("valid regex"))
+}
+
+impl BashSession {
+    /// Start a shell in `workdir` with exactly `env` (plus an empty prompt and `TERM=dumb`).
+    pub async fn start(
+        workdir: &std::path::Path,
+        env: &[(String, String)],
+    ) -> Result<Self, BashError> {
+        let mut child = Command::new("/bin/bash")
+            .args(["--noprofile", "--norc"])
+            .current_dir(workdir)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .env("PS1", "")
+            .env("PS2", "")
+            .env("TERM", "dumb")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(BashError::Spawn)?;
+        let pgid = child
+            .id()
+            .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(BashError::Io(std::io::Error::other(
+                "no pipes to the shell",
+            )));
+        };
+        // From here on the shell's own messages (syntax errors) reach the output too.
+        stdin
+            .write_all(b"exec 2>&1\n")
+            .await
+            .map_err(BashError::Io)?;
+        Ok(BashSession {
+            child,
+            stdin,
+            stdout,
+            pgid,
+        })
+    }
+
+    /// Run `cmd`; on a timeout the caller must drop the session (it is killed).
+    pub async fn exec(&mut self, cmd: &str, timeout: Duration) -> Result<BashResult, BashError> {
+        let nonce: u128 = rand::rng().random();
+        let sentinel = format!("__ANT_CMD_{nonce:032x}_DONE__");
+        let split = format!("{}''{}", &sentinel[..8], &sentinel[8..]);
+        let wrapped = format!("{{ {cmd}\n}} </dev/null 2>&1; printf '\\n{split}%d\\n' $?\n");
+        let read = async {
+            self.stdin
+                .write_all(wrapped.as_bytes())
+                .await
+                .map_err(BashError::Io)?;
+            self.stdin.flush().await.map_err(BashError::Io)?;
+            let mut buf: Vec<u8> = Vec::with_capacity(8 * 1024);
+            let mut truncated = false;
+            let mut chunk = vec![0u8; 16 * 1024];
+            let marker = sentinel.as_bytes();
+            loop {
+                let n = self.stdout.read(&mut chunk).await.map_err(BashError::Io)?;
+                if n == 0 {
+                    return Ok((buf, truncated, false));
+                }
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.len() > BASH_OUTPUT_LIMIT {
+                    // Keep only the tail: the sentinel stays findable and memory bounded.
+                    let cut = buf.len() - BASH_OUTPUT_LIMIT;
+                    buf.drain(..cut);
+                    truncated = true;
+                }
+                // Done once the sentinel and the status line after it are in.
+                if let Some(at) = find(&buf, marker)
+                    && buf[at + marker.len()..].contains(&b'\n')
+                {
+                    return Ok((buf, truncated, true));
+                }
+            }
+        };
+        let (buf, truncated, complete) = match tokio::time::timeout(timeout, read).await {
+            Ok(r) => r?,
+            Err(_) => {
+                self.kill();
+                return Err(BashError::Timeout(timeout.as_millis()));
+            }
+        };
+        let text = String::from_utf8_lossy(&buf);
+        let text = ansi().replace_all(&text, "");
+        let Some(at) = text.rfind(&sentinel) else {
+            // The shell went away (`exit`, killed) before the sentinel.
+            self.kill();
+            let out = text.trim().to_string();
+            let status = self
+                .child
+                .try_wait()
+                .ok()
+                .flatten()
+                .and_then(|s| s.code())
+                .map(|c| format!(" with status {c}"))
+                .unwrap_or_default();
+            let detail = if out.is_empty() {
+                status
+            } else {
+                format!("{status}: {out}")
+            };
+            debug_assert!(!complete);
+            return Err(BashError::Exited(detail));
+        };
+        let mut output = text[..at].trim_end_matches('\n').to_string();
+        let exit_code = text[at + sentinel.len()..]
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or(-1);
+        if truncated {
+            output = format!("[output truncated]\n{output}");
+        }
+        Ok(BashResult { output, exit_code })
+    }
+
+    /// Kill the shell's whole process group (background jobs included).
+    pub fn kill(&mut self) {
+        if let Some(pgid) = self.pgid.take() {
+            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+        }
+        let _ = self.child.start_kill();
+    }
+}
+
+impl Drop for BashSession {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).rposition(|w| w == needle)
+}
+
+#[derive(Deserialize)]
+struct BashInput {
+    #[serde(default)]
+    command: Option<String>,
+    #[serde(default)]
+    restart: Option<bool>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+}
+
+/// The `bash` tool: owns the session's shell, started on first use.
+pub struct BashTool {
+    workdir: PathBuf,
+    env: Vec<(String, String)>,
+    shell: tokio::sync::Mutex<Option<BashSession>>,
+}
+
+impl BashTool {
+    pub fn new(workdir: PathBuf, env: Vec<(String, String)>) -> Self {
+        BashTool {
+            workdir,
+            env,
+            shell: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Run one call. `deadline` is the runner's bound on the whole call: a
+    /// command's own timeout never outlives it.
+    pub async fn call(&self, input: Value, deadline: Instant) -> Result<ToolOutput, ToolError> {
+        let input: BashInput = super::parse_input("bash", input)?;
+        let mut slot = self.shell.lock().await;
+        if input.restart.unwrap_or(false) {
+            *slot = None; // dropping kills the old shell
+            *slot = Some(self.start().await?);
+            return Ok(ToolOutput::Text("bash session restarted".into()));
+        }
+        let Some(command) = input.command.filter(|c| !c.is_empty()) else {
+            return Err(ToolError::new("bash: command is required"));
+        };
+        let requested = input
+            .timeout_ms
+            .filter(|&ms| ms > 0)
+            .map(Duration::from_millis)
+            .unwrap_or(BASH_DEFAULT_TIMEOUT);
+        let timeout = requested.min(deadline.saturating_duration_since(Instant::now()));
+        // Taken out while the command runs: if this call is cancelled the
+        // shell is dropped (and killed) with it, and the next call starts fresh.
+        let mut shell = match slot.take() {
+            Some(s) => s,
+            None => self.start().await?,
+        };
+        match shell.exec(&command, timeout).await {
+            Ok(result) => {
+                *slot = Some(shell);
+                if result.exit_code != 0 {
+                    let text = if result.output.is_empty() {
+                        format!("exit {}", result.exit_code)
+                    } else {
+                        result.output
+                    };
+                    return Err(ToolError::new(text));
+                }
+                Ok(ToolOutput::Text(result.output))
+            }
+            Err(e) => Err(ToolError::new(format!("bash: {e}"))),
+        }
+    }
+
+    async fn start(&self) -> Result<BashSession, ToolError> {
+        BashSession::start(&self.workdir, &self.env)
+            .await
+            .map_err(|e| ToolError::new(format!("bash: {e}")))
+    }
+
+    /// Kill the shell, if one runs.
+    pub async fn close(&self) {
+        self.shell.lock().await.take();
+    }
+}

@@ -1,0 +1,239 @@
+//! The agent toolset `agent_toolset_20260401`: `bash`, `read`, `write`,
+//! `edit`, `glob`, `grep`, with the inputs, outputs and error texts of the
+//! official SDKs.
+//!
+//! - [`paths`] — where the file tools may go (canonical paths, allowed and
+//!   read-only roots);
+//! - [`files`] — `read`, `write`, `edit`;
+//! - [`search`] — `glob`, `grep` (built in);
+//! - [`bash`] — the persistent shell;
+//! - [`skills`] — the agent's skills, downloaded into the workdir.
+//!
+//! Trust model: the file tools are confined to the workdir and the allowed
+//! roots; `bash` is not (the sandbox around the worker confines it), but its
+//! environment never carries the worker's credentials.
+
+pub mod bash;
+pub mod files;
+pub mod paths;
+pub mod search;
+pub mod skills;
+
+use std::path::PathBuf;
+
+use futures::future::BoxFuture;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use self::bash::BashTool;
+use self::paths::PathPolicy;
+
+/// The names this toolset serves, in the reference's order.
+pub const TOOL_NAMES: [&str; 6] = ["bash", "read", "write", "edit", "glob", "grep"];
+
+/// A tool refused or failed; the text is what the agent reads (`is_error: true`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ToolError {
+    pub message: String,
+}
+
+impl ToolError {
+    pub fn new(message: impl Into<String>) -> Self {
+        ToolError {
+            message: message.into(),
+        }
+    }
+}
+
+/// What a tool returns: text, or content blocks (an image, a document).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolOutput {
+    Text(String),
+    Blocks(Vec<Value>),
+}
+
+impl ToolOutput {
+    /// As `user.tool_result` content: empty text reads `(no output)`.
+    pub fn into_content(self) -> Vec<Value> {
+        match self {
+            ToolOutput::Text(t) if t.is_empty() => {
+                vec![crate::api::types::text_block("(no output)")]
+            }
+            ToolOutput::Text(t) => vec![crate::api::types::text_block(t)],
+            ToolOutput::Blocks(b) if b.is_empty() => {
+                vec![crate::api::types::text_block("(no output)")]
+            }
+            ToolOutput::Blocks(b) => b,
+        }
+    }
+
+    /// The text of the output (blocks other than text are summarised).
+    pub fn text(&self) -> String {
+        match self {
+            ToolOutput::Text(t) => t.clone(),
+            ToolOutput::Blocks(b) => b
+                .iter()
+                .map(|v| {
+                    v.get("text")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                        .unwrap_or_else(|| format!("[{} block]", v["type"].as_str().unwrap_or("?")))
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+}
+
+/// Decode a tool's input, naming the tool in the error.
+pub(crate) fn parse_input<T: DeserializeOwned>(tool: &str, input: Value) -> Result<T, ToolError> {
+    serde_json::from_value(input).map_err(|e| ToolError::new(format!("{tool}: invalid input: {e}")))
+}
+
+/// What a session runner needs from a set of tools.
+pub trait ToolHandler: Send + Sync {
+    /// Whether this handler answers tool calls named `name`; the others are
+    /// left for another client to answer.
+    fn owns(&self, name: &str) -> bool;
+
+    /// Run one call, finishing by `deadline`.
+    fn call<'a>(
+        &'a self,
+        name: &'a str,
+        input: Value,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>>;
+
+    /// Release what the tools hold (the shell); called once the session ends.
+    fn close(&self) -> BoxFuture<'_, ()>;
+}
+
+/// Variables the agent's shell never inherits, beyond every `ANTHROPIC_*`
+/// and `ENVWORKER_*` one: cloud credentials of the host, and the Lambda
+/// runtime's address (the shell must not fetch the worker's invocations).
+const HOST_SECRETS: [&str; 4] = [
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_LAMBDA_RUNTIME_API",
+];
+
+/// The process environment without the worker's credentials: every
+/// `ANTHROPIC_*` and `ENVWORKER_*` variable, the host's cloud credentials,
+/// and the variables named in `also_secret` (where a configuration file
+/// said a secret lives).
+pub fn scrubbed_env(also_secret: &[String]) -> Vec<(String, String)> {
+    scrub(
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
+        also_secret,
+    )
+}
+
+/// [`scrubbed_env`] over any set of variables.
+pub fn scrub(
+    vars: impl Iterator<Item = (String, String)>,
+    also_secret: &[String],
+) -> Vec<(String, String)> {
+    vars.filter(|(k, _)| {
+        !k.starts_with("ANTHROPIC_")
+            && !k.starts_with("ENVWORKER_")
+            && !HOST_SECRETS.contains(&k.as_str())
+            && !also_secret.iter().any(|s| s == k)
+    })
+    .collect()
+}
+
+/// Where and how the toolset works.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    pub workdir: PathBuf,
+    /// Directories (or files) outside the workdir the file tools may reach:
+    /// the memory store folders.
+    pub allowed_roots: Vec<PathBuf>,
+    /// Where `write` and `edit` refuse: read-only memory stores.
+    pub read_only_roots: Vec<PathBuf>,
+    /// Cap of a whole-file `read` and of `edit`; `None` disables it.
+    pub max_file_bytes: Option<u64>,
+    /// The shell's environment, used verbatim.
+    pub bash_env: Vec<(String, String)>,
+}
+
+impl ToolContext {
+    /// A context for `workdir` with the scrubbed process environment.
+    pub fn new(workdir: impl Into<PathBuf>) -> Self {
+        ToolContext {
+            workdir: workdir.into(),
+            allowed_roots: Vec::new(),
+            read_only_roots: Vec::new(),
+            max_file_bytes: Some(files::DEFAULT_MAX_FILE_BYTES),
+            bash_env: scrubbed_env(&[]),
+        }
+    }
+}
+
+/// The six tools bound to one session's context.
+pub struct Toolset {
+    policy: PathPolicy,
+    max_file_bytes: Option<u64>,
+    bash: BashTool,
+}
+
+impl Toolset {
+    pub fn new(ctx: ToolContext) -> Self {
+        Toolset {
+            policy: PathPolicy::new(&ctx.workdir, ctx.allowed_roots, ctx.read_only_roots),
+            max_file_bytes: ctx.max_file_bytes,
+            bash: BashTool::new(ctx.workdir, ctx.bash_env),
+        }
+    }
+
+    /// Run one call of a tool of this set.
+    pub async fn run(
+        &self,
+        name: &str,
+        input: Value,
+        deadline: Instant,
+    ) -> Result<ToolOutput, ToolError> {
+        if name == "bash" {
+            return self.bash.call(input, deadline).await;
+        }
+        let policy = self.policy.clone();
+        let max = self.max_file_bytes;
+        let name_owned = name.to_string();
+        let std_deadline =
+            std::time::Instant::now() + deadline.saturating_duration_since(Instant::now());
+        // File tools block on the filesystem: off the async threads.
+        tokio::task::spawn_blocking(move || match name_owned.as_str() {
+            "read" => files::read(&policy, max, input),
+            "write" => files::write(&policy, input),
+            "edit" => files::edit(&policy, max, input),
+            "glob" => search::glob(&policy, input, std_deadline),
+            "grep" => search::grep(&policy, input, std_deadline),
+            other => Err(ToolError::new(format!("unknown tool {other:?}"))),
+        })
+        .await
+        .unwrap_or_else(|e| Err(ToolError::new(format!("{name}: the tool failed: {e}"))))
+    }
+}
+
+impl ToolHandler for Toolset {
+    fn owns(&self, name: &str) -> bool {
+        TOOL_NAMES.contains(&name)
+    }
+
+    fn call<'a>(
+        &'a self,
+        name: &'a str,
+        input: Value,
+        deadline: Instant,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(self.run(name, input, deadline))
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(self.bash.close())
+    }
+}

@@ -1,0 +1,1 @@
+//! The session agent's skills, downloaded into `<workdir>/skills/<name>/`.
