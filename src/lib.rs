@@ -9,6 +9,8 @@
 //!   over SQLite, so workers can be run and tested without the real API.
 //! - [`memory`] — memory stores on disk: the confined folder, the pure
 //!   three-way planner, the sync executor, deletes, flush, dispose.
+//! - [`session`] — the session tool runner: event stream and history,
+//!   dispatch one call at a time, the permission gate, results, idle end.
 //! - [`tools`] — the agent toolset (`bash`, `read`, `write`, `edit`, `glob`,
 //!   `grep`) with its path policy, and the agent's skills.
 //! - [`webhook`] — Standard Webhooks signing and verification.
@@ -23,5 +25,6 @@ pub mod config;
 pub mod devserver;
 pub mod logging;
 pub mod memory;
+pub mod session;
 pub mod tools;
 pub mod webhook;

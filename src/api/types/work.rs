@@ -212,6 +212,32 @@ impl fmt::Debug for WorkSecret {
     }
 }
 
+impl WorkSecret {
+    /// The per-item sessions token in a work item's `secret`: base64 of a JSON
+    /// object (URL-safe or standard alphabet, padded or not). `None` when the
+    /// secret does not decode or carries no non-empty token — the caller then
+    /// falls back to the environment key. Never log the secret or the token.
+    pub fn sessions_token(secret: &str) -> Option<Redacted> {
+        use base64::Engine;
+        let normalized: String = secret
+            .trim()
+            .trim_end_matches('=')
+            .chars()
+            .map(|c| match c {
+                '+' => '-',
+                '/' => '_',
+                c => c,
+            })
+            .collect();
+        let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(normalized)
+            .ok()?;
+        let payload: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+        let token = payload.get("sessions_token")?.as_str()?;
+        (!token.is_empty()).then(|| Redacted::new(token))
+    }
+}
+
 /// Query of `GET .../work/poll`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct PollWork {
@@ -236,6 +262,31 @@ mod tests {
         let printed = format!("{work:?}");
         assert!(!printed.contains("c2VjcmV0LXRva2Vu"), "{printed}");
         assert_eq!(work.secret.unwrap().expose(), "c2VjcmV0LXRva2Vu");
+    }
+
+    #[test]
+    fn the_sessions_token_decodes_from_every_base64_form() {
+        use base64::Engine;
+        use base64::engine::general_purpose::{
+            STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD,
+        };
+        // A token whose base64 uses both alphabets' special characters.
+        let json = br#"{"sessions_token":"tok>>>???~~~","ingress":"x"}"#;
+        for engine in [STANDARD, STANDARD_NO_PAD, URL_SAFE, URL_SAFE_NO_PAD] {
+            let secret = engine.encode(json);
+            let token = WorkSecret::sessions_token(&secret).expect(&secret);
+            assert_eq!(token.expose(), "tok>>>???~~~");
+        }
+        for bad in [
+            "%%%".to_string(),
+            URL_SAFE_NO_PAD.encode(b"not json"),
+            URL_SAFE_NO_PAD.encode(br#"["sessions_token"]"#),
+            URL_SAFE_NO_PAD.encode(br#"{"sessions_token":""}"#),
+            URL_SAFE_NO_PAD.encode(br#"{"sessions_token":7}"#),
+            URL_SAFE_NO_PAD.encode(br#"{"other":"x"}"#),
+        ] {
+            assert!(WorkSecret::sessions_token(&bad).is_none(), "{bad}");
+        }
     }
 
     #[test]

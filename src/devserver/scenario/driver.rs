@@ -101,6 +101,7 @@ async fn play(state: &AppState, run: &mut Run) {
     let mut events = state.live().subscribe(&run.session_id);
     let mut denied = Vec::new();
     let mut aborted = false;
+    let mut terminated = false;
     for index in 0..run.steps.len() {
         let step = run.steps[index].clone();
         run.report.steps[index].status = StepStatus::Running;
@@ -111,6 +112,17 @@ async fn play(state: &AppState, run: &mut Run) {
                 Ok(None)
             }
             Step::Remote(op) => remote(state, run, op).await.map(|()| None),
+            Step::Terminate => {
+                let sid = run.session_id.clone();
+                terminated = true;
+                state
+                    .commit(move |tx, fx| {
+                        sessions::set_status(tx, fx, &sid, SessionStatus::Terminated, None)
+                    })
+                    .await
+                    .map(|_| None)
+                    .map_err(|e| StepAbort(format!("cannot terminate the session: {e}")))
+            }
             Step::Tool(tool) => call_tool(state, run, index, tool, &mut events, &mut denied).await,
         };
         let slot = &mut run.report.steps[index];
@@ -141,14 +153,24 @@ async fn play(state: &AppState, run: &mut Run) {
             }
         }
         save(state, &run.report).await;
-        if aborted {
+        if terminated && !aborted {
+            for later in run.report.steps.iter_mut().skip(index + 1) {
+                later.status = StepStatus::Skipped;
+            }
+            save(state, &run.report).await;
+        }
+        if aborted || terminated {
             break;
         }
     }
 
-    // End the turn, then wait for the worker to let go of the session.
+    // End the turn (unless the session was terminated), then wait for the
+    // worker to let go of the session.
     let sid = run.session_id.clone();
-    let ended = state
+    let ended = if terminated {
+        Ok(())
+    } else {
+        state
         .commit(move |tx, fx| {
             sessions::append(
                 tx,
@@ -158,7 +180,8 @@ async fn play(state: &AppState, run: &mut Run) {
             )?;
             sessions::set_status(tx, fx, &sid, SessionStatus::Idle, Some(json!({"type": "end_turn"})))
         })
-        .await;
+        .await
+    };
     if let Err(e) = ended {
         run.report
             .failures
@@ -178,6 +201,7 @@ fn describe(step: &Step) -> String {
         Step::Tool(t) => format!("{} {}", step.kind(), t.name),
         Step::Remote(op) => format!("remote {} {}", op.op, op.path),
         Step::Wait(ms) => format!("wait {ms}ms"),
+        Step::Terminate => "terminate".to_string(),
     }
 }
 
@@ -516,7 +540,7 @@ pub fn initial_outcomes(steps: &[Step]) -> Vec<StepOutcome> {
             name: match step {
                 Step::Tool(t) => Some(t.name.clone()),
                 Step::Remote(op) => Some(op.op.clone()),
-                Step::Wait(_) => None,
+                Step::Wait(_) | Step::Terminate => None,
             },
             status: StepStatus::Pending,
             tool_use_id: None,

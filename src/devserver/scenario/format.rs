@@ -15,8 +15,9 @@
 //!
 //! Extensions beyond version 1 (none renames a field): `custom_tool` steps
 //! (an `agent.custom_tool_use`), `remote.op` `rename` (with `new_path`), a
-//! per-step `timeout_ms`, store `description` and `instructions`, and an
-//! optional `agent` (tools, skills) for the session.
+//! per-step `timeout_ms`, store `description` and `instructions`, an
+//! optional `agent` (tools, skills) for the session, and a
+//! `{"terminate": true}` step that ends the session.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -133,6 +134,8 @@ pub enum Step {
     Tool(ToolStep),
     Remote(RemoteOp),
     Wait(u64),
+    /// End the session (`session.status_terminated`); later steps are skipped.
+    Terminate,
 }
 
 impl Step {
@@ -142,6 +145,7 @@ impl Step {
             Step::Tool(_) => "tool",
             Step::Remote(_) => "remote",
             Step::Wait(_) => "wait",
+            Step::Terminate => "terminate",
         }
     }
 }
@@ -222,6 +226,15 @@ fn parse_step(index: usize, raw: &Value, stores: &BTreeSet<&str>) -> Result<Step
             }
         }
         return Ok(Step::Remote(op));
+    }
+    if obj.contains_key("terminate") {
+        if obj.len() != 1 || obj["terminate"] != Value::Bool(true) {
+            return Err(step_error(
+                index,
+                "a terminate step is exactly {\"terminate\": true}",
+            ));
+        }
+        return Ok(Step::Terminate);
     }
     if obj.contains_key("wait_ms") {
         let w: RawWait = serde_json::from_value(raw.clone()).map_err(|e| step_error(index, e))?;
@@ -306,7 +319,7 @@ fn parse_step(index: usize, raw: &Value, stores: &BTreeSet<&str>) -> Result<Step
     }
     Err(step_error(
         index,
-        "a step is a tool, custom_tool, remote or wait_ms step",
+        "a step is a tool, custom_tool, remote, wait_ms or terminate step",
     ))
 }
 

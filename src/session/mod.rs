@@ -1,0 +1,832 @@
+//! The session tool runner: answer a session's tool calls until it ends.
+//!
+//! It opens the event stream first, then reads the whole history (ascending)
+//! and reconciles: every tool call without a result is dispatched, so an
+//! event emitted between the two reads is never lost and a call whose result
+//! post failed is retried after a reconnect. Event ids are deduplicated
+//! across the two. On a disconnect it reconnects with jittered backoff
+//! (0.5 s doubling to 10 s, reset once a connection stayed up 5 s); a
+//! permanent 4xx ends the run.
+//!
+//! Calls run one at a time. A call the server gated (`evaluated_permission:
+//! ask`, or a value this worker does not know) waits for its
+//! `user.tool_confirmation`; only `allow` runs it, a `deny` (or a call the
+//! server already denied) never runs and nothing is posted. A tool this
+//! worker does not serve is left unanswered for its owner. The answer is a
+//! `user.tool_result` (`user.custom_tool_result` for a custom tool), posted
+//! with retries; then the caller's hook runs (the memory sync), and only
+//! then the next call — so a call never sees files older than the previous
+//! call's sync.
+//!
+//! The run ends on `session.status_terminated` / `session.deleted`, after
+//! `max_idle` of idle following a turn that ended, on a permanent error, or
+//! when the caller cancels (lease lost, stop, shutdown) — which drops the
+//! call in flight (the shell is killed) and returns at once.
+
+pub mod idle;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt, TryStreamExt};
+use rand::RngExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, error, info, warn};
+
+use crate::api::types::{
+    ListEvents, Order, SessionEvent, UserCustomToolResult, UserToolResult, text_block,
+};
+use crate::api::{Client, Error};
+use crate::tools::ToolHandler;
+
+use self::idle::IdleClock;
+
+pub const STREAM_BACKOFF_START: Duration = Duration::from_millis(500);
+pub const STREAM_BACKOFF_CAP: Duration = Duration::from_secs(10);
+/// A connection that stayed up this long resets the reconnect backoff.
+pub const STREAM_HEALTHY_AFTER: Duration = Duration::from_secs(5);
+pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_MAX_IDLE: Duration = Duration::from_secs(60);
+/// How long a failing result post keeps retrying when the worker gives no lease TTL.
+pub const DEFAULT_SEND_WINDOW: Duration = Duration::from_secs(300);
+pub const POST_ATTEMPTS: u32 = 3;
+pub const POST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long an ending run waits for the call in flight.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Slack past a call's deadline before the runner stops waiting for a tool
+/// that ignores it.
+const DEADLINE_SLACK: Duration = Duration::from_secs(5);
+
+/// How long a failing result post may keep retrying: the worker sets it to
+/// the lease TTL on every heartbeat, so a post is only abandoned once the
+/// lease can no longer be ours. Cheap to clone; all clones share the value.
+#[derive(Debug, Clone, Default)]
+pub struct SendWindow(Arc<AtomicU64>);
+
+impl SendWindow {
+    pub fn set(&self, window: Duration) {
+        self.0.store(window.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> Duration {
+        match self.0.load(Ordering::Relaxed) {
+            0 => DEFAULT_SEND_WINDOW,
+            ms => Duration::from_millis(ms),
+        }
+    }
+}
+
+/// Runs after each call this runner executed and answered (the memory sync).
+pub type AfterCall = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+
+/// Sees each call the runner dealt with (for a timeline, metrics, tests).
+pub type Observer = Arc<dyn Fn(&CallRecord) + Send + Sync>;
+
+#[derive(Clone)]
+pub struct RunnerOptions {
+    /// Stop after this long idle once a turn ended; `None` runs until the session ends.
+    pub max_idle: Option<Duration>,
+    /// The bound of one tool call; an error result says it timed out.
+    pub tool_timeout: Duration,
+    pub send_window: SendWindow,
+    pub post_attempts: u32,
+    pub after_call: Option<AfterCall>,
+    pub observer: Option<Observer>,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        RunnerOptions {
+            max_idle: Some(DEFAULT_MAX_IDLE),
+            tool_timeout: DEFAULT_TOOL_TIMEOUT,
+            send_window: SendWindow::default(),
+            post_attempts: POST_ATTEMPTS,
+            after_call: None,
+            observer: None,
+        }
+    }
+}
+
+/// Why a run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunEnd {
+    /// `session.status_terminated` or `session.deleted`.
+    Terminated,
+    /// Idle for `max_idle` after the turn ended: the normal end of a stint.
+    Idle,
+    /// The caller cancelled (lease lost, stop, shutdown).
+    Cancelled,
+    /// A permanent error (401, 403, 404 …) on the event stream.
+    Fatal(String),
+}
+
+impl RunEnd {
+    /// A clean end: the session is done with this worker for now.
+    pub fn is_clean(&self) -> bool {
+        matches!(self, RunEnd::Terminated | RunEnd::Idle)
+    }
+}
+
+/// What happened to one tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// Executed; `posted` tells whether the result reached the session.
+    Answered { is_error: bool, posted: bool },
+    /// Denied (by the server or the user): not executed, nothing posted.
+    Denied,
+    /// Not a tool this worker serves: left for its owner.
+    NotOwned,
+}
+
+#[derive(Debug, Clone)]
+pub struct CallRecord {
+    pub tool_use_id: String,
+    pub name: String,
+    pub outcome: CallOutcome,
+    pub duration: Duration,
+    /// The first line of the result text (for a timeline), when there is one.
+    pub summary: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunStats {
+    pub executed: usize,
+    pub errors: usize,
+    pub posted: usize,
+    pub post_failures: usize,
+    pub denied: usize,
+    pub not_owned: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct RunReport {
+    pub end: RunEnd,
+    pub stats: RunStats,
+}
+
+/// A tool call as the runner sees it, built-in or custom.
+#[derive(Debug, Clone)]
+struct Call {
+    id: String,
+    name: String,
+    input: Value,
+    permission: Option<String>,
+    thread: Option<String>,
+    custom: bool,
+}
+
+impl Call {
+    fn from_event(event: &SessionEvent) -> Option<Call> {
+        match event {
+            SessionEvent::AgentToolUse(e) => Some(Call {
+                id: e.id.clone(),
+                name: e.name.clone(),
+                input: e.input.clone(),
+                permission: e.evaluated_permission.clone(),
+                thread: e.session_thread_id.clone(),
+                custom: false,
+            }),
+            SessionEvent::AgentCustomToolUse(e) => Some(Call {
+                id: e.id.clone(),
+                name: e.name.clone(),
+                input: e.input.clone(),
+                permission: None,
+                thread: e.session_thread_id.clone(),
+                custom: true,
+            }),
+            _ => None,
+        }
+    }
+
+    fn result(&self, content: Vec<Value>, is_error: bool) -> SessionEvent {
+        if self.custom {
+            SessionEvent::UserCustomToolResult(UserCustomToolResult {
+                id: None,
+                processed_at: None,
+                custom_tool_use_id: self.id.clone(),
+                content,
+                is_error,
+            })
+        } else {
+            SessionEvent::UserToolResult(UserToolResult {
+                id: None,
+                processed_at: None,
+                tool_use_id: self.id.clone(),
+                content,
+                is_error,
+            })
+        }
+    }
+}
+
+/// The id a result or confirmation event refers to.
+fn answered_id(event: &SessionEvent) -> Option<&str> {
+    match event {
+        SessionEvent::UserToolResult(r) => Some(&r.tool_use_id),
+        SessionEvent::UserCustomToolResult(r) => Some(&r.custom_tool_use_id),
+        _ => None,
+    }
+}
+
+fn terminated_thread(event: &SessionEvent) -> Option<String> {
+    match event {
+        SessionEvent::Other(v) if event.event_type() == "session.thread_status_terminated" => v
+            .get("session_thread_id")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        _ => None,
+    }
+}
+
+fn ends_session(event: &SessionEvent) -> bool {
+    matches!(
+        event,
+        SessionEvent::StatusTerminated(_) | SessionEvent::Deleted(_)
+    )
+}
+
+/// What the stream task tells the runner.
+enum Feed {
+    /// The whole history, read right after the stream (re)connected.
+    History(Result<Vec<SessionEvent>, Error>),
+    Live(SessionEvent),
+    Fatal(Error),
+}
+
+/// Drives one session's tool calls; see the module docs.
+pub struct SessionRunner {
+    client: Client,
+    session_id: String,
+    tools: Arc<dyn ToolHandler>,
+    options: RunnerOptions,
+}
+
+/// The runner's bookkeeping of one run.
+#[derive(Default)]
+struct State {
+    seen: HashSet<String>,
+    answered: HashSet<String>,
+    confirmations: HashMap<String, String>,
+    awaiting: HashMap<String, Call>,
+    queue: VecDeque<(Call, bool)>,
+    terminated_threads: HashSet<String>,
+    clock: IdleClock,
+    stats: RunStats,
+}
+
+type InFlight = BoxFuture<'static, (Call, bool, CallRecord)>;
+
+impl SessionRunner {
+    /// `client` carries the credential for the session's endpoints (the
+    /// work item's sessions token, or the environment key).
+    pub fn new(
+        client: Client,
+        session_id: impl Into<String>,
+        tools: Arc<dyn ToolHandler>,
+        options: RunnerOptions,
+    ) -> Self {
+        SessionRunner {
+            client: client.with_helper("session-tool-runner"),
+            session_id: session_id.into(),
+            tools,
+            options,
+        }
+    }
+
+    /// Run until the session ends, goes idle, fails permanently or `cancel`
+    /// fires. The tools are closed before this returns.
+    pub async fn run(self, cancel: CancellationToken) -> RunReport {
+        info!(session_id = %self.session_id, "session tool runner starting");
+        let (tx, mut feed) = mpsc::channel(1024);
+        let stream_stop = CancellationToken::new();
+        let stream = tokio::spawn(stream_task(
+            self.client.clone(),
+            self.session_id.clone(),
+            tx,
+            stream_stop.clone(),
+        ));
+        let mut st = State::default();
+        let mut in_flight: Option<InFlight> = None;
+        let end = loop {
+            if in_flight.is_none() {
+                in_flight = self.next_call(&mut st);
+            }
+            let idle_deadline = match (self.options.max_idle, st.clock.armed_at()) {
+                (Some(max), Some(at)) if in_flight.is_none() && st.queue.is_empty() => {
+                    Some(at + max)
+                }
+                _ => None,
+            };
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => break RunEnd::Cancelled,
+                done = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
+                    in_flight = None;
+                    self.finish_call(&mut st, done);
+                }
+                msg = feed.recv() => match msg {
+                    None => break RunEnd::Fatal("the event stream task ended".into()),
+                    Some(Feed::Fatal(e)) => {
+                        error!(session_id = %self.session_id, error = %e, "stream failed permanently");
+                        break RunEnd::Fatal(e.to_string());
+                    }
+                    Some(Feed::History(history)) => {
+                        if self.reconcile(&mut st, history) {
+                            info!(session_id = %self.session_id, "session terminated");
+                            break RunEnd::Terminated;
+                        }
+                    }
+                    Some(Feed::Live(event)) => {
+                        if self.on_live(&mut st, event) {
+                            info!(session_id = %self.session_id, "session terminated");
+                            break RunEnd::Terminated;
+                        }
+                    }
+                },
+                _ = sleep_until(idle_deadline), if idle_deadline.is_some() => {
+                    let max = self.options.max_idle.unwrap_or_default();
+                    info!(session_id = %self.session_id, max_idle_s = max.as_secs_f64(), "session idle for {:.0}s after its turn ended; stopping", max.as_secs_f64());
+                    break RunEnd::Idle;
+                }
+            }
+        };
+        stream_stop.cancel();
+        stream.abort();
+        // An ending run lets the call in flight finish (bounded) unless the
+        // session is gone or the caller cancelled: then it is dropped, which
+        // kills its command.
+        if let Some(call) = in_flight.take() {
+            if matches!(end, RunEnd::Idle | RunEnd::Fatal(_)) {
+                match tokio::time::timeout(DRAIN_TIMEOUT, call).await {
+                    Ok(done) => self.finish_call(&mut st, done),
+                    Err(_) => {
+                        warn!(session_id = %self.session_id, "the tool call in flight did not finish within {}s; dropping it", DRAIN_TIMEOUT.as_secs())
+                    }
+                }
+            } else {
+                drop(call);
+            }
+        }
+        self.tools.close().await;
+        info!(session_id = %self.session_id, end = ?end, executed = st.stats.executed, "session tool runner stopped");
+        RunReport {
+            end,
+            stats: st.stats,
+        }
+    }
+
+    /// Read the reconnect's history: pair calls with results, record
+    /// verdicts, then dispatch what is still unanswered. `true` when the
+    /// history says the session ended.
+    fn reconcile(&self, st: &mut State, history: Result<Vec<SessionEvent>, Error>) -> bool {
+        let events = match history {
+            Ok(events) => events,
+            Err(e) => {
+                // Part of the history may be missing: dispatching now could
+                // re-run a call whose result sits on an unread page.
+                warn!(session_id = %self.session_id, error = %e, "reconcile list failed; skipping pending enqueue");
+                return false;
+            }
+        };
+        let mut pending = Vec::new();
+        let mut last_ended_turn = false;
+        for event in &events {
+            if ends_session(event) {
+                return true;
+            }
+            if let Some(call) = Call::from_event(event) {
+                st.seen.insert(call.id.clone());
+                pending.push(call);
+            } else if let Some(id) = answered_id(event) {
+                st.answered.insert(id.to_string());
+            } else if let SessionEvent::UserToolConfirmation(c) = event {
+                if !st.answered.contains(&c.tool_use_id) {
+                    st.confirmations
+                        .insert(c.tool_use_id.clone(), c.result.clone());
+                }
+            } else if let Some(thread) = terminated_thread(event) {
+                st.terminated_threads.insert(thread);
+            }
+            if !idle::is_neutral(event) {
+                last_ended_turn = idle::ends_turn(event);
+            }
+        }
+        self.drop_terminated_holds(st);
+        let unanswered: Vec<Call> = pending
+            .into_iter()
+            .filter(|c| !st.answered.contains(&c.id))
+            .collect();
+        st.clock.disarm();
+        for call in &unanswered {
+            self.route(st, call.clone());
+        }
+        let held_with_verdict: Vec<Call> = st
+            .awaiting
+            .values()
+            .filter(|c| st.confirmations.contains_key(&c.id))
+            .cloned()
+            .collect();
+        for call in held_with_verdict {
+            let verdict = st.confirmations[&call.id].clone();
+            self.apply_verdict(st, call, &verdict);
+        }
+        // Gated calls do not count (the clock holds them), nor does a call
+        // already settled, of a dead thread, or released to a tool we serve.
+        let settled = |c: &Call| {
+            st.answered.contains(&c.id)
+                || self.in_terminated_thread(st, c)
+                || st.awaiting.contains_key(&c.id)
+                || (st.confirmations.contains_key(&c.id) && self.tools.owns(&c.name))
+        };
+        let outstanding = unanswered.iter().any(|c| !settled(c));
+        if last_ended_turn && !outstanding {
+            st.clock.arm();
+        }
+        false
+    }
+
+    /// One live event. `true` when the session ended.
+    fn on_live(&self, st: &mut State, event: SessionEvent) -> bool {
+        st.clock.note(&event);
+        if ends_session(&event) {
+            return true;
+        }
+        if let Some(call) = Call::from_event(&event) {
+            if st.seen.insert(call.id.clone()) {
+                self.route(st, call);
+            }
+        } else if let Some(id) = answered_id(&event) {
+            st.answered.insert(id.to_string());
+        } else if let SessionEvent::UserToolConfirmation(c) = &event {
+            st.confirmations
+                .insert(c.tool_use_id.clone(), c.result.clone());
+            if let Some(held) = st.awaiting.get(&c.tool_use_id).cloned() {
+                self.apply_verdict(st, held, &c.result);
+            }
+        } else if let Some(thread) = terminated_thread(&event) {
+            st.terminated_threads.insert(thread);
+            self.drop_terminated_holds(st);
+        }
+        false
+    }
+
+    fn in_terminated_thread(&self, st: &State, call: &Call) -> bool {
+        call.thread
+            .as_ref()
+            .is_some_and(|t| st.terminated_threads.contains(t))
+    }
+
+    fn drop_terminated_holds(&self, st: &mut State) {
+        let dead: Vec<String> = st
+            .awaiting
+            .values()
+            .filter(|c| self.in_terminated_thread(st, c))
+            .map(|c| c.id.clone())
+            .collect();
+        for id in dead {
+            if let Some(call) = st.awaiting.remove(&id) {
+                info!(session_id = %self.session_id, tool = %call.name, tool_use_id = %call.id, "thread terminated; not executing");
+                st.clock.release();
+            }
+        }
+    }
+
+    /// Queue a call, hold it for its confirmation, or resolve it as denied.
+    fn route(&self, st: &mut State, call: Call) {
+        if self.in_terminated_thread(st, &call) {
+            debug!(tool = %call.name, tool_use_id = %call.id, "thread terminated; not executing");
+            return;
+        }
+        if call.permission.as_deref() == Some("deny") {
+            // The server denied it: never run, whatever verdict exists.
+            self.resolve_denied(st, &call);
+            return;
+        }
+        match st.confirmations.get(&call.id).cloned() {
+            None => match call.permission.as_deref() {
+                None | Some("allow") => self.enqueue(st, call, false),
+                // `ask`, or a value this worker does not know: fail closed.
+                Some(_) => {
+                    if !st.awaiting.contains_key(&call.id) {
+                        info!(session_id = %self.session_id, tool = %call.name, tool_use_id = %call.id, "tool requires user confirmation; holding until user.tool_confirmation");
+                        st.clock.hold();
+                        st.awaiting.insert(call.id.clone(), call);
+                    }
+                }
+            },
+            Some(verdict) => self.apply_verdict(st, call, &verdict),
+        }
+    }
+
+    fn apply_verdict(&self, st: &mut State, call: Call, verdict: &str) {
+        let was_held = st.awaiting.remove(&call.id).is_some();
+        if verdict == "allow" {
+            info!(session_id = %self.session_id, tool = %call.name, tool_use_id = %call.id, "tool call confirmed");
+            if !was_held {
+                st.clock.hold();
+            }
+            // The hold stays until the call is done with.
+            self.enqueue(st, call, true);
+        } else {
+            // `deny`, or a verdict this worker does not know: never run.
+            if was_held {
+                st.clock.release();
+            }
+            self.resolve_denied(st, &call);
+        }
+    }
+
+    fn resolve_denied(&self, st: &mut State, call: &Call) {
+        if !st.answered.insert(call.id.clone()) {
+            return;
+        }
+        info!(session_id = %self.session_id, tool = %call.name, tool_use_id = %call.id, "tool call denied; not executing");
+        st.stats.denied += 1;
+        self.observe(&CallRecord {
+            tool_use_id: call.id.clone(),
+            name: call.name.clone(),
+            outcome: CallOutcome::Denied,
+            duration: Duration::ZERO,
+            summary: None,
+        });
+    }
+
+    fn enqueue(&self, st: &mut State, call: Call, allowed: bool) {
+        if st.queue.iter().any(|(c, _)| c.id == call.id) {
+            if allowed {
+                st.clock.release();
+            }
+            return;
+        }
+        st.queue.push_back((call, allowed));
+    }
+
+    fn observe(&self, record: &CallRecord) {
+        if let Some(observer) = &self.options.observer {
+            observer(record);
+        }
+    }
+
+    /// Start the next queued call that still needs running.
+    fn next_call(&self, st: &mut State) -> Option<InFlight> {
+        while let Some((call, allowed)) = st.queue.pop_front() {
+            let skip = if self.in_terminated_thread(st, &call) {
+                info!(session_id = %self.session_id, tool = %call.name, tool_use_id = %call.id, "thread terminated; not executing");
+                true
+            } else if st.answered.contains(&call.id) {
+                true
+            } else if !self.tools.owns(&call.name) {
+                info!(session_id = %self.session_id, tool = %call.name, tool_use_id = %call.id, "tool not owned by this runner; leaving the tool_use_id pending for its owner");
+                st.stats.not_owned += 1;
+                self.observe(&CallRecord {
+                    tool_use_id: call.id.clone(),
+                    name: call.name.clone(),
+                    outcome: CallOutcome::NotOwned,
+                    duration: Duration::ZERO,
+                    summary: None,
+                });
+                if allowed {
+                    // The owner still has to answer: no countdown for it.
+                    st.clock.disarm();
+                }
+                true
+            } else {
+                false
+            };
+            if skip {
+                if allowed {
+                    st.clock.release();
+                }
+                continue;
+            }
+            return Some(self.execute(call, allowed));
+        }
+        None
+    }
+
+    /// Run, post, then the hook — one future, so the next call waits for all three.
+    fn execute(&self, call: Call, allowed: bool) -> InFlight {
+        let tools = self.tools.clone();
+        let client = self.client.clone();
+        let session_id = self.session_id.clone();
+        let timeout = self.options.tool_timeout;
+        let window = self.options.send_window.clone();
+        let attempts = self.options.post_attempts.max(1);
+        let hook = self.options.after_call.clone();
+        async move {
+            info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "executing tool");
+            let started = Instant::now();
+            let deadline = started + timeout;
+            let outcome = tokio::time::timeout(
+                timeout + DEADLINE_SLACK,
+                tools.call(&call.name, call.input.clone(), deadline),
+            )
+            .await;
+            let (content, is_error) = match outcome {
+                Ok(Ok(output)) => (output.into_content(), false),
+                Ok(Err(e)) => {
+                    let text = if e.message.is_empty() {
+                        "(no output)".to_string()
+                    } else {
+                        e.message
+                    };
+                    (vec![text_block(text)], true)
+                }
+                Err(_) => (
+                    vec![text_block(format!(
+                        "tool {:?} timed out after {}s",
+                        call.name,
+                        timeout.as_secs()
+                    ))],
+                    true,
+                ),
+            };
+            let duration = started.elapsed();
+            let summary = content
+                .first()
+                .and_then(|b| b.get("text"))
+                .and_then(Value::as_str)
+                .map(|t| t.lines().next().unwrap_or_default().chars().take(120).collect());
+            info!(
+                session_id = %session_id,
+                tool = %call.name,
+                tool_use_id = %call.id,
+                is_error,
+                duration_ms = duration.as_millis() as u64,
+                "tool call finished"
+            );
+            let event = call.result(content, is_error);
+            let posted = post_result(&client, &session_id, &call.id, event, attempts, &window).await;
+            if let Some(hook) = hook {
+                hook().await;
+            }
+            let record = CallRecord {
+                tool_use_id: call.id.clone(),
+                name: call.name.clone(),
+                outcome: CallOutcome::Answered { is_error, posted },
+                duration,
+                summary,
+            };
+            (call, allowed, record)
+        }
+        .boxed()
+    }
+
+    fn finish_call(&self, st: &mut State, (call, allowed, record): (Call, bool, CallRecord)) {
+        if let CallOutcome::Answered { is_error, posted } = record.outcome {
+            st.stats.executed += 1;
+            st.stats.errors += is_error as usize;
+            if posted {
+                st.stats.posted += 1;
+                st.answered.insert(call.id.clone());
+            } else {
+                st.stats.post_failures += 1;
+            }
+        }
+        if allowed {
+            st.clock.release();
+        }
+        self.observe(&record);
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Post one result: up to `attempts` tries, each bounded, with 1 s, 2 s, …
+/// (jittered) between them, never past the send window; a permanent 4xx
+/// stops at once. `true` once the session has it.
+async fn post_result(
+    client: &Client,
+    session_id: &str,
+    tool_use_id: &str,
+    event: SessionEvent,
+    attempts: u32,
+    window: &SendWindow,
+) -> bool {
+    let started = Instant::now();
+    let mut last: Option<String> = None;
+    for attempt in 1..=attempts {
+        let sent = tokio::time::timeout(
+            POST_ATTEMPT_TIMEOUT,
+            client
+                .sessions()
+                .send_events(session_id, vec![event.clone()]),
+        )
+        .await;
+        let err = match sent {
+            Ok(Ok(_)) => return true,
+            Ok(Err(e)) => {
+                let permanent = e.is_permanent();
+                last = Some(e.to_string());
+                if permanent {
+                    break;
+                }
+                e.to_string()
+            }
+            Err(_) => {
+                last = Some(format!(
+                    "no answer within {}s",
+                    POST_ATTEMPT_TIMEOUT.as_secs()
+                ));
+                last.clone().unwrap_or_default()
+            }
+        };
+        if attempt == attempts {
+            break;
+        }
+        let remaining = window.get().saturating_sub(started.elapsed());
+        if remaining.is_zero() {
+            break;
+        }
+        let base = Duration::from_secs(1 << (attempt - 1).min(5)).min(Duration::from_secs(30));
+        let wait = base
+            .mul_f64(rand::rng().random_range(0.5..=1.0))
+            .min(remaining);
+        warn!(session_id = %session_id, tool_use_id = %tool_use_id, attempt, backoff_ms = wait.as_millis() as u64, error = %err, "tool result send failed; retrying");
+        tokio::time::sleep(wait).await;
+    }
+    error!(session_id = %session_id, tool_use_id = %tool_use_id, error = last.as_deref().unwrap_or("unknown"), "failed to send tool result");
+    false
+}
+
+/// Keep the event stream open: connect, read the history, forward live
+/// events; reconnect with jittered backoff; report a permanent error.
+async fn stream_task(
+    client: Client,
+    session_id: String,
+    tx: mpsc::Sender<Feed>,
+    stop: CancellationToken,
+) {
+    let mut backoff = STREAM_BACKOFF_START;
+    loop {
+        let connected_at = Instant::now();
+        match client.sessions().stream(&session_id).await {
+            Err(e) if e.is_permanent() => {
+                let _ = tx.send(Feed::Fatal(e)).await;
+                return;
+            }
+            Err(e) => {
+                warn!(session_id = %session_id, backoff_ms = backoff.as_millis() as u64, error = %e, "stream disconnected, reconnecting");
+            }
+            Ok(stream) => {
+                // The stream is attached first: an event emitted while the
+                // history is read arrives live instead of being lost.
+                let history = client
+                    .sessions()
+                    .events(
+                        &session_id,
+                        ListEvents {
+                            limit: Some(1000),
+                            order: Some(Order::Asc),
+                            ..Default::default()
+                        },
+                    )
+                    .try_collect::<Vec<_>>()
+                    .await;
+                if tx.send(Feed::History(history)).await.is_err() {
+                    return;
+                }
+                let mut stream = std::pin::pin!(stream);
+                let why = loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return,
+                        next = stream.next() => match next {
+                            Some(Ok(event)) => {
+                                if tx.send(Feed::Live(event)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            Some(Err(e)) if e.is_permanent() => {
+                                let _ = tx.send(Feed::Fatal(e)).await;
+                                return;
+                            }
+                            Some(Err(e)) => break e.to_string(),
+                            None => break "the server closed the stream".to_string(),
+                        }
+                    }
+                };
+                if connected_at.elapsed() >= STREAM_HEALTHY_AFTER {
+                    backoff = STREAM_BACKOFF_START;
+                }
+                warn!(session_id = %session_id, backoff_ms = backoff.as_millis() as u64, error = %why, "stream disconnected, reconnecting");
+            }
+        }
+        let wait = backoff.mul_f64(rand::rng().random_range(0.5..=1.0));
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        backoff = (backoff * 2).min(STREAM_BACKOFF_CAP);
+    }
+}

@@ -1,0 +1,602 @@
+//! The session tool runner against the devserver's scripted sessions: the
+//! test claims the work item (as a worker would), runs the runner with the
+//! item's sessions token, then stops the item, and reads the scenario's
+//! report and the session's events.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{ADMIN_KEY, Started, TestServer};
+use envworker::api::types::{PollWork, WorkSecret};
+use envworker::api::{Client, Credential};
+use envworker::session::{CallOutcome, RunEnd, RunReport, RunnerOptions, SessionRunner};
+use envworker::tools::{ToolContext, ToolError, ToolHandler, ToolOutput, Toolset};
+use futures::future::BoxFuture;
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// A claimed work item and the client that carries its sessions token.
+struct Claimed {
+    env_client: Client,
+    work_id: String,
+    client: Client,
+}
+
+async fn claim(server: &TestServer, started: &Started) -> Claimed {
+    let env_client = Client::builder(Credential::bearer(started.environment_key.clone()))
+        .base_url(server.url())
+        .build()
+        .unwrap();
+    let work = env_client
+        .work(&started.environment_id)
+        .poll(
+            &PollWork {
+                block_ms: Some(900),
+                reclaim_older_than_ms: None,
+            },
+            Some("test-worker"),
+        )
+        .await
+        .unwrap()
+        .expect("the scenario queued a work item");
+    env_client
+        .work(&started.environment_id)
+        .ack(&work.id)
+        .await
+        .unwrap();
+    let token = WorkSecret::sessions_token(work.secret.as_ref().unwrap().expose()).unwrap();
+    let client = env_client.with_credential(Credential::bearer(token.expose().to_string()));
+    Claimed {
+        env_client,
+        work_id: work.id,
+        client,
+    }
+}
+
+fn quick() -> RunnerOptions {
+    RunnerOptions {
+        max_idle: Some(Duration::from_millis(500)),
+        ..Default::default()
+    }
+}
+
+struct Served {
+    run: RunReport,
+    report: Value,
+    events: Vec<Value>,
+    workdir: tempfile::TempDir,
+}
+
+impl Served {
+    fn results_for(&self, tool_use_id: &str) -> Vec<&Value> {
+        self.events
+            .iter()
+            .filter(|e| {
+                e["type"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("tool_result"))
+                    && (e["tool_use_id"] == tool_use_id || e["custom_tool_use_id"] == tool_use_id)
+            })
+            .collect()
+    }
+
+    fn step_id(&self, index: usize) -> String {
+        self.report["steps"][index]["tool_use_id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    #[track_caller]
+    fn assert_passed(&self) {
+        assert_eq!(self.report["status"], "passed", "{:#}", self.report);
+    }
+}
+
+async fn events_of(server: &TestServer, session_id: &str) -> Vec<Value> {
+    server
+        .agents(
+            Method::GET,
+            &format!("/v1/sessions/{session_id}/events?limit=1000"),
+            None,
+        )
+        .await
+        .ok()["data"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// Serve one scenario with the toolset over a fresh workdir.
+async fn serve(server: &TestServer, scenario: Value, options: RunnerOptions) -> Served {
+    let workdir = tempfile::tempdir().unwrap();
+    let tools = Arc::new(Toolset::new(ToolContext::new(workdir.path())));
+    serve_with(server, scenario, options, tools, workdir).await
+}
+
+async fn serve_with(
+    server: &TestServer,
+    scenario: Value,
+    options: RunnerOptions,
+    tools: Arc<dyn ToolHandler>,
+    workdir: tempfile::TempDir,
+) -> Served {
+    let started = server.start_scenario(&scenario).await;
+    let claimed = claim(server, &started).await;
+    let runner = SessionRunner::new(claimed.client.clone(), &started.session_id, tools, options);
+    let run = tokio::time::timeout(
+        Duration::from_secs(60),
+        runner.run(CancellationToken::new()),
+    )
+    .await
+    .expect("the runner ends");
+    claimed
+        .env_client
+        .work(&started.environment_id)
+        .stop(&claimed.work_id, true)
+        .await
+        .unwrap();
+    let report = server
+        .final_report(&started.session_id, Duration::from_secs(30))
+        .await;
+    let events = events_of(server, &started.session_id).await;
+    Served {
+        run,
+        report,
+        events,
+        workdir,
+    }
+}
+
+#[tokio::test]
+async fn answers_every_call_in_order_then_ends_idle_after_the_turn() {
+    let server = TestServer::start().await;
+    let served = serve(
+        &server,
+        json!({
+            "name": "basic",
+            "steps": [
+                {"tool": "write", "input": {"file_path": "notes/a.md", "content": "alpha\n"},
+                 "expect": {"is_error": false, "contains": "wrote 6 bytes"}},
+                {"tool": "bash", "input": {"command": "cat notes/a.md; true"}, "expect": {"contains": "alpha"}},
+                {"tool": "bash", "input": {"command": "true"}, "expect": {"is_error": false, "contains": "(no output)"}},
+                {"tool": "read", "input": {"file_path": "nope.md"},
+                 "expect": {"is_error": true, "contains": "no such file or directory"}}
+            ]
+        }),
+        quick(),
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.run.end, RunEnd::Idle);
+    assert_eq!(served.run.stats.executed, 4);
+    assert_eq!(served.run.stats.errors, 1);
+    assert_eq!(served.run.stats.posted, 4);
+    // Each call was answered exactly once.
+    for i in 0..4 {
+        assert_eq!(served.results_for(&served.step_id(i)).len(), 1, "step {i}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(served.workdir.path().join("notes/a.md")).unwrap(),
+        "alpha\n"
+    );
+}
+
+#[tokio::test]
+async fn the_permission_gate_runs_only_what_was_allowed_and_posts_nothing_for_denials() {
+    let server = TestServer::start().await;
+    let served = serve(
+        &server,
+        json!({
+            "name": "gates",
+            "steps": [
+                {"tool": "write", "input": {"file_path": "approved.md", "content": "yes"},
+                 "evaluated_permission": "ask", "confirm": "allow", "expect": {"is_error": false}},
+                {"tool": "write", "input": {"file_path": "refused.md", "content": "no"},
+                 "evaluated_permission": "ask", "confirm": "deny"},
+                {"tool": "write", "input": {"file_path": "blocked.md", "content": "no"},
+                 "evaluated_permission": "deny"},
+                {"tool": "bash", "input": {"command": "ls"}, "expect": {"contains": "approved.md", "not_contains": ["refused", "blocked"]}}
+            ]
+        }),
+        quick(),
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.run.stats.denied, 2);
+    assert_eq!(served.run.stats.executed, 2);
+    assert_eq!(served.results_for(&served.step_id(0)).len(), 1);
+    assert!(
+        served.results_for(&served.step_id(1)).is_empty(),
+        "nothing posted for a user denial"
+    );
+    assert!(
+        served.results_for(&served.step_id(2)).is_empty(),
+        "nothing posted for a server denial"
+    );
+    assert!(!served.workdir.path().join("refused.md").exists());
+    assert!(!served.workdir.path().join("blocked.md").exists());
+}
+
+#[tokio::test]
+async fn a_tool_it_does_not_serve_is_left_for_its_owner() {
+    let server = TestServer::start().await;
+    let scenario = json!({
+        "name": "split-client",
+        "steps": [
+            {"custom_tool": "lookup_customer", "input": {"id": 7}, "timeout_ms": 20000,
+             "expect": {"contains": "answered by the app"}},
+            {"tool": "bash", "input": {"command": "echo after"}, "expect": {"contains": "after"}}
+        ]
+    });
+    let started = server.start_scenario(&scenario).await;
+    let claimed = claim(&server, &started).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let observed = seen.clone();
+    let options = RunnerOptions {
+        observer: Some(Arc::new(move |r| observed.lock().unwrap().push(r.clone()))),
+        ..quick()
+    };
+    let workdir = tempfile::tempdir().unwrap();
+    let runner = SessionRunner::new(
+        claimed.client.clone(),
+        &started.session_id,
+        Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
+        options,
+    );
+    let run = tokio::spawn(runner.run(CancellationToken::new()));
+    // The app backend: wait for the custom call, give the runner time to
+    // (wrongly) answer it, then answer it itself.
+    let call_id = loop {
+        let events = events_of(&server, &started.session_id).await;
+        if let Some(call) = events.iter().find(|e| e["type"] == "agent.custom_tool_use") {
+            break call["id"].as_str().unwrap().to_string();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server
+        .agents(
+            Method::POST,
+            &format!("/v1/sessions/{}/events", started.session_id),
+            Some(json!({"events": [{"type": "user.custom_tool_result", "custom_tool_use_id": call_id,
+                                     "content": [{"type": "text", "text": "answered by the app"}]}]})),
+        )
+        .await
+        .ok();
+    let run = run.await.unwrap();
+    claimed
+        .env_client
+        .work(&started.environment_id)
+        .stop(&claimed.work_id, true)
+        .await
+        .unwrap();
+    let report = server
+        .final_report(&started.session_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(report["status"], "passed", "{report:#}");
+    assert_eq!(run.stats.not_owned, 1);
+    let events = events_of(&server, &started.session_id).await;
+    let answers: Vec<_> = events
+        .iter()
+        .filter(|e| e["custom_tool_use_id"] == call_id.as_str())
+        .collect();
+    assert_eq!(answers.len(), 1, "only the owner answered: {answers:#?}");
+    let records = seen.lock().unwrap();
+    assert!(
+        records
+            .iter()
+            .any(|r| r.outcome == CallOutcome::NotOwned && r.name == "lookup_customer")
+    );
+}
+
+#[tokio::test]
+async fn a_terminated_session_ends_the_run_at_once() {
+    let server = TestServer::start().await;
+    let served = serve(
+        &server,
+        json!({"name": "terminated", "steps": [
+            {"tool": "bash", "input": {"command": "echo before"}, "expect": {"contains": "before"}},
+            {"terminate": true},
+            {"tool": "bash", "input": {"command": "echo never"}}
+        ]}),
+        // No idle end: only the termination can end this run.
+        RunnerOptions {
+            max_idle: None,
+            ..Default::default()
+        },
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.run.end, RunEnd::Terminated);
+    assert_eq!(served.report["steps"][2]["status"], "skipped");
+}
+
+#[tokio::test]
+async fn a_deleted_session_ends_the_run() {
+    let server = TestServer::start().await;
+    let started = server
+        .start_scenario(&json!({"name": "x", "steps": [{"wait_ms": 10}]}))
+        .await;
+    let claimed = claim(&server, &started).await;
+    let workdir = tempfile::tempdir().unwrap();
+    let runner = SessionRunner::new(
+        claimed.client.clone(),
+        &started.session_id,
+        Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
+        RunnerOptions {
+            max_idle: None,
+            ..Default::default()
+        },
+    );
+    let run = tokio::spawn(runner.run(CancellationToken::new()));
+    // The scenario ends its turn (the session goes idle); then it is deleted.
+    loop {
+        let events = events_of(&server, &started.session_id).await;
+        if events.iter().any(|e| e["type"] == "session.status_idle") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    server
+        .agents(
+            Method::DELETE,
+            &format!("/v1/sessions/{}", started.session_id),
+            None,
+        )
+        .await
+        .ok();
+    let run = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("ends promptly")
+        .unwrap();
+    assert_eq!(run.end, RunEnd::Terminated);
+}
+
+#[tokio::test]
+async fn a_bad_credential_is_a_fatal_end_not_a_retry_loop() {
+    let server = TestServer::start().await;
+    let started = server
+        .start_scenario(&json!({"name": "x", "steps": [{"wait_ms": 10}]}))
+        .await;
+    let client = Client::builder(Credential::bearer("not-a-token"))
+        .base_url(server.url())
+        .build()
+        .unwrap();
+    let workdir = tempfile::tempdir().unwrap();
+    let runner = SessionRunner::new(
+        client,
+        &started.session_id,
+        Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
+        RunnerOptions::default(),
+    );
+    let run = tokio::time::timeout(Duration::from_secs(5), runner.run(CancellationToken::new()))
+        .await
+        .expect("a 401 ends the run");
+    match run.end {
+        RunEnd::Fatal(why) => assert!(why.contains("401"), "{why}"),
+        other => panic!("expected a fatal end, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_stream_reconnects_and_the_history_fills_the_gap() {
+    let server = TestServer::start().await;
+    // The first two stream connections fail: the tool call is emitted while
+    // the runner is backing off, and reaches it through the history.
+    server
+        .dev(
+            Method::POST,
+            "/dev/faults",
+            Some(json!({"rules": [{"method": "GET", "path": "/v1/sessions/*/events/stream", "status": 503, "times": 2}]})),
+        )
+        .await
+        .ok();
+    let served = serve(
+        &server,
+        json!({"name": "reconnect", "steps": [
+            {"tool": "bash", "input": {"command": "echo one"}, "expect": {"contains": "one"}},
+            {"tool": "bash", "input": {"command": "echo two"}, "expect": {"contains": "two"}}
+        ]}),
+        quick(),
+    )
+    .await;
+    served.assert_passed();
+    for i in 0..2 {
+        assert_eq!(
+            served.results_for(&served.step_id(i)).len(),
+            1,
+            "step {i} answered once"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_failed_result_post_is_retried_and_lands_once() {
+    let server = TestServer::start().await;
+    server
+        .dev(
+            Method::POST,
+            "/dev/faults",
+            Some(json!({"rules": [{"method": "POST", "path": "/v1/sessions/*/events", "status": 503, "times": 2}]})),
+        )
+        .await
+        .ok();
+    let served = serve(
+        &server,
+        json!({"name": "retry", "steps": [{"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "hi"}}]}),
+        quick(),
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.run.stats.posted, 1);
+    assert_eq!(served.results_for(&served.step_id(0)).len(), 1);
+}
+
+#[tokio::test]
+async fn a_permanent_post_error_is_not_retried() {
+    let server = TestServer::start().await;
+    server
+        .dev(
+            Method::POST,
+            "/dev/faults",
+            Some(json!({"rules": [{"method": "POST", "path": "/v1/sessions/*/events", "status": 400}]})),
+        )
+        .await
+        .ok();
+    let started = server
+        .start_scenario(&json!({"name": "refused", "steps": [{"tool": "bash", "input": {"command": "true"}, "timeout_ms": 3000}]}))
+        .await;
+    let claimed = claim(&server, &started).await;
+    let workdir = tempfile::tempdir().unwrap();
+    let attempts = Arc::new(Mutex::new(Vec::new()));
+    let seen = attempts.clone();
+    let runner = SessionRunner::new(
+        claimed.client.clone(),
+        &started.session_id,
+        Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
+        RunnerOptions {
+            observer: Some(Arc::new(move |r| seen.lock().unwrap().push(r.clone()))),
+            ..quick()
+        },
+    );
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(runner.run(cancel.clone()));
+    let began = std::time::Instant::now();
+    while attempts.lock().unwrap().is_empty() {
+        assert!(began.elapsed() < Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // One attempt only: well under the 1 s first backoff.
+    assert!(
+        began.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        began.elapsed()
+    );
+    assert_eq!(
+        attempts.lock().unwrap()[0].outcome,
+        CallOutcome::Answered {
+            is_error: false,
+            posted: false
+        }
+    );
+    cancel.cancel();
+    assert_eq!(run.await.unwrap().end, RunEnd::Cancelled);
+}
+
+/// A tool handler that sleeps past its deadline, and records the order of calls and hooks.
+struct Slow {
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl ToolHandler for Slow {
+    fn owns(&self, name: &str) -> bool {
+        name == "bash"
+    }
+
+    fn call<'a>(
+        &'a self,
+        _name: &'a str,
+        input: Value,
+        _deadline: tokio::time::Instant,
+    ) -> BoxFuture<'a, Result<ToolOutput, ToolError>> {
+        Box::pin(async move {
+            let ms = input["sleep_ms"].as_u64().unwrap_or(0);
+            self.log.lock().unwrap().push(format!("start {ms}"));
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            self.log.lock().unwrap().push(format!("end {ms}"));
+            Ok(ToolOutput::Text(format!("slept {ms}")))
+        })
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        self.log.lock().unwrap().push("close".into());
+        Box::pin(async {})
+    }
+}
+
+#[tokio::test]
+async fn each_call_is_bounded_and_the_hook_runs_between_calls() {
+    let server = TestServer::start().await;
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let hook_log = log.clone();
+    let options = RunnerOptions {
+        tool_timeout: Duration::from_millis(100),
+        after_call: Some(Arc::new(move || {
+            let log = hook_log.clone();
+            Box::pin(async move {
+                log.lock().unwrap().push("hook".into());
+            })
+        })),
+        ..quick()
+    };
+    let served = serve_with(
+        &server,
+        json!({"name": "bounded", "steps": [
+            {"tool": "bash", "input": {"sleep_ms": 10}, "expect": {"contains": "slept 10"}},
+            {"tool": "bash", "input": {"sleep_ms": 60000}, "expect": {"is_error": true, "contains": "tool \"bash\" timed out after"}},
+            {"tool": "bash", "input": {"sleep_ms": 20}, "expect": {"contains": "slept 20"}}
+        ]}),
+        options,
+        Arc::new(Slow { log: log.clone() }),
+        tempfile::tempdir().unwrap(),
+    )
+    .await;
+    served.assert_passed();
+    let log = log.lock().unwrap().clone();
+    assert_eq!(
+        log,
+        [
+            "start 10",
+            "end 10",
+            "hook",
+            "start 60000",
+            "hook",
+            "start 20",
+            "end 20",
+            "hook",
+            "close"
+        ],
+    );
+}
+
+#[tokio::test]
+async fn cancelling_stops_the_call_in_flight_and_returns_promptly() {
+    let server = TestServer::start().await;
+    let started = server
+        .start_scenario(&json!({"name": "cancel", "steps": [{"tool": "bash", "input": {"command": "sleep 20; touch finished"}, "timeout_ms": 30000}]}))
+        .await;
+    let claimed = claim(&server, &started).await;
+    let workdir = tempfile::tempdir().unwrap();
+    let runner = SessionRunner::new(
+        claimed.client.clone(),
+        &started.session_id,
+        Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
+        RunnerOptions::default(),
+    );
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(runner.run(cancel.clone()));
+    // Wait until the command runs.
+    loop {
+        let events = events_of(&server, &started.session_id).await;
+        if events.iter().any(|e| e["type"] == "agent.tool_use") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at = std::time::Instant::now();
+    cancel.cancel();
+    let run = run.await.unwrap();
+    assert_eq!(run.end, RunEnd::Cancelled);
+    assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
+    let events = events_of(&server, &started.session_id).await;
+    assert!(
+        !events.iter().any(|e| e["type"] == "user.tool_result"),
+        "nothing posted for the cancelled call"
+    );
+    let _ = ADMIN_KEY;
+}
