@@ -3,10 +3,12 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
 use crate::logging::LogFormat;
+use crate::memory::options::{DeleteMode, SyncInterval};
 
 /// A self-hosted environment worker for Claude Managed Agents.
 #[derive(Debug, Parser)]
@@ -22,8 +24,199 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Try everything locally: devserver + webhook server + worker, running the demo scenario.
+    Dev(DevArgs),
+    /// Serve signed webhooks and drain the work queue (container, or AWS Lambda when detected).
+    Serve(ServeArgs),
+    /// Poll an environment's work queue and serve its sessions (always-on).
+    Poll(PollArgs),
+    /// Serve one already-claimed work item from ANTHROPIC_* variables (a sandbox's entrypoint).
+    Run(RunArgs),
     /// Run a local control plane that answers as the Managed Agents API does (SQLite-backed).
     Devserver(DevserverArgs),
+    /// Sign webhook bodies for local testing and sample events.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WebhookCommand {
+    /// Sign a webhook body: print Standard Webhooks headers and a ready curl line.
+    Sign(SignArgs),
+}
+
+/// `envworker webhook sign`.
+#[derive(Debug, Args)]
+pub struct SignArgs {
+    /// The signing key (whsec_…).
+    #[arg(long, env = "ANTHROPIC_WEBHOOK_SIGNING_KEY", hide_env_values = true)]
+    pub key: String,
+
+    /// The body to sign (a JSON webhook event); `-` reads stdin.
+    pub file: PathBuf,
+
+    /// The URL in the printed curl line.
+    #[arg(long, default_value = "http://127.0.0.1:8080/webhooks/default")]
+    pub url: String,
+
+    /// The webhook-id (default: the body's `id`, else a fresh one).
+    #[arg(long)]
+    pub id: Option<String>,
+}
+
+/// Options of the worker, shared by `serve`, `poll` and `run`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkerArgs {
+    /// The API to talk to (point it at `envworker devserver` for local runs).
+    #[arg(long, env = "ANTHROPIC_BASE_URL", default_value = crate::api::DEFAULT_BASE_URL)]
+    pub base_url: String,
+
+    /// Where tools run, and where stores without a mount path land (default: the current directory).
+    #[arg(long, env = "ENVWORKER_WORKDIR")]
+    pub workdir: Option<PathBuf>,
+
+    /// Stop serving a session this long after its turn ended with no new event (`off` never stops).
+    #[arg(long, env = "ENVWORKER_MAX_IDLE", default_value = "60s")]
+    pub max_idle: crate::config::MaxIdle,
+
+    /// How often memory stores sync while the agent works: `15s`, `5`, `1m`, or `off` (no memory). At least 5s.
+    #[arg(long, env = "ENVWORKER_MEMORY_SYNC_INTERVAL", default_value = "15s")]
+    pub memory_sync_interval: SyncInterval,
+
+    /// Whether local deletions reach the server: enabled, log_only or disabled.
+    #[arg(
+        long,
+        env = "ENVWORKER_MEMORY_SYNC_DELETIONS",
+        default_value = "enabled"
+    )]
+    pub memory_sync_deletions: DeleteMode,
+
+    /// The bound of the final memory sync, and separately of the flush, when a session ends.
+    #[arg(long, env = "ENVWORKER_MEMORY_TEARDOWN_BOUND", default_value = "30s", value_parser = crate::config::parse_duration)]
+    pub memory_teardown_bound: Duration,
+
+    /// The bound of one tool call.
+    #[arg(long, env = "ENVWORKER_TOOL_TIMEOUT", default_value = "120s", value_parser = crate::config::parse_duration)]
+    pub tool_timeout: Duration,
+
+    /// Sent as Anthropic-Worker-ID on polls (default: <hostname>-<random>).
+    #[arg(long, env = "ENVWORKER_WORKER_ID")]
+    pub worker_id: Option<String>,
+
+    /// Mount stores advertised under FROM under TO instead, keeping FROM paths working for the
+    /// agent (e.g. /mnt/memory=/tmp/mnt/memory where only /tmp is writable; the default on Lambda).
+    #[arg(long, env = "ENVWORKER_MOUNT_REMAP", value_name = "FROM=TO")]
+    pub mount_remap: Option<crate::remap::MountRemap>,
+
+    /// A header added to every API request, NAME=VALUE (repeatable).
+    #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
+}
+
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))?;
+    if name.trim().is_empty() {
+        return Err(format!("{text:?} has an empty header name"));
+    }
+    Ok((name.trim().to_string(), value.to_string()))
+}
+
+/// `envworker serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (ignored on AWS Lambda).
+    #[arg(long, env = "ENVWORKER_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+
+    /// Endpoint file (TOML, one [[endpoint]] per route). Without it: one endpoint,
+    /// POST /webhooks/default, from the ANTHROPIC_* variables.
+    #[arg(long, env = "ENVWORKER_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// The default endpoint's environment.
+    #[arg(long, env = "ANTHROPIC_ENVIRONMENT_ID")]
+    pub environment_id: Option<String>,
+
+    /// The default endpoint's environment key.
+    #[arg(long, env = "ANTHROPIC_ENVIRONMENT_KEY", hide_env_values = true)]
+    pub environment_key: Option<String>,
+
+    /// The default endpoint's signing key(s), whsec_…; several (rotation) separated by spaces or commas.
+    #[arg(long, env = "ANTHROPIC_WEBHOOK_SIGNING_KEY", hide_env_values = true)]
+    pub signing_key: Option<String>,
+
+    /// Work items served at once per endpoint (default endpoint; the file sets its own).
+    #[arg(long, env = "ENVWORKER_MAX_CONCURRENT_ITEMS", default_value_t = 1)]
+    pub max_concurrent_items: usize,
+
+    /// On Lambda: claim no item unless this much time is left beyond the teardown reserve
+    /// (twice the memory teardown bound, plus 5s).
+    #[arg(long, env = "ENVWORKER_MIN_SERVING_TIME", default_value = "60s", value_parser = crate::config::parse_duration)]
+    pub min_serving_time: Duration,
+
+    /// After SIGTERM, how long running items get to end and flush before the process exits.
+    #[arg(long, env = "ENVWORKER_STOP_GRACE", default_value = "75s", value_parser = crate::config::parse_duration)]
+    pub stop_grace: Duration,
+
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+}
+
+/// `envworker poll`.
+#[derive(Debug, Args)]
+pub struct PollArgs {
+    #[arg(long, env = "ANTHROPIC_ENVIRONMENT_ID")]
+    pub environment_id: String,
+
+    #[arg(long, env = "ANTHROPIC_ENVIRONMENT_KEY", hide_env_values = true)]
+    pub environment_key: String,
+
+    /// Hand each claimed item to this shell command instead of serving it here. It gets
+    /// ANTHROPIC_WORK_ID, ANTHROPIC_ENVIRONMENT_ID, ANTHROPIC_SESSION_ID and
+    /// ANTHROPIC_WORK_SECRET, and the work item as JSON on stdin.
+    #[arg(long, env = "ENVWORKER_ON_WORK")]
+    pub on_work: Option<String>,
+
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+}
+
+/// `envworker run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[arg(long, env = "ANTHROPIC_WORK_ID")]
+    pub work_id: Option<String>,
+
+    #[arg(long, env = "ANTHROPIC_ENVIRONMENT_ID")]
+    pub environment_id: Option<String>,
+
+    #[arg(long, env = "ANTHROPIC_SESSION_ID")]
+    pub session_id: Option<String>,
+
+    /// Optional when the work secret carries a sessions token.
+    #[arg(long, env = "ANTHROPIC_ENVIRONMENT_KEY", hide_env_values = true)]
+    pub environment_key: Option<String>,
+
+    /// The work item's `secret` (it carries the per-session token).
+    #[arg(long, env = "ANTHROPIC_WORK_SECRET", hide_env_values = true)]
+    pub work_secret: Option<String>,
+
+    #[command(flatten)]
+    pub worker: WorkerArgs,
+}
+
+/// `envworker dev`.
+#[derive(Debug, Args)]
+pub struct DevArgs {
+    /// A scenario file to run instead of the built-in demo (events/scenarios/two-stores-sync.json).
+    #[arg(long)]
+    pub scenario: Option<PathBuf>,
+
+    /// Keep the temporary directory (database, workdir, mounts) and print where it is.
+    #[arg(long)]
+    pub keep: bool,
 }
 
 /// `envworker devserver`.

@@ -1,6 +1,20 @@
-//! Configuration helpers shared by every mode.
+//! Configuration shared by every mode: durations as the command line takes
+//! them, and the endpoint file of `envworker serve` (one TOML file, many
+//! endpoints, each with its own keys, environment, workdir and sync options).
+//!
+//! Secrets never sit in the file: it names the environment variables that
+//! hold them (`signing_keys_env`, `environment_key_env`), so the file can be
+//! committed, templated and logged.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::api::types::Redacted;
+use crate::memory::options::{DeleteMode, SyncInterval};
+use crate::webhook::SigningKey;
 
 /// Parse a duration as the command line takes it: `90` (seconds), `90s`,
 /// `1m30s`, `250ms`, `1h`, `1.5s`.
@@ -44,8 +58,345 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
+/// The endpoint file could not be used; the message names the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("endpoint {endpoint:?}: {message}")]
+    Endpoint { endpoint: String, message: String },
+}
+
+/// `[[endpoint]]` as written in the file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointFile {
+    /// The route: `POST /webhooks/<name>`.
+    pub name: String,
+    /// Variables holding the `whsec_` signing keys (several during a rotation).
+    pub signing_keys_env: Vec<String>,
+    pub environment_id: String,
+    /// The variable holding the environment key.
+    pub environment_key_env: String,
+    #[serde(default)]
+    pub workdir: Option<PathBuf>,
+    #[serde(default)]
+    pub max_idle: Option<String>,
+    #[serde(default)]
+    pub memory_sync_interval: Option<String>,
+    #[serde(default)]
+    pub memory_sync_deletions: Option<String>,
+    #[serde(default)]
+    pub max_concurrent_items: Option<usize>,
+    /// Headers added to every API request of this endpoint.
+    #[serde(default)]
+    pub extra_headers: BTreeMap<String, String>,
+}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeFile {
+    /// The API base URL (default: `ANTHROPIC_BASE_URL`, else the real API).
+    #[serde(default)]
+    pub base_url: Option<String>,
+    #[serde(rename = "endpoint", default)]
+    pub endpoints: Vec<EndpointFile>,
+}
+
+/// One endpoint, resolved and validated: secrets read, durations parsed.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub name: String,
+    pub signing_keys: Vec<SigningKey>,
+    pub environment_id: String,
+    pub environment_key: Redacted,
+    pub workdir: Option<PathBuf>,
+    pub max_idle: Option<Option<Duration>>,
+    pub memory_sync_interval: Option<SyncInterval>,
+    pub memory_sync_deletions: Option<DeleteMode>,
+    pub max_concurrent_items: usize,
+    pub extra_headers: Vec<(String, String)>,
+    /// The variables this endpoint's secrets live in (kept from the agent's shell).
+    pub secret_env_vars: Vec<String>,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("name", &self.name)
+            .field("environment_id", &self.environment_id)
+            .field("signing_keys", &self.signing_keys.len())
+            .field("workdir", &self.workdir)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The idle end of a session as a flag takes it: a duration, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxIdle(pub Option<Duration>);
+
+impl std::str::FromStr for MaxIdle {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        parse_max_idle(s).map(MaxIdle)
+    }
+}
+
+/// `off`/`none`/`0` disable the idle end; anything else is a duration.
+pub fn parse_max_idle(text: &str) -> Result<Option<Duration>, String> {
+    match text.trim() {
+        "off" | "none" | "disabled" => Ok(None),
+        other => {
+            let d = parse_duration(other)?;
+            Ok((!d.is_zero()).then_some(d))
+        }
+    }
+}
+
+/// An endpoint name usable as one URL path segment.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+impl ServeFile {
+    pub fn parse(path: &str, text: &str) -> Result<ServeFile, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_string(),
+            message: e.to_string().trim().to_string(),
+        })
+    }
+
+    pub fn load(path: &std::path::Path) -> Result<ServeFile, ConfigError> {
+        let shown = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        ServeFile::parse(&shown, &text)
+    }
+
+    /// Resolve every endpoint with `env` (the process environment, or a map in tests).
+    pub fn resolve(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Vec<Endpoint>, ConfigError> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = Vec::new();
+        for file in &self.endpoints {
+            let fail = |message: String| ConfigError::Endpoint {
+                endpoint: file.name.clone(),
+                message,
+            };
+            if !valid_name(&file.name) {
+                return Err(fail("name must be 1-64 letters, digits, '-' or '_'".into()));
+            }
+            if !seen.insert(file.name.clone()) {
+                return Err(fail("two endpoints have this name".into()));
+            }
+            if file.signing_keys_env.is_empty() {
+                return Err(fail("signing_keys_env names no variable".into()));
+            }
+            let mut signing_keys = Vec::new();
+            for var in &file.signing_keys_env {
+                let value = env(var)
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| fail(format!("the signing key variable {var} is not set")))?;
+                signing_keys.push(
+                    SigningKey::parse(&value)
+                        .map_err(|e| fail(format!("the signing key in {var} is unusable: {e}")))?,
+                );
+            }
+            if file.environment_id.is_empty() {
+                return Err(fail("environment_id is empty".into()));
+            }
+            let environment_key = env(&file.environment_key_env)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| {
+                    fail(format!(
+                        "the environment key variable {} is not set",
+                        file.environment_key_env
+                    ))
+                })?;
+            let max_idle = file
+                .max_idle
+                .as_deref()
+                .map(parse_max_idle)
+                .transpose()
+                .map_err(|e| fail(format!("max_idle: {e}")))?;
+            let memory_sync_interval = file
+                .memory_sync_interval
+                .as_deref()
+                .map(str::parse::<SyncInterval>)
+                .transpose()
+                .map_err(|e| fail(format!("memory_sync_interval: {e}")))?;
+            let memory_sync_deletions = file
+                .memory_sync_deletions
+                .as_deref()
+                .map(str::parse::<DeleteMode>)
+                .transpose()
+                .map_err(|e| fail(format!("memory_sync_deletions: {e}")))?;
+            if let Some(dir) = &file.workdir
+                && !dir.is_absolute()
+            {
+                return Err(fail(format!(
+                    "workdir must be absolute (got {})",
+                    dir.display()
+                )));
+            }
+            let max_concurrent_items = file.max_concurrent_items.unwrap_or(1);
+            if max_concurrent_items == 0 {
+                return Err(fail("max_concurrent_items must be at least 1".into()));
+            }
+            let mut secret_env_vars = file.signing_keys_env.clone();
+            secret_env_vars.push(file.environment_key_env.clone());
+            out.push(Endpoint {
+                name: file.name.clone(),
+                signing_keys,
+                environment_id: file.environment_id.clone(),
+                environment_key: Redacted::new(environment_key),
+                workdir: file.workdir.clone(),
+                max_idle,
+                memory_sync_interval,
+                memory_sync_deletions,
+                max_concurrent_items,
+                extra_headers: file
+                    .extra_headers
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                secret_env_vars,
+            });
+        }
+        if out.is_empty() {
+            return Err(ConfigError::Parse {
+                path: "the endpoint file".into(),
+                message: "it defines no [[endpoint]]".into(),
+            });
+        }
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    const FILE: &str = r#"
+base_url = "http://127.0.0.1:8790"
+
+[[endpoint]]
+name = "team-a"
+signing_keys_env = ["A_KEY", "A_OLD_KEY"]
+environment_id = "env_a"
+environment_key_env = "A_ENV_KEY"
+workdir = "/workspace/a"
+max_idle = "90s"
+memory_sync_interval = "off"
+memory_sync_deletions = "log_only"
+max_concurrent_items = 2
+extra_headers = { "x-team" = "a" }
+
+[[endpoint]]
+name = "team-b"
+signing_keys_env = ["B_KEY"]
+environment_id = "env_b"
+environment_key_env = "B_ENV_KEY"
+"#;
+
+    #[test]
+    fn an_endpoint_file_resolves_its_secrets_from_the_environment() {
+        let file = ServeFile::parse("serve.toml", FILE).unwrap();
+        let vars = env(&[
+            ("A_KEY", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            ("A_OLD_KEY", "whsec_c2VjcmV0LXNlY3JldC1zZWNyZXQ="),
+            ("A_ENV_KEY", "sk-env-a"),
+            ("B_KEY", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            ("B_ENV_KEY", "sk-env-b"),
+        ]);
+        let endpoints = file.resolve(&vars).unwrap();
+        assert_eq!(endpoints.len(), 2);
+        let a = &endpoints[0];
+        assert_eq!(a.signing_keys.len(), 2);
+        assert_eq!(a.environment_key.expose(), "sk-env-a");
+        assert_eq!(a.max_idle, Some(Some(Duration::from_secs(90))));
+        assert_eq!(a.memory_sync_interval, Some(SyncInterval::Off));
+        assert_eq!(a.memory_sync_deletions, Some(DeleteMode::LogOnly));
+        assert_eq!(a.max_concurrent_items, 2);
+        assert_eq!(
+            a.extra_headers,
+            vec![("x-team".to_string(), "a".to_string())]
+        );
+        assert_eq!(a.secret_env_vars, ["A_KEY", "A_OLD_KEY", "A_ENV_KEY"]);
+        assert_eq!(endpoints[1].max_concurrent_items, 1);
+        assert!(!format!("{a:?}").contains("sk-env-a"));
+    }
+
+    #[test]
+    fn an_endpoint_file_refuses_inline_secrets_and_names_what_is_wrong() {
+        let inline = FILE.replace(
+            "signing_keys_env = [\"B_KEY\"]",
+            "signing_key = \"whsec_x\"",
+        );
+        let err = ServeFile::parse("serve.toml", &inline)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("signing_key"), "{err}");
+        let file = ServeFile::parse("serve.toml", FILE).unwrap();
+        let err = file.resolve(&env(&[])).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "endpoint \"team-a\": the signing key variable A_KEY is not set"
+        );
+        let err = file
+            .resolve(&env(&[("A_KEY", "nope"), ("A_OLD_KEY", "whsec_c2VjcmV0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("the signing key in A_KEY is unusable"),
+            "{err}"
+        );
+        let bad = FILE.replace(
+            "memory_sync_interval = \"off\"",
+            "memory_sync_interval = \"2s\"",
+        );
+        let vars = env(&[
+            ("A_KEY", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            ("A_OLD_KEY", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"),
+            ("A_ENV_KEY", "k"),
+        ]);
+        let err = ServeFile::parse("serve.toml", &bad)
+            .unwrap()
+            .resolve(&vars)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("memory_sync_interval"), "{err}");
+        let dup = FILE.replace("team-b", "team-a");
+        let err = ServeFile::parse("serve.toml", &dup)
+            .unwrap()
+            .resolve(&vars)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("two endpoints have this name"), "{err}");
+    }
+
     use super::*;
 
     #[test]

@@ -3,28 +3,39 @@
 //! Module map:
 //!
 //! - [`api`] — typed client for the API subset a worker uses: memory stores,
-//!   the work queue, sessions and their events; auth and beta headers,
+//!   the work queue, sessions and their events, skills; auth and beta headers,
 //!   cursor pagination, error classes.
 //! - [`devserver`] — a local control plane answering as the real API does,
 //!   over SQLite, so workers can be run and tested without the real API.
 //! - [`memory`] — memory stores on disk: the confined folder, the pure
 //!   three-way planner, the sync executor, deletes, flush, dispose.
+//! - [`remap`] — advertised mount paths that really live elsewhere (Lambda).
+//! - [`serve`] — the webhook server: per-endpoint routes, health,
+//!   container and Lambda modes, graceful shutdown.
 //! - [`session`] — the session tool runner: event stream and history,
 //!   dispatch one call at a time, the permission gate, results, idle end.
 //! - [`tools`] — the agent toolset (`bash`, `read`, `write`, `edit`, `glob`,
 //!   `grep`) with its path policy, and the agent's skills.
 //! - [`webhook`] — Standard Webhooks signing and verification.
+//! - [`worker`] — the environment worker: lease heartbeat, one item from
+//!   claim to force-stop, the poll loop and the webhook's queue drain.
 //! - [`config`] — configuration helpers shared by every mode (durations).
+//! - [`commands`] — the subcommands (`dev`, `serve`, `poll`, `run`,
+//!   `devserver`, `webhook sign`), `anyhow` at the edge.
 //! - [`cli`] — the command line: subcommands and flags (each flag also reads
 //!   its `ENVWORKER_*` / `ANTHROPIC_*` variable).
 //! - [`logging`] — tracing setup, text or JSON lines.
 
 pub mod api;
 pub mod cli;
+pub mod commands;
 pub mod config;
 pub mod devserver;
 pub mod logging;
 pub mod memory;
+pub mod remap;
+pub mod serve;
 pub mod session;
 pub mod tools;
 pub mod webhook;
+pub mod worker;

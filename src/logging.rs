@@ -11,9 +11,11 @@ pub enum LogFormat {
     Json,
 }
 
-/// Install the global subscriber. Calling it twice keeps the first.
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+/// Install the global subscriber; `default_filter` applies when `RUST_LOG`
+/// is unset. Calling it twice keeps the first.
+pub fn init(format: LogFormat, default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use envworker::cli::{Cli, Command, DevserverArgs};
+use envworker::cli::{Cli, Command, DevserverArgs, WebhookCommand};
+use envworker::commands;
 use envworker::devserver::faults::FaultRule;
 use envworker::devserver::{Devserver, DevserverConfig};
 use envworker::logging;
@@ -14,14 +15,25 @@ use envworker::webhook::SigningKey;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    logging::init(cli.log_format);
+    // `dev` prints its own timeline; only warnings reach stderr unless RUST_LOG says otherwise.
+    let default_filter = match cli.command {
+        Command::Dev(_) => "warn",
+        _ => "info",
+    };
+    logging::init(cli.log_format, default_filter);
     let result = match cli.command {
+        Command::Dev(args) => commands::dev::run(args).await,
+        Command::Serve(args) => commands::serve::run(args).await,
+        Command::Poll(args) => commands::poll::run(args).await,
+        Command::Run(args) => commands::run::run(args).await,
         Command::Devserver(args) => devserver(args).await,
+        Command::Webhook(WebhookCommand::Sign(args)) => commands::sign::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "envworker failed");
+            eprintln!("envworker: {e:#}");
             ExitCode::FAILURE
         }
     }
@@ -50,25 +62,7 @@ async fn devserver(args: DevserverArgs) -> anyhow::Result<()> {
     // Scripts and tests read the URL from this line.
     println!("envworker devserver listening on http://{addr}");
     std::io::stdout().flush().ok();
-    server.serve(listener, shutdown_signal()).await?;
+    server.serve(listener, commands::shutdown_signal()).await?;
     tracing::info!("devserver stopped");
     Ok(())
-}
-
-/// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("installing the SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

@@ -176,6 +176,11 @@ impl Client {
         &self.inner.base_url
     }
 
+    /// The bound of one request; streamed downloads use it as their idle bound.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
+    }
+
     /// The same client with another credential (e.g. a work item's sessions
     /// token), sharing the connection pool and extra headers.
     pub fn with_credential(&self, credential: Credential) -> Client {

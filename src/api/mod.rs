@@ -1,16 +1,19 @@
 //! A typed client for the subset of the Managed Agents API that a worker
-//! touches: memory stores, the work queue, sessions and their events.
+//! touches: memory stores, the work queue, sessions and their events, and
+//! the session agent's skills.
 //!
 //! Headers follow the API's rules exactly: `anthropic-version` on every
 //! request; one `anthropic-beta` per family (`managed-agents-2026-04-01` for
 //! environments and sessions, `agent-memory-2026-07-22` for memory stores —
-//! never both, which the memory endpoints refuse); worker credentials as
-//! `Authorization: Bearer` with no `x-api-key`; `Anthropic-Worker-ID` on poll.
+//! never both, which the memory endpoints refuse — and `skills-2025-10-02`
+//! for skills); worker credentials as `Authorization: Bearer` with no
+//! `x-api-key`; `Anthropic-Worker-ID` on poll.
 
 mod client;
 pub mod error;
 mod memory;
 mod sessions;
+mod skills;
 pub mod types;
 mod work;
 
@@ -21,6 +24,7 @@ pub use client::{
 pub use error::{ApiError, Error, is_permanent_status};
 pub use memory::{Memories, MemoryStores, MemoryVersions};
 pub use sessions::Sessions;
+pub use skills::{DownloadError, Skills};
 pub use work::{NO_HEARTBEAT, WorkQueue};
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};

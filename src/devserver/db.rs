@@ -155,6 +155,19 @@ CREATE TABLE scenarios (
     report     TEXT NOT NULL
 );
 "#,
+    r#"
+-- One row per skill version; `version` is the upload's Unix time in
+-- microseconds, strictly increasing per skill. `archive` is served verbatim.
+CREATE TABLE skills (
+    skill_id    TEXT NOT NULL,
+    version     INTEGER NOT NULL,
+    name        TEXT NOT NULL,
+    description TEXT NOT NULL,
+    archive     BLOB NOT NULL,
+    created_at  INTEGER NOT NULL,
+    PRIMARY KEY (skill_id, version)
+);
+"#,
 ];
 
 /// The storage handle. Cloning shares the connection.

@@ -103,6 +103,8 @@ fn check_beta(headers: &HeaderMap, family: ApiFamily) -> HttpResult<()> {
                 )))
             }
         }
+        // The official SDK (2.10) reads skills with no beta header, and the
+        // workers' spec sends `skills-2025-10-02`: both are served.
         ApiFamily::Skills => Ok(()),
     }
 }
@@ -287,6 +289,26 @@ mod tests {
         for h in &bad {
             assert!(check_beta(h, ApiFamily::Memory).is_err(), "{h:?}");
         }
+    }
+
+    #[test]
+    fn skills_endpoints_take_the_skills_beta() {
+        assert!(
+            check_beta(
+                &headers(&[("anthropic-beta", "skills-2025-10-02")]),
+                ApiFamily::Skills
+            )
+            .is_ok()
+        );
+        assert!(
+            check_beta(
+                &headers(&[("anthropic-beta", "files-api-2025-04-14,skills-2025-10-02")]),
+                ApiFamily::Skills
+            )
+            .is_ok()
+        );
+        // The official SDK sends none.
+        assert!(check_beta(&headers(&[]), ApiFamily::Skills).is_ok());
     }
 
     #[test]

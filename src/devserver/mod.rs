@@ -3,8 +3,9 @@
 //! official SDK's — can be run and tested without the real API.
 //!
 //! It serves self-hosted environments and their work queue, sessions and
-//! their events (list, send, SSE), memory stores, scripted sessions driven by
-//! scenario files (`/dev/scenarios`), signed webhooks, and injected faults.
+//! their events (list, send, SSE), memory stores, skills (uploaded with
+//! `/dev/skills`), scripted sessions driven by scenario files
+//! (`/dev/scenarios`), signed webhooks, and injected faults.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -29,6 +30,7 @@ pub mod live;
 mod memory;
 pub mod scenario;
 pub mod sessions;
+pub mod skills;
 pub mod validate;
 pub mod webhooks;
 pub mod work;
@@ -483,6 +485,7 @@ pub fn app(state: AppState) -> Router {
         );
     let dev = Router::new()
         .route("/dev/environments", post(environments::dev_create))
+        .route("/dev/skills", post(skills::dev_create))
         .route("/dev/scenarios", post(scenario::start))
         .route("/dev/scenarios/{session_id}", get(scenario::report))
         .route(
@@ -496,6 +499,7 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .merge(family(memory::routes(), ApiFamily::Memory))
         .merge(family(managed_agents, ApiFamily::ManagedAgents))
+        .merge(family(skills::routes(), ApiFamily::Skills))
         .merge(dev)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

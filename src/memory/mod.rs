@@ -53,6 +53,7 @@ pub struct SessionMemoryStores {
     stores: Vec<AttachedStore>,
     last_sync: std::sync::Mutex<Instant>,
     finished: AtomicBool,
+    remap: Option<crate::remap::MountRemap>,
 }
 
 /// What one sync of every store did (summed).
@@ -106,7 +107,15 @@ impl SessionMemoryStores {
             stores: Vec::new(),
             last_sync: std::sync::Mutex::new(Instant::now()),
             finished: AtomicBool::new(false),
+            remap: None,
         }
+    }
+
+    /// Mount stores whose `mount_path` lies under `remap.advertised` under
+    /// `remap.actual` instead (a host where the advertised root is not writable).
+    pub fn with_remap(mut self, remap: Option<crate::remap::MountRemap>) -> Self {
+        self.remap = remap;
+        self
     }
 
     /// Every attached store's folder (canonical), for the file tools' allowed roots.
@@ -138,7 +147,10 @@ impl SessionMemoryStores {
         mount_path: Option<&str>,
     ) -> Result<PathBuf, MemoryError> {
         match mount_path.filter(|p| !p.is_empty()) {
-            Some(p) if is_clean_absolute(p) => Ok(PathBuf::from(p)),
+            Some(p) if is_clean_absolute(p) => Ok(match &self.remap {
+                Some(remap) => remap.to_actual_path(Path::new(p)),
+                None => PathBuf::from(p),
+            }),
             Some(p) => Err(MemoryError::Mount(format!(
                 "memory store mount_path is not a clean absolute path: {p:?} (memory_store_id={store_id})"
             ))),

@@ -150,8 +150,25 @@ pub struct CallRecord {
     pub name: String,
     pub outcome: CallOutcome,
     pub duration: Duration,
+    /// What the call was about: the command, the file or the pattern.
+    pub detail: Option<String>,
     /// The first line of the result text (for a timeline), when there is one.
     pub summary: Option<String>,
+}
+
+/// The command, file or pattern of a call's input, shortened.
+fn call_detail(input: &Value) -> Option<String> {
+    ["command", "file_path", "pattern", "path"]
+        .iter()
+        .find_map(|k| input.get(*k).and_then(Value::as_str))
+        .map(|t| {
+            let line = t.lines().next().unwrap_or_default();
+            let mut short: String = line.chars().take(100).collect();
+            if short.len() < t.len() {
+                short.push('…');
+            }
+            short
+        })
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -553,6 +570,7 @@ impl SessionRunner {
             name: call.name.clone(),
             outcome: CallOutcome::Denied,
             duration: Duration::ZERO,
+            detail: call_detail(&call.input),
             summary: None,
         });
     }
@@ -589,6 +607,7 @@ impl SessionRunner {
                     name: call.name.clone(),
                     outcome: CallOutcome::NotOwned,
                     duration: Duration::ZERO,
+                    detail: call_detail(&call.input),
                     summary: None,
                 });
                 if allowed {
@@ -619,6 +638,7 @@ impl SessionRunner {
         let window = self.options.send_window.clone();
         let attempts = self.options.post_attempts.max(1);
         let hook = self.options.after_call.clone();
+        let observer = self.options.observer.clone();
         async move {
             info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "executing tool");
             let started = Instant::now();
@@ -663,16 +683,21 @@ impl SessionRunner {
             );
             let event = call.result(content, is_error);
             let posted = post_result(&client, &session_id, &call.id, event, attempts, &window).await;
-            if let Some(hook) = hook {
-                hook().await;
-            }
             let record = CallRecord {
                 tool_use_id: call.id.clone(),
                 name: call.name.clone(),
                 outcome: CallOutcome::Answered { is_error, posted },
                 duration,
+                detail: call_detail(&call.input),
                 summary,
             };
+            // Seen before the hook's sync, in the order things happened.
+            if let Some(observer) = &observer {
+                observer(&record);
+            }
+            if let Some(hook) = hook {
+                hook().await;
+            }
             (call, allowed, record)
         }
         .boxed()
@@ -692,7 +717,6 @@ impl SessionRunner {
         if allowed {
             st.clock.release();
         }
-        self.observe(&record);
     }
 }
 

@@ -159,6 +159,8 @@ pub struct ToolContext {
     pub max_file_bytes: Option<u64>,
     /// The shell's environment, used verbatim.
     pub bash_env: Vec<(String, String)>,
+    /// Advertised mount paths that really live elsewhere (Lambda).
+    pub remap: Option<crate::remap::MountRemap>,
 }
 
 impl ToolContext {
@@ -170,6 +172,7 @@ impl ToolContext {
             read_only_roots: Vec::new(),
             max_file_bytes: Some(files::DEFAULT_MAX_FILE_BYTES),
             bash_env: scrubbed_env(&[]),
+            remap: None,
         }
     }
 }
@@ -179,6 +182,7 @@ pub struct Toolset {
     policy: PathPolicy,
     max_file_bytes: Option<u64>,
     bash: BashTool,
+    remap: Option<crate::remap::MountRemap>,
 }
 
 impl Toolset {
@@ -187,11 +191,37 @@ impl Toolset {
             policy: PathPolicy::new(&ctx.workdir, ctx.allowed_roots, ctx.read_only_roots),
             max_file_bytes: ctx.max_file_bytes,
             bash: BashTool::new(ctx.workdir, ctx.bash_env),
+            remap: ctx.remap,
         }
     }
 
-    /// Run one call of a tool of this set.
+    /// Run one call of a tool of this set; with a remap, paths in the input
+    /// move to where the files are and paths in the answer move back.
     pub async fn run(
+        &self,
+        name: &str,
+        mut input: Value,
+        deadline: Instant,
+    ) -> Result<ToolOutput, ToolError> {
+        let Some(remap) = self.remap.clone() else {
+            return self.run_here(name, input, deadline).await;
+        };
+        if let Some(obj) = input.as_object_mut() {
+            for key in ["file_path", "path", "command"] {
+                if let Some(Value::String(text)) = obj.get_mut(key) {
+                    *text = remap.to_actual_text(text);
+                }
+            }
+        }
+        let back = |text: String| remap.to_advertised_text(&text);
+        match self.run_here(name, input, deadline).await {
+            Ok(ToolOutput::Text(t)) => Ok(ToolOutput::Text(back(t))),
+            Ok(other) => Ok(other),
+            Err(e) => Err(ToolError::new(back(e.message))),
+        }
+    }
+
+    async fn run_here(
         &self,
         name: &str,
         input: Value,

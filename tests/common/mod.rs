@@ -6,6 +6,7 @@ pub mod fake_memory;
 pub mod harness;
 pub mod process;
 pub mod sdk;
+pub mod served;
 
 use envworker::devserver::{Devserver, DevserverConfig, RunningDevserver};
 use reqwest::{Method, StatusCode};

@@ -4,11 +4,13 @@
 mod events;
 mod memory;
 mod session;
+mod skills;
 mod work;
 
 pub use events::*;
 pub use memory::*;
 pub use session::*;
+pub use skills::*;
 pub use work::*;
 
 use serde::{Deserialize, Serialize};

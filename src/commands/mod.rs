@@ -1,0 +1,79 @@
+//! The subcommands, one module each; `main.rs` only parses and dispatches.
+//! Errors here are `anyhow` (this is the edge): each names what to fix.
+
+pub mod dev;
+pub mod poll;
+pub mod run;
+pub mod serve;
+pub mod sign;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+use crate::api::types::Redacted;
+use crate::cli::WorkerArgs;
+use crate::worker::{WorkerOptions, default_worker_id};
+
+/// Worker options from the shared flags.
+pub fn worker_options(
+    args: &WorkerArgs,
+    environment_id: &str,
+    environment_key: Option<&str>,
+) -> anyhow::Result<WorkerOptions> {
+    let workdir = match &args.workdir {
+        Some(dir) => absolute(dir)?,
+        None => std::env::current_dir().context("cannot read the current directory")?,
+    };
+    let mut options = WorkerOptions::new(environment_id, args.base_url.trim_end_matches('/'));
+    options.environment_key = environment_key.filter(|k| !k.is_empty()).map(Redacted::new);
+    options.workdir = workdir;
+    options.max_idle = args.max_idle.0;
+    options.memory_sync_interval = args.memory_sync_interval;
+    options.memory_sync_deletions = args.memory_sync_deletions;
+    options.tool_timeout = args.tool_timeout;
+    options.memory_teardown_bound = args.memory_teardown_bound;
+    options.worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
+    options.extra_headers = args.headers.clone();
+    options.mount_remap = args.mount_remap.clone().or_else(lambda_default_remap);
+    Ok(options)
+}
+
+/// On Lambda only `/tmp` is writable: stores advertised under `/mnt/memory`
+/// live under `/tmp/mnt/memory`, unless `/mnt/memory` is writable after all.
+fn lambda_default_remap() -> Option<crate::remap::MountRemap> {
+    if !crate::serve::lambda::in_lambda() {
+        return None;
+    }
+    let writable = rustix::fs::access("/mnt/memory", rustix::fs::Access::WRITE_OK).is_ok();
+    (!writable).then(|| crate::remap::MountRemap {
+        advertised: "/mnt/memory".into(),
+        actual: "/tmp/mnt/memory".into(),
+    })
+}
+
+/// `dir` made absolute against the current directory (it need not exist yet).
+pub fn absolute(dir: &std::path::Path) -> anyhow::Result<PathBuf> {
+    if dir.is_absolute() {
+        return Ok(dir.to_path_buf());
+    }
+    Ok(std::env::current_dir()
+        .context("cannot read the current directory")?
+        .join(dir))
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => {
+            let _ = ctrl_c.await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term.recv() => {}
+    }
+}

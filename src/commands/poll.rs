@@ -1,0 +1,151 @@
+//! `envworker poll`: the always-on worker, or a dispatcher with `--on-work`.
+//!
+//! With `--on-work CMD`, each claimed item is handed to `sh -c CMD` with
+//! `ANTHROPIC_WORK_ID`, `ANTHROPIC_ENVIRONMENT_ID`, `ANTHROPIC_SESSION_ID`
+//! and `ANTHROPIC_WORK_SECRET` set and the work item as JSON on stdin (the
+//! command typically starts a sandbox that runs `envworker run`). Its
+//! stdout is folded into stderr. The poller waits for it; on shutdown the
+//! command gets SIGTERM and 30 s before SIGKILL. Non-session items are
+//! force-stopped without running the command. A command that cannot be
+//! started stops the poller.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::api::types::Work;
+use crate::cli::PollArgs;
+use crate::worker::EnvironmentWorker;
+use crate::worker::poll::ItemHandler;
+
+const CHILD_STOP_GRACE: Duration = Duration::from_secs(30);
+
+pub async fn run(args: PollArgs) -> anyhow::Result<()> {
+    let options = super::worker_options(
+        &args.worker,
+        &args.environment_id,
+        Some(&args.environment_key),
+    )?;
+    let worker = EnvironmentWorker::new(options)?;
+    let cancel = CancellationToken::new();
+    let on_signal = cancel.clone();
+    tokio::spawn(async move {
+        super::shutdown_signal().await;
+        info!("signal received: finishing the current item, then stopping");
+        on_signal.cancel();
+    });
+    match args.on_work {
+        None => worker.run(cancel).await?,
+        Some(command) => {
+            let failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
+            let stop_polling = CancellationToken::new();
+            let handler: ItemHandler = {
+                let (cancel, failed, stop_polling, worker) = (
+                    cancel.clone(),
+                    failed.clone(),
+                    stop_polling.clone(),
+                    worker.clone(),
+                );
+                Arc::new(move |work: Work| {
+                    let (command, cancel, failed, stop_polling, worker) = (
+                        command.clone(),
+                        cancel.clone(),
+                        failed.clone(),
+                        stop_polling.clone(),
+                        worker.clone(),
+                    );
+                    Box::pin(async move {
+                        if let Err(e) = hand_off(&worker, &command, work, cancel).await {
+                            *failed.lock().unwrap_or_else(|p| p.into_inner()) =
+                                Some(format!("{e:#}"));
+                            stop_polling.cancel();
+                        }
+                    })
+                })
+            };
+            let both = CancellationToken::new();
+            let (a, b, c) = (cancel.clone(), stop_polling.clone(), both.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = a.cancelled() => {}
+                    _ = b.cancelled() => {}
+                }
+                c.cancel();
+            });
+            worker.run_with(both, handler).await?;
+            if let Some(e) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                anyhow::bail!("{e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Run the `--on-work` command for one acknowledged item. `Err` only when
+/// the command cannot be started (that stops the poller).
+async fn hand_off(
+    worker: &EnvironmentWorker,
+    command: &str,
+    work: Work,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    if !work.data.is_session() {
+        info!(work_id = %work.id, kind = %work.data.kind, "skipping non-session work item");
+        let item = crate::worker::WorkItem::from(work);
+        worker.handle_item(item, cancel, None).await;
+        return Ok(());
+    }
+    let json = serde_json::to_vec(&work)?;
+    let mut child = tokio::process::Command::new("/bin/sh")
+        .arg("-c")
+        .arg(command)
+        .env("ANTHROPIC_WORK_ID", &work.id)
+        .env("ANTHROPIC_ENVIRONMENT_ID", &work.environment_id)
+        .env("ANTHROPIC_SESSION_ID", &work.data.id)
+        .env(
+            "ANTHROPIC_WORK_SECRET",
+            work.secret.as_ref().map(|s| s.expose()).unwrap_or_default(),
+        )
+        .stdin(Stdio::piped())
+        .stdout(std::io::stderr())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("cannot start the --on-work command {command:?}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A command that does not read its stdin must not block the poller.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            let _ = stdin.write_all(&json).await;
+            let _ = stdin.shutdown().await;
+        })
+        .await;
+    }
+    info!(work_id = %work.id, session_id = %work.data.id, "handed the item to the --on-work command");
+    let status = tokio::select! {
+        status = child.wait() => status,
+        _ = cancel.cancelled() => {
+            if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            }
+            match tokio::time::timeout(CHILD_STOP_GRACE, child.wait()).await {
+                Ok(status) => status,
+                Err(_) => {
+                    warn!(work_id = %work.id, "the --on-work command did not exit within 30s of SIGTERM; killing it");
+                    let _ = child.kill().await;
+                    child.wait().await
+                }
+            }
+        }
+    };
+    match status {
+        Ok(s) if s.success() => info!(work_id = %work.id, "the --on-work command finished"),
+        Ok(s) => warn!(work_id = %work.id, status = %s, "the --on-work command failed"),
+        Err(e) => warn!(work_id = %work.id, error = %e, "cannot wait for the --on-work command"),
+    }
+    Ok(())
+}

@@ -1,0 +1,125 @@
+//! `envworker serve`: the webhook server, as a container or a Lambda function.
+
+use anyhow::{Context, bail};
+
+use crate::cli::ServeArgs;
+use crate::config::ServeFile;
+use crate::serve::{AppState, Endpoint, Mode, lambda, serve_container};
+use crate::webhook::SigningKey;
+use crate::worker::EnvironmentWorker;
+use crate::worker::poll::DrainOptions;
+
+/// The endpoints to serve: from the file, or the one default endpoint.
+pub fn endpoints(args: &ServeArgs) -> anyhow::Result<Vec<Endpoint>> {
+    let mut out = Vec::new();
+    let Some(path) = &args.config else {
+        let environment_id = args
+            .environment_id
+            .clone()
+            .filter(|v| !v.is_empty())
+            .context("set ANTHROPIC_ENVIRONMENT_ID (or --environment-id), or give --config")?;
+        let environment_key = args
+            .environment_key
+            .clone()
+            .filter(|v| !v.is_empty())
+            .context("set ANTHROPIC_ENVIRONMENT_KEY (or --environment-key), or give --config")?;
+        let keys_text = args
+            .signing_key
+            .clone()
+            .filter(|v| !v.trim().is_empty())
+            .context("set ANTHROPIC_WEBHOOK_SIGNING_KEY (or --signing-key), or give --config")?;
+        let keys = keys_text
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|k| !k.is_empty())
+            .map(SigningKey::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .context("ANTHROPIC_WEBHOOK_SIGNING_KEY")?;
+        if args.max_concurrent_items == 0 {
+            bail!("--max-concurrent-items must be at least 1");
+        }
+        let options = super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
+        let worker = EnvironmentWorker::new(options)?;
+        out.push(Endpoint::new(
+            "default",
+            keys,
+            worker,
+            DrainOptions {
+                max_concurrent_items: args.max_concurrent_items,
+                min_serving_time: args.min_serving_time,
+                ..Default::default()
+            },
+        ));
+        return Ok(out);
+    };
+    let file = ServeFile::load(path)?;
+    let resolved = file.resolve(&|name| std::env::var(name).ok())?;
+    let base_url = file
+        .base_url
+        .clone()
+        .unwrap_or_else(|| args.worker.base_url.clone());
+    for endpoint in resolved {
+        let mut options = super::worker_options(
+            &args.worker,
+            &endpoint.environment_id,
+            Some(endpoint.environment_key.expose()),
+        )?;
+        options.base_url = base_url.trim_end_matches('/').to_string();
+        if let Some(dir) = &endpoint.workdir {
+            options.workdir = dir.clone();
+        }
+        if let Some(max_idle) = endpoint.max_idle {
+            options.max_idle = max_idle;
+        }
+        if let Some(interval) = endpoint.memory_sync_interval {
+            options.memory_sync_interval = interval;
+        }
+        if let Some(deletions) = endpoint.memory_sync_deletions {
+            options.memory_sync_deletions = deletions;
+        }
+        options.extra_headers.extend(endpoint.extra_headers.clone());
+        options.secret_env_vars = endpoint.secret_env_vars.clone();
+        let worker = EnvironmentWorker::new(options)
+            .with_context(|| format!("endpoint {:?}", endpoint.name))?;
+        out.push(Endpoint::new(
+            endpoint.name.clone(),
+            endpoint.signing_keys.clone(),
+            worker,
+            DrainOptions {
+                max_concurrent_items: endpoint.max_concurrent_items,
+                min_serving_time: args.min_serving_time,
+                ..Default::default()
+            },
+        ));
+    }
+    Ok(out)
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let endpoints = endpoints(&args)?;
+    if lambda::in_lambda() {
+        let work = lambda::InvocationWork::default();
+        let state = AppState::new(endpoints, Mode::Lambda(work.clone()));
+        tracing::info!(endpoints = ?state.endpoint_names(), "serving webhooks on AWS Lambda");
+        return lambda::run(state, work)
+            .await
+            .map_err(|e| anyhow::anyhow!("the Lambda runtime stopped: {e}"));
+    }
+    let state = AppState::new(endpoints, Mode::Container);
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(listen.addr = %addr, endpoints = ?state.endpoint_names(), "serving webhooks");
+    println!("envworker serve listening on http://{addr}");
+    use std::io::Write;
+    std::io::stdout().flush().ok();
+    let clean = serve_container(listener, state, super::shutdown_signal(), args.stop_grace).await?;
+    if !clean {
+        bail!(
+            "running work did not finish within the stop grace ({}s)",
+            args.stop_grace.as_secs()
+        );
+    }
+    tracing::info!("stopped");
+    Ok(())
+}

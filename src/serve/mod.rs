@@ -1,0 +1,364 @@
+//! The HTTP face of envworker: one webhook route per configured endpoint,
+//! health and readiness, and what happens after a delivery is accepted.
+//!
+//! `POST /webhooks/{name}` verifies the delivery over its raw body (any of
+//! the endpoint's keys, any `v1` signature, ±5 min), ignores every event
+//! but `session.status_run_started` (200 `ignored`), answers a replayed
+//! `webhook-id` without working twice (200 `duplicate`), and otherwise
+//! answers 202 `accepted` at once and drains the endpoint's queue:
+//!
+//! - in a container, a background task per endpoint drains while the
+//!   process lives; a delivery arriving mid-drain makes it poll once more;
+//! - on Lambda ([`lambda`]) the response goes out first and the drain runs
+//!   inside the same invocation, ending in time for its teardown.
+//!
+//! On shutdown new deliveries get 503 (the sender retries them elsewhere),
+//! `/readyz` turns 503, running items are cancelled — their final flush
+//! still runs within its bounds — and the process exits once they are done.
+
+pub mod lambda;
+pub mod replay;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{info, warn};
+
+use crate::webhook::{self, SigningKey, WebhookHeaders};
+use crate::worker::EnvironmentWorker;
+use crate::worker::poll::DrainOptions;
+
+use self::replay::ReplayFilter;
+
+/// Largest webhook body accepted (a thin event is a few hundred bytes).
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// Bound of one HTTP request (the work runs after the answer).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The only event that means "there is work".
+pub const RUN_STARTED: &str = "session.status_run_started";
+
+/// One configured endpoint, ready to serve.
+pub struct Endpoint {
+    pub name: String,
+    pub keys: Vec<SigningKey>,
+    pub worker: EnvironmentWorker,
+    pub drain: DrainOptions,
+    /// A delivery arrived since the running drain last found the queue empty.
+    dirty: AtomicBool,
+    /// A drain task is running (container mode).
+    draining: AtomicBool,
+}
+
+impl Endpoint {
+    pub fn new(
+        name: impl Into<String>,
+        keys: Vec<SigningKey>,
+        worker: EnvironmentWorker,
+        drain: DrainOptions,
+    ) -> Self {
+        Endpoint {
+            name: name.into(),
+            keys,
+            worker,
+            drain,
+            dirty: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
+        }
+    }
+}
+
+/// How accepted work runs.
+#[derive(Clone)]
+pub enum Mode {
+    /// A long-lived process: drains run as background tasks.
+    Container,
+    /// Inside the current Lambda invocation (see [`lambda`]).
+    Lambda(lambda::InvocationWork),
+}
+
+/// Shared by every request.
+#[derive(Clone)]
+pub struct AppState {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    endpoints: HashMap<String, Arc<Endpoint>>,
+    mode: Mode,
+    /// Fires when shutdown begins: deliveries get 503, running items end.
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    replay: Mutex<ReplayFilter>,
+}
+
+impl AppState {
+    pub fn new(endpoints: Vec<Endpoint>, mode: Mode) -> Self {
+        AppState {
+            inner: Arc::new(Shared {
+                endpoints: endpoints
+                    .into_iter()
+                    .map(|e| (e.name.clone(), Arc::new(e)))
+                    .collect(),
+                mode,
+                shutdown: CancellationToken::new(),
+                tasks: TaskTracker::new(),
+                replay: Mutex::new(ReplayFilter::default()),
+            }),
+        }
+    }
+
+    pub fn endpoint_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.inner.endpoints.keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Begin shutdown: refuse new deliveries and end running items.
+    pub fn begin_shutdown(&self) {
+        self.inner.shutdown.cancel();
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.inner.shutdown.is_cancelled()
+    }
+
+    /// Wait for every drain to finish (after [`begin_shutdown`](Self::begin_shutdown)
+    /// they end early, each item still flushing). `false` if `grace` ran out first.
+    pub async fn wait_for_work(&self, grace: Duration) -> bool {
+        self.inner.tasks.close();
+        let done = tokio::time::timeout(grace, self.inner.tasks.wait())
+            .await
+            .is_ok();
+        self.inner.tasks.reopen();
+        done
+    }
+
+    /// Start draining `endpoint` in the background, or tell the running
+    /// drain to poll once more when it is done.
+    fn kick(&self, endpoint: Arc<Endpoint>) {
+        endpoint.dirty.store(true, Ordering::SeqCst);
+        if endpoint.draining.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let cancel = self.inner.shutdown.clone();
+        self.inner.tasks.spawn(async move {
+            loop {
+                while endpoint.dirty.swap(false, Ordering::SeqCst) && !cancel.is_cancelled() {
+                    run_drain(&endpoint, cancel.clone(), endpoint.drain.clone()).await;
+                }
+                endpoint.draining.store(false, Ordering::SeqCst);
+                // A delivery may have set `dirty` after the last check: take the drain back.
+                if !endpoint.dirty.load(Ordering::SeqCst)
+                    || cancel.is_cancelled()
+                    || endpoint.draining.swap(true, Ordering::SeqCst)
+                {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// One drain of an endpoint's queue, logged.
+pub async fn run_drain(endpoint: &Endpoint, cancel: CancellationToken, options: DrainOptions) {
+    let started = Instant::now();
+    match endpoint.worker.drain(cancel, options).await {
+        Ok(report) => info!(
+            endpoint = %endpoint.name,
+            items = report.items.len(),
+            duration_ms = started.elapsed().as_millis() as u64,
+            "queue drained"
+        ),
+        Err(e) => warn!(endpoint = %endpoint.name, error = %e, "drain failed"),
+    }
+}
+
+/// The router: webhooks, health, readiness.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/webhooks/{endpoint}", post(webhook))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .layer(tower_http::limit::RequestBodyLimitLayer::new(
+            MAX_BODY_BYTES,
+        ))
+        .layer(tower_http::timeout::TimeoutLayer::with_status_code(
+            StatusCode::REQUEST_TIMEOUT,
+            REQUEST_TIMEOUT,
+        ))
+        .with_state(state)
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    if state.is_shutting_down() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
+    } else {
+        (StatusCode::OK, "ready\n").into_response()
+    }
+}
+
+fn answer(status: StatusCode, body: serde_json::Value) -> Response {
+    (status, axum::Json(body)).into_response()
+}
+
+/// The thin event a webhook carries.
+#[derive(Debug, Deserialize)]
+struct WebhookEvent {
+    #[serde(rename = "type")]
+    kind: String,
+    data: WebhookData,
+}
+
+#[derive(Debug, Deserialize)]
+struct WebhookData {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    id: Option<String>,
+}
+
+/// Unix seconds now.
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default()
+}
+
+/// What a delivery led to, before any work starts.
+pub enum Verdict {
+    Respond(Response),
+    /// Verified, new, and a run started: work to do for this endpoint.
+    Work(Arc<Endpoint>, Response),
+}
+
+/// Check one delivery: endpoint, signature, event type, replay, shutdown.
+pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> Verdict {
+    let Some(endpoint) = state.inner.endpoints.get(name).cloned() else {
+        return Verdict::Respond(answer(
+            StatusCode::NOT_FOUND,
+            json!({"error": format!("no webhook endpoint named {name:?}")}),
+        ));
+    };
+    let id = match webhook::verify(
+        &endpoint.keys,
+        WebhookHeaders::from_http(headers),
+        body,
+        now_unix(),
+    ) {
+        Ok(id) => id.to_string(),
+        Err(e) => {
+            warn!(endpoint = %name, error = %e, "webhook refused");
+            return Verdict::Respond(answer(
+                StatusCode::UNAUTHORIZED,
+                json!({"error": e.to_string()}),
+            ));
+        }
+    };
+    let event: WebhookEvent = match serde_json::from_slice(body) {
+        Ok(event) => event,
+        Err(e) => {
+            warn!(endpoint = %name, webhook.id = %id, error = %e, "webhook body is not an event");
+            return Verdict::Respond(answer(
+                StatusCode::BAD_REQUEST,
+                json!({"error": format!("the body is not a webhook event: {e}")}),
+            ));
+        }
+    };
+    if event.kind != "event" || event.data.kind != RUN_STARTED {
+        info!(endpoint = %name, webhook.id = %id, event.type = %event.data.kind, "webhook ignored");
+        return Verdict::Respond(answer(StatusCode::OK, json!({"status": "ignored"})));
+    }
+    if state.is_shutting_down() {
+        return Verdict::Respond(
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [("retry-after", "5")],
+                axum::Json(json!({"error": "shutting down; retry later"})),
+            )
+                .into_response(),
+        );
+    }
+    {
+        let mut replay = state.inner.replay.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if replay.contains(&id, now) {
+            info!(endpoint = %name, webhook.id = %id, "webhook already accepted; not starting work again");
+            return Verdict::Respond(answer(StatusCode::OK, json!({"status": "duplicate"})));
+        }
+        replay.record(&id, now);
+    }
+    info!(
+        endpoint = %name,
+        webhook.id = %id,
+        session_id = %event.data.id.as_deref().unwrap_or(""),
+        "webhook accepted; draining the queue"
+    );
+    Verdict::Work(
+        endpoint,
+        answer(StatusCode::ACCEPTED, json!({"status": "accepted"})),
+    )
+}
+
+async fn webhook(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    match judge(&state, &name, &headers, &body) {
+        Verdict::Respond(r) => r,
+        Verdict::Work(endpoint, r) => {
+            match &state.inner.mode {
+                Mode::Container => state.kick(endpoint),
+                Mode::Lambda(work) => work.start(endpoint, state.inner.shutdown.clone()),
+            }
+            r
+        }
+    }
+}
+
+/// Serve `app` on `listener` until `shutdown` resolves; then refuse new
+/// deliveries, end running items (their teardown still runs) and wait up
+/// to `grace` for them before returning.
+pub async fn serve_container(
+    listener: tokio::net::TcpListener,
+    state: AppState,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    grace: Duration,
+) -> std::io::Result<bool> {
+    let stop_http = CancellationToken::new();
+    let http_stop = stop_http.clone();
+    let server = axum::serve(listener, app(state.clone()))
+        .with_graceful_shutdown(async move { http_stop.cancelled().await });
+    let server = tokio::spawn(async move { server.await });
+    shutdown.await;
+    info!("shutting down: new webhooks get 503; running sessions end and flush");
+    state.begin_shutdown();
+    let clean = state.wait_for_work(grace).await;
+    if !clean {
+        warn!(
+            grace_s = grace.as_secs(),
+            "running work did not finish within the stop grace"
+        );
+    }
+    stop_http.cancel();
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(r)) => r?,
+        _ => warn!("the HTTP server did not stop within 5s"),
+    }
+    Ok(clean)
+}

@@ -1,0 +1,176 @@
+//! The lease heartbeat of one claimed work item.
+//!
+//! The first beat goes out at once with `expected_last_heartbeat =
+//! NO_HEARTBEAT`; each later beat echoes the server's `last_heartbeat`. The
+//! interval follows the TTL the server grants (half of it, between 1 s and
+//! 30 s), each beat is cut off after one interval, and the TTL becomes the
+//! session runner's send-retry window. What ends a lease:
+//!
+//! - `state` `stopping`/`stopped`, or `lease_extended: false` — the control
+//!   plane wants the item back: the session ends and the item is still
+//!   force-stopped;
+//! - a 412 — another worker owns it now: the lease is *lost*, the item is
+//!   released without a stop;
+//! - another permanent 4xx (401, 403, 404) — the session ends, the item is
+//!   force-stopped;
+//! - transient failures (5xx, timeouts, 408/409/429) until a whole TTL passed
+//!   without a successful beat — the lease is assumed lost.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::api::types::WorkState;
+use crate::api::{Client, Error, NO_HEARTBEAT};
+use crate::session::SendWindow;
+
+/// The interval before the server's first answer, and its ceiling.
+pub const MAX_INTERVAL: Duration = Duration::from_secs(30);
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+/// The TTL assumed until the server states one.
+pub const ASSUMED_TTL: Duration = Duration::from_secs(90);
+
+/// Why a lease ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// The control plane asked the item to stop (`stopping`, `stopped`, not extended).
+    Stopped,
+    /// A permanent heartbeat error other than 412.
+    Refused(String),
+    /// 412, or no successful beat for a whole TTL: another worker may own it.
+    Lost,
+    /// The worker ended it (teardown done).
+    Released,
+}
+
+/// The shared state of one item's lease.
+#[derive(Debug, Default)]
+pub struct Lease {
+    /// Fires when the lease ends for any reason but the worker's own release:
+    /// the session must stop.
+    pub ended: CancellationToken,
+    end: Mutex<Option<LeaseEnd>>,
+}
+
+impl Lease {
+    pub fn new() -> Arc<Lease> {
+        Arc::new(Lease::default())
+    }
+
+    fn finish(&self, why: LeaseEnd) {
+        let mut end = self.end.lock().unwrap_or_else(|e| e.into_inner());
+        if end.is_none() {
+            *end = Some(why.clone());
+        }
+        drop(end);
+        if why != LeaseEnd::Released {
+            self.ended.cancel();
+        }
+    }
+
+    /// How the lease ended, if it did.
+    pub fn end(&self) -> Option<LeaseEnd> {
+        self.end.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether another worker may own the item now (no force-stop then).
+    pub fn is_lost(&self) -> bool {
+        self.end() == Some(LeaseEnd::Lost)
+    }
+}
+
+/// Keep the lease alive until `release` fires or the lease ends.
+pub async fn heartbeat(
+    client: Client,
+    environment_id: String,
+    work_id: String,
+    lease: Arc<Lease>,
+    window: SendWindow,
+    release: CancellationToken,
+) {
+    let work = client.work(&environment_id);
+    let mut expected = NO_HEARTBEAT.to_string();
+    let mut interval = MAX_INTERVAL;
+    let mut ttl = ASSUMED_TTL;
+    let mut last_ok = Instant::now();
+    loop {
+        let beat = tokio::select! {
+            _ = release.cancelled() => {
+                lease.finish(LeaseEnd::Released);
+                return;
+            }
+            beat = tokio::time::timeout(interval, work.heartbeat(&work_id, &expected, None)) => beat,
+        };
+        match beat {
+            Ok(Ok(hb)) => {
+                last_ok = Instant::now();
+                expected = hb.last_heartbeat;
+                if hb.ttl_seconds > 0 {
+                    ttl = Duration::from_secs(hb.ttl_seconds as u64);
+                    interval = (ttl / 2).clamp(MIN_INTERVAL, MAX_INTERVAL);
+                    window.set(ttl);
+                }
+                if matches!(hb.state, WorkState::Stopping | WorkState::Stopped) {
+                    info!(work_id = %work_id, state = hb.state.as_str(), "heartbeat signals shutdown");
+                    lease.finish(LeaseEnd::Stopped);
+                    return;
+                }
+                if !hb.lease_extended {
+                    warn!(work_id = %work_id, "lease not extended, shutting down");
+                    lease.finish(LeaseEnd::Stopped);
+                    return;
+                }
+            }
+            Ok(Err(Error::Api(e))) if e.status == 412 => {
+                let current = e
+                    .details
+                    .as_ref()
+                    .and_then(|d| d.get("current_state"))
+                    .cloned()
+                    .unwrap_or_default();
+                warn!(
+                    work_id = %work_id,
+                    lease.state = %current.get("state").and_then(|v| v.as_str()).unwrap_or("unknown"),
+                    lease.ttl_seconds = current.get("ttl_seconds").and_then(|v| v.as_i64()).unwrap_or(0),
+                    lease.last_heartbeat = %current.get("last_heartbeat").and_then(|v| v.as_str()).unwrap_or(""),
+                    "lease lost: heartbeat precondition failed"
+                );
+                lease.finish(LeaseEnd::Lost);
+                return;
+            }
+            Ok(Err(e)) if e.is_permanent() && !is_conflict(&e) => {
+                error!(work_id = %work_id, error = %e, "permanent heartbeat failure");
+                lease.finish(LeaseEnd::Refused(e.to_string()));
+                return;
+            }
+            failed => {
+                let why = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {}ms", interval.as_millis()),
+                };
+                warn!(work_id = %work_id, error = %why, "transient heartbeat failure");
+                if last_ok.elapsed() > ttl {
+                    warn!(work_id = %work_id, ttl_s = ttl.as_secs(), "lease assumed lost: no successful heartbeat in ttl");
+                    lease.finish(LeaseEnd::Lost);
+                    return;
+                }
+            }
+        }
+        tokio::select! {
+            _ = release.cancelled() => {
+                lease.finish(LeaseEnd::Released);
+                return;
+            }
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+/// A 409 on a heartbeat is retried like a transient failure.
+fn is_conflict(e: &Error) -> bool {
+    matches!(e, Error::Api(api) if api.status == 409)
+}

@@ -1,0 +1,233 @@
+//! The environment worker: claim work items, serve each session's tool
+//! calls with its memory stores mounted, and let go cleanly.
+//!
+//! - [`lease`] — the heartbeat that keeps a claimed item ours;
+//! - [`item`] — one item from claim to force-stop (`handle_item`);
+//! - [`poll`] — the always-on poll loop and the webhook's queue drain.
+//!
+//! A worker is built once per endpoint from [`WorkerOptions`]; it holds no
+//! per-session state, so one worker serves any number of items.
+
+pub mod item;
+pub mod lease;
+pub mod poll;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::api::types::Redacted;
+use crate::api::{Client, Credential};
+use crate::memory::SyncReport;
+use crate::memory::options::{DeleteMode, SyncInterval};
+use crate::session::{CallRecord, DEFAULT_MAX_IDLE, DEFAULT_TOOL_TIMEOUT};
+
+pub use item::{ItemOutcome, ItemReport, WorkItem};
+
+/// A worker could not be built, or an item could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("{0}")]
+    Config(String),
+    #[error(
+        "the work item's secret payload yielded no sessions token and no environment key is available; provide a secret whose payload carries a sessions_token, or an environment key"
+    )]
+    NoCredential,
+    #[error(
+        "this session has memory stores attached, but the work item carried no sessions token (work_id={work_id}, session_id={session_id}); the memory endpoints reject the environment key, so the work item's secret must carry a sessions_token, or run with --memory-sync-interval off"
+    )]
+    MemoryNoToken { work_id: String, session_id: String },
+    #[error("cannot fetch session {session_id}: {source}")]
+    Session {
+        session_id: String,
+        #[source]
+        source: Box<crate::api::Error>,
+    },
+    #[error(transparent)]
+    Memory(#[from] crate::memory::MemoryError),
+    #[error("poll failed permanently: {0}")]
+    Poll(Box<crate::api::Error>),
+}
+
+/// What the worker reports as it goes (for a timeline, metrics, tests).
+#[derive(Debug, Clone)]
+pub enum WorkerEvent {
+    Claimed {
+        work_id: String,
+        session_id: String,
+    },
+    Call {
+        work_id: String,
+        record: CallRecord,
+    },
+    Synced {
+        work_id: String,
+        report: SyncReport,
+        final_sync: bool,
+    },
+    Finished(Box<ItemReport>),
+}
+
+/// Where a worker sends its [`WorkerEvent`]s.
+pub type EventSink = mpsc::UnboundedSender<WorkerEvent>;
+
+/// Everything a worker is built from; [`WorkerOptions::validate`] checks it.
+#[derive(Clone)]
+pub struct WorkerOptions {
+    pub environment_id: String,
+    /// Polls with it, and serves items whose secret carries no sessions token.
+    pub environment_key: Option<Redacted>,
+    pub base_url: String,
+    /// Where the tools work, and where stores without a mount path land.
+    pub workdir: PathBuf,
+    /// Stop serving a session after this long idle past its turn; `None` never.
+    pub max_idle: Option<Duration>,
+    pub memory_sync_interval: SyncInterval,
+    pub memory_sync_deletions: DeleteMode,
+    /// Sent as `Anthropic-Worker-ID` on polls.
+    pub worker_id: String,
+    /// Added to every request (tracing ids, routing).
+    pub extra_headers: Vec<(String, String)>,
+    pub tool_timeout: Duration,
+    /// Environment variables holding secrets of this deployment (beyond
+    /// `ANTHROPIC_*` / `ENVWORKER_*`), kept out of the agent's shell.
+    pub secret_env_vars: Vec<String>,
+    /// Cap of `read` and `edit` on whole files; `None` disables it.
+    pub max_file_bytes: Option<u64>,
+    /// The bound of the final sync, and separately of the flush (30 s).
+    pub memory_teardown_bound: Duration,
+    /// Mount paths under `advertised` really live under `actual` (Lambda: `/mnt/memory` → `/tmp/mnt/memory`).
+    pub mount_remap: Option<crate::remap::MountRemap>,
+    pub events: Option<EventSink>,
+}
+
+impl std::fmt::Debug for WorkerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerOptions")
+            .field("environment_id", &self.environment_id)
+            .field("base_url", &self.base_url)
+            .field("workdir", &self.workdir)
+            .field("max_idle", &self.max_idle)
+            .field("memory_sync_interval", &self.memory_sync_interval)
+            .field("memory_sync_deletions", &self.memory_sync_deletions)
+            .field("worker_id", &self.worker_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `<hostname>-<12 random hex digits>`, as the Python SDK names its workers.
+pub fn default_worker_id() -> String {
+    let host = rustix::system::uname()
+        .nodename()
+        .to_string_lossy()
+        .into_owned();
+    let suffix: u64 = rand::random();
+    let suffix = format!("{suffix:016x}");
+    if host.is_empty() {
+        suffix[..12].to_string()
+    } else {
+        format!("{host}-{}", &suffix[..12])
+    }
+}
+
+impl WorkerOptions {
+    /// Options with the reference's defaults for everything but the ids.
+    pub fn new(environment_id: impl Into<String>, base_url: impl Into<String>) -> Self {
+        WorkerOptions {
+            environment_id: environment_id.into(),
+            environment_key: None,
+            base_url: base_url.into(),
+            workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            max_idle: Some(DEFAULT_MAX_IDLE),
+            memory_sync_interval: SyncInterval::default(),
+            memory_sync_deletions: DeleteMode::default(),
+            worker_id: default_worker_id(),
+            extra_headers: Vec::new(),
+            tool_timeout: DEFAULT_TOOL_TIMEOUT,
+            secret_env_vars: Vec::new(),
+            max_file_bytes: Some(crate::tools::files::DEFAULT_MAX_FILE_BYTES),
+            memory_teardown_bound: crate::memory::options::FLUSH_TIMEOUT,
+            mount_remap: None,
+            events: None,
+        }
+    }
+
+    /// Time a teardown needs before a hard deadline: the final sync and the
+    /// flush, each bounded, the force-stop, and slack.
+    pub fn teardown_reserve(&self) -> Duration {
+        self.memory_teardown_bound * 2 + Duration::from_secs(5)
+    }
+
+    pub fn validate(&self) -> Result<(), WorkerError> {
+        if self.base_url.is_empty() {
+            return Err(WorkerError::Config("the API base URL is empty".into()));
+        }
+        if !self.workdir.is_absolute() {
+            return Err(WorkerError::Config(format!(
+                "the workdir must be an absolute path (got {})",
+                self.workdir.display()
+            )));
+        }
+        if self.worker_id.is_empty() {
+            return Err(WorkerError::Config("the worker id is empty".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Serves work items of one environment. Cheap to clone.
+#[derive(Clone)]
+pub struct EnvironmentWorker {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    options: WorkerOptions,
+    /// No credential of its own: each use picks the environment key or the item's token.
+    base: Client,
+}
+
+impl EnvironmentWorker {
+    pub fn new(options: WorkerOptions) -> Result<Self, WorkerError> {
+        options.validate()?;
+        let mut builder = Client::builder(Credential::bearer(
+            options
+                .environment_key
+                .as_ref()
+                .map(|k| k.expose().to_string())
+                .unwrap_or_default(),
+        ))
+        .base_url(options.base_url.clone());
+        for (name, value) in &options.extra_headers {
+            builder = builder
+                .extra_header(name, value)
+                .map_err(|e| WorkerError::Config(format!("extra header {name}: {e}")))?;
+        }
+        let base = builder
+            .build()
+            .map_err(|e| WorkerError::Config(e.to_string()))?;
+        Ok(EnvironmentWorker {
+            inner: Arc::new(Inner { options, base }),
+        })
+    }
+
+    pub fn options(&self) -> &WorkerOptions {
+        &self.inner.options
+    }
+
+    /// A client with this worker's headers and `credential`.
+    pub(crate) fn client(&self, credential: &Redacted, helper: &'static str) -> Client {
+        self.inner
+            .base
+            .with_credential(Credential::bearer(credential.expose().to_string()))
+            .with_helper(helper)
+    }
+
+    pub(crate) fn emit(&self, event: WorkerEvent) {
+        if let Some(sink) = &self.inner.options.events {
+            let _ = sink.send(event);
+        }
+    }
+}

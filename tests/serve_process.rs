@@ -1,0 +1,501 @@
+//! The binary as users run it: `envworker serve` in container mode behind
+//! the devserver's signed webhooks (SIGTERM mid-session loses no edit),
+//! `envworker run` as a sandbox entrypoint, and `envworker dev`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{ADMIN_KEY, Started, TestServer};
+use envworker::devserver::DevserverConfig;
+use envworker::webhook::SigningKey;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+/// A running `envworker serve`, with its stderr collected.
+struct Serve {
+    child: Child,
+    url: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Serve {
+    fn start(port: u16, envs: &[(&str, &str)], extra: &[&str]) -> Serve {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_envworker"))
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .envs(envs.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("envworker serve starts");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let sink = stderr.clone();
+        let mut err = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("envworker serve listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("serve did not start: {}", stderr.lock().unwrap()));
+        Serve { child, url, stderr }
+    }
+
+    fn logs(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct Stack {
+    server: TestServer,
+    serve: Serve,
+    started_env: (String, String),
+    secret: String,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+/// A devserver that signs webhooks to a `serve` process serving its environment.
+async fn stack(extra: &[&str]) -> Stack {
+    let port = free_port();
+    let (_key, secret) = SigningKey::generate();
+    let mnt = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY)
+            .mount_root(mnt.path().join("memory").to_str().unwrap())
+            .webhook(
+                format!("http://127.0.0.1:{port}/webhooks/default"),
+                SigningKey::parse(&secret).unwrap(),
+            )
+            .lease_ttl_seconds(10),
+    )
+    .await;
+    let env = server
+        .dev(Method::POST, "/dev/environments", Some(json!({})))
+        .await
+        .ok();
+    let (env_id, env_key) = (
+        env["environment_id"].as_str().unwrap().to_string(),
+        env["environment_key"].as_str().unwrap().to_string(),
+    );
+    let mut args = vec!["--max-idle", "1s", "--memory-sync-interval", "5s"];
+    args.extend_from_slice(extra);
+    let serve = Serve::start(
+        port,
+        &[
+            ("ANTHROPIC_BASE_URL", &server.url()),
+            ("ANTHROPIC_ENVIRONMENT_ID", &env_id),
+            ("ANTHROPIC_ENVIRONMENT_KEY", &env_key),
+            ("ANTHROPIC_WEBHOOK_SIGNING_KEY", &secret),
+            ("ENVWORKER_WORKDIR", work.path().to_str().unwrap()),
+        ],
+        &args,
+    );
+    Stack {
+        server,
+        serve,
+        started_env: (env_id, env_key),
+        secret,
+        _dirs: (mnt, work),
+    }
+}
+
+impl Stack {
+    async fn start(&self, mut doc: Value) -> Started {
+        doc["environment_id"] = json!(self.started_env.0);
+        self.server.start_scenario(&doc).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_drains_on_a_signed_webhook_and_the_scenario_passes() {
+    let stack = stack(&[]).await;
+    let started = stack.start(common::scenario("notes-roundtrip")).await;
+    let report = stack
+        .server
+        .final_report(&started.session_id, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        report["status"],
+        "passed",
+        "{report:#}\n{}",
+        stack.serve.logs()
+    );
+    let logs = stack.serve.logs();
+    assert!(
+        logs.contains("webhook accepted; draining the queue"),
+        "{logs}"
+    );
+    for secret in [stack.secret.as_str(), stack.started_env.1.as_str()] {
+        assert!(!logs.contains(secret), "a secret reached the logs");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_mid_session_refuses_new_webhooks_and_loses_no_edit() {
+    let mut stack = stack(&[]).await;
+    let started = stack
+        .start(json!({
+            "name": "interrupted",
+            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {"/a.md": "alpha\n"}}],
+            "steps": [
+                {"tool": "write", "input": {"file_path": "{mount:notes}/draft.md", "content": "unsaved work\n"}},
+                {"tool": "edit", "input": {"file_path": "{mount:notes}/a.md", "old_string": "alpha", "new_string": "omega"}},
+                {"wait_ms": 60000},
+                {"tool": "bash", "input": {"command": "true"}}
+            ]
+        }))
+        .await;
+    // Wait until both edits are on disk (their results were posted).
+    loop {
+        let events = stack
+            .server
+            .agents(
+                Method::GET,
+                &format!("/v1/sessions/{}/events?limit=1000", started.session_id),
+                None,
+            )
+            .await
+            .ok();
+        let results = events["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["type"] == "user.tool_result")
+            .count();
+        if results >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let url = stack.serve.url.clone();
+    stack.serve.terminate();
+    // While it shuts down, readiness and new deliveries are refused.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    if let Ok(r) = reqwest::get(format!("{url}/readyz")).await {
+        assert_eq!(r.status(), 503);
+    }
+    let status = tokio::task::spawn_blocking({
+        let mut serve = std::mem::replace(
+            &mut stack.serve.child,
+            Command::new("true").spawn().unwrap(),
+        );
+        move || {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                if let Some(s) = serve.try_wait().unwrap() {
+                    return s;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "serve did not exit after SIGTERM"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(
+        status.success(),
+        "exit status {status}: {}",
+        stack.serve.logs()
+    );
+    let session = stack
+        .server
+        .agents(
+            Method::GET,
+            &format!("/v1/sessions/{}", started.session_id),
+            None,
+        )
+        .await
+        .ok();
+    let store = session["resources"][0]["memory_store_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (memories, _) = stack
+        .server
+        .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
+        .await;
+    let content = |path: &str| {
+        memories
+            .iter()
+            .find(|m| m["path"] == path)
+            .map(|m| m["content"].clone())
+    };
+    assert_eq!(
+        content("/draft.md"),
+        Some(json!("unsaved work\n")),
+        "{}",
+        stack.serve.logs()
+    );
+    assert_eq!(content("/a.md"), Some(json!("omega\n")));
+    let logs = stack.serve.logs();
+    assert!(logs.contains("shutting down"), "{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_answers_health_readiness_and_refuses_bad_deliveries() {
+    let stack = stack(&[]).await;
+    let http = reqwest::Client::new();
+    let url = &stack.serve.url;
+    assert_eq!(
+        http.get(format!("{url}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        http.get(format!("{url}/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let key = SigningKey::parse(&stack.secret).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let body = br#"{"type":"event","id":"whe_1","created_at":"2026-01-01T00:00:00Z","data":{"type":"session.created","id":"sesn_x"}}"#;
+    let post = |id: &str, ts: i64, sig: String, body: &'static [u8], endpoint: &str| {
+        http.post(format!("{url}/webhooks/{endpoint}"))
+            .header("webhook-id", id)
+            .header("webhook-timestamp", ts.to_string())
+            .header("webhook-signature", sig)
+            .body(body)
+            .send()
+    };
+    // Another event type: ignored.
+    let r = post("whe_1", now, key.sign("whe_1", now, body), body, "default")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "ignored");
+    // A wrong signature, a stale timestamp, an unknown endpoint.
+    let r = post("whe_2", now, "v1,AAAA".into(), body, "default")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = post(
+        "whe_3",
+        now - 600,
+        key.sign("whe_3", now - 600, body),
+        body,
+        "default",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 401);
+    let r = post("whe_4", now, key.sign("whe_4", now, body), body, "nope")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    // A run-started event is accepted once; its replay is not worked twice.
+    let run: &'static [u8] = br#"{"type":"event","id":"whe_5","created_at":"2026-01-01T00:00:00Z","data":{"type":"session.status_run_started","id":"sesn_x"}}"#;
+    let r = post("whe_5", now, key.sign("whe_5", now, run), run, "default")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let r = post("whe_5", now, key.sign("whe_5", now, run), run, "default")
+        .await
+        .unwrap();
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "duplicate");
+    // Not JSON, validly signed.
+    let junk: &'static [u8] = b"not json";
+    let r = post("whe_6", now, key.sign("whe_6", now, junk), junk, "default")
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // Too large.
+    let big = vec![b'x'; 512 * 1024];
+    let r = http
+        .post(format!("{url}/webhooks/default"))
+        .header("webhook-id", "whe_7")
+        .header("webhook-timestamp", now.to_string())
+        .header("webhook-signature", key.sign("whe_7", now, &big))
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn run_serves_one_claimed_item_from_anthropic_variables() {
+    let mnt = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
+    )
+    .await;
+    let started = server
+        .start_scenario(&common::scenario("notes-roundtrip"))
+        .await;
+    let polled = server
+        .worker(
+            &started.environment_key,
+            Method::GET,
+            &format!(
+                "/v1/environments/{}/work/poll?block_ms=900",
+                started.environment_id
+            ),
+            None,
+        )
+        .await
+        .ok();
+    let work_id = polled["id"].as_str().unwrap().to_string();
+    server
+        .worker(
+            &started.environment_key,
+            Method::POST,
+            &format!(
+                "/v1/environments/{}/work/{work_id}/ack",
+                started.environment_id
+            ),
+            None,
+        )
+        .await;
+    let url = server.url();
+    let (env_id, session_id, secret) = (
+        started.environment_id.clone(),
+        started.session_id.clone(),
+        polled["secret"].as_str().unwrap().to_string(),
+    );
+    let workdir = work.path().to_str().unwrap().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        // No environment key: a sandbox that holds only the work secret.
+        Command::new(env!("CARGO_BIN_EXE_envworker"))
+            .args(["run", "--max-idle", "1s", "--memory-sync-interval", "5s"])
+            .env_remove("ANTHROPIC_ENVIRONMENT_KEY")
+            .envs([
+                ("ANTHROPIC_BASE_URL", url.as_str()),
+                ("ANTHROPIC_WORK_ID", work_id.as_str()),
+                ("ANTHROPIC_ENVIRONMENT_ID", env_id.as_str()),
+                ("ANTHROPIC_SESSION_ID", session_id.as_str()),
+                ("ANTHROPIC_WORK_SECRET", secret.as_str()),
+                ("ENVWORKER_WORKDIR", workdir.as_str()),
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = server
+        .final_report(&started.session_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(report["status"], "passed", "{report:#}");
+
+    // Without ids it names the first one missing.
+    let out = Command::new(env!("CARGO_BIN_EXE_envworker"))
+        .arg("run")
+        .env_remove("ANTHROPIC_WORK_ID")
+        .env_remove("ANTHROPIC_ENVIRONMENT_ID")
+        .env_remove("ANTHROPIC_SESSION_ID")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("run: work_id is required — pass --work-id or set ANTHROPIC_WORK_ID"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn dev_runs_the_demo_scenario_end_to_end_and_exits_zero() {
+    let out = Command::new(env!("CARGO_BIN_EXE_envworker"))
+        .arg("dev")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("result: PASSED — 12/12 steps passed"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("tool      read  ok"), "{stdout}");
+    assert!(stdout.contains("sync      1 pulled"), "{stdout}");
+    assert!(
+        stdout.contains("released  session ended (Idle)"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn dev_exits_non_zero_when_the_scenario_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("failing.json");
+    std::fs::write(
+        &path,
+        r#"{"name": "failing", "steps": [{"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "bye"}}]}"#,
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_envworker"))
+        .args(["dev", "--scenario", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{stdout}");
+    assert!(stdout.contains("result: FAILED"), "{stdout}");
+    assert!(
+        stdout.contains("expected the result to contain \"bye\""),
+        "{stdout}"
+    );
+}
