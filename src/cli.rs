@@ -100,7 +100,7 @@ pub struct WorkerArgs {
     pub tool_timeout: Duration,
 
     /// Sent as Anthropic-Worker-ID on polls (default: <hostname>-<random>).
-    #[arg(long, env = "ENVWORKER_WORKER_ID")]
+    #[arg(long, env = "ANTHROPIC_WORKER_ID")]
     pub worker_id: Option<String>,
 
     /// Mount stores advertised under FROM under TO instead, keeping FROM paths working for the

@@ -9,6 +9,8 @@
 //!   over SQLite, so workers can be run and tested without the real API.
 //! - [`memory`] — memory stores on disk: the confined folder, the pure
 //!   three-way planner, the sync executor, deletes, flush, dispose.
+//! - [`metrics`] — Prometheus counters fed from the worker's events and
+//!   the webhook outcomes, served at `/metrics`.
 //! - [`remap`] — advertised mount paths that really live elsewhere (Lambda).
 //! - [`serve`] — the webhook server: per-endpoint routes, health,
 //!   container and Lambda modes, graceful shutdown.
@@ -33,6 +35,7 @@ pub mod config;
 pub mod devserver;
 pub mod logging;
 pub mod memory;
+pub mod metrics;
 pub mod remap;
 pub mod serve;
 pub mod session;

@@ -1,7 +1,22 @@
 //! Logging setup: `tracing` to stderr, as text or as one JSON object per line.
 //! The filter comes from `RUST_LOG` (default `info`).
+//!
+//! In JSON every field is a top-level member — the event's own and those of
+//! the spans it happens in (`work_id`, `session_id` of the work item,
+//! `requestId` of a Lambda invocation) — so a log pipeline can filter on
+//! `work_id` without knowing about spans. A field an event repeats wins
+//! over the span's, and a key never appears twice.
 
+use std::fmt;
+
+use serde_json::{Map, Value};
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::format::{JsonFields, Writer};
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::registry::LookupSpan;
 
 /// Output format of the logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -18,14 +33,144 @@ pub fn init(format: LogFormat, default_filter: &str) {
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .try_init(),
         LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
+            .with_ansi(false)
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
             .try_init(),
     };
+}
+
+/// One JSON object per event: `timestamp`, `level`, `target`, `message`,
+/// then the fields of the enclosing spans (outermost first) and the event's.
+pub struct FlatJson;
+
+impl<S, N> FormatEvent<S, N> for FlatJson
+where
+    S: Subscriber + for<'a> LookupSpan<'a>,
+    N: for<'a> FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        ctx: &FmtContext<'_, S, N>,
+        mut writer: Writer<'_>,
+        event: &Event<'_>,
+    ) -> fmt::Result {
+        let mut line = Map::new();
+        let mut timestamp = String::new();
+        SystemTime.format_time(&mut Writer::new(&mut timestamp))?;
+        line.insert("timestamp".into(), Value::String(timestamp));
+        let meta = event.metadata();
+        line.insert("level".into(), Value::String(meta.level().to_string()));
+        line.insert("target".into(), Value::String(meta.target().to_string()));
+        if let Some(scope) = ctx.event_scope() {
+            for span in scope.from_root() {
+                let extensions = span.extensions();
+                // With `JsonFields`, a span's recorded fields are a JSON object.
+                if let Some(fields) = extensions.get::<FormattedFields<N>>()
+                    && let Ok(Value::Object(fields)) = serde_json::from_str(&fields.fields)
+                {
+                    line.extend(fields);
+                }
+            }
+        }
+        event.record(&mut Fields(&mut line));
+        writeln!(writer, "{}", Value::Object(line))
+    }
+}
+
+/// Collects an event's fields into the line.
+struct Fields<'a>(&'a mut Map<String, Value>);
+
+impl Visit for Fields<'_> {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0
+            .insert(field.name().into(), Value::String(value.into()));
+    }
+    fn record_bool(&mut self, field: &Field, value: bool) {
+        self.0.insert(field.name().into(), Value::Bool(value));
+    }
+    fn record_i64(&mut self, field: &Field, value: i64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_u64(&mut self, field: &Field, value: u64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_f64(&mut self, field: &Field, value: f64) {
+        self.0.insert(field.name().into(), value.into());
+    }
+    fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
+        self.0
+            .insert(field.name().into(), Value::String(value.to_string()));
+    }
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        self.0
+            .insert(field.name().into(), Value::String(format!("{value:?}")));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io;
+    use std::sync::{Arc, Mutex};
+    use tracing::{info, info_span, warn};
+
+    #[derive(Clone, Default)]
+    struct Buffer(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Buffer {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn json_lines_carry_span_and_event_fields_at_the_top_level() {
+        let buffer = Buffer::default();
+        let sink = buffer.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .fmt_fields(JsonFields::new())
+            .event_format(FlatJson)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let item = info_span!("work_item", work_id = "work_1", session_id = "sesn_1");
+            let _in_item = item.enter();
+            info!(
+                memory_store.id = "memstore_1",
+                uploads = 2_u64,
+                "memory synced"
+            );
+            // The event's own field wins over the span's; no duplicate key.
+            warn!(session_id = "sesn_2", "odd \"quoted\" message");
+        });
+        let text = String::from_utf8(buffer.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+            .collect();
+        assert_eq!(lines.len(), 2, "{text}");
+        assert_eq!(lines[0]["work_id"], "work_1");
+        assert_eq!(lines[0]["session_id"], "sesn_1");
+        assert_eq!(lines[0]["memory_store.id"], "memstore_1");
+        assert_eq!(lines[0]["uploads"], 2);
+        assert_eq!(lines[0]["message"], "memory synced");
+        assert_eq!(lines[0]["level"], "INFO");
+        assert!(lines[0]["timestamp"].as_str().unwrap().starts_with("20"));
+        assert_eq!(lines[1]["session_id"], "sesn_2");
+        assert_eq!(lines[1]["work_id"], "work_1");
+        assert_eq!(lines[1]["message"], "odd \"quoted\" message");
+        assert_eq!(text.matches("session_id").count(), 2, "{text}");
+    }
 }

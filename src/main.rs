@@ -14,7 +14,16 @@ use envworker::webhook::SigningKey;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // The agent's commands run as this process's user: keep them from
+    // reading its environment (`/proc/<pid>/environ`: the keys) or
+    // attaching to it. Children get a normal flag back at exec.
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // Lambda starts `bootstrap` with no arguments: that means `serve`.
+    if args.len() == 1 && envworker::serve::lambda::in_lambda() {
+        args.push("serve".into());
+    }
+    let cli = Cli::parse_from(args);
     // `dev` prints its own timeline; only warnings reach stderr unless RUST_LOG says otherwise.
     let default_filter = match cli.command {
         Command::Dev(_) => "warn",

@@ -214,6 +214,20 @@ async fn lambda(
     deadline_ms: u64,
     extra: &[&str],
 ) -> Lambda {
+    let mut args = vec!["serve", "--max-idle", "1s", "--memory-sync-interval", "5s"];
+    args.extend_from_slice(extra);
+    lambda_with_args(server, env, secret, event, deadline_ms, &args).await
+}
+
+/// [`lambda`] with exactly `args` on the command line (none: as Lambda starts `bootstrap`).
+async fn lambda_with_args(
+    server: &TestServer,
+    env: (&str, &str),
+    secret: &str,
+    event: Value,
+    deadline_ms: u64,
+    args: &[&str],
+) -> Lambda {
     let (dispatched, _) = watch::channel(false);
     let stand_in = StandIn {
         seen: Arc::default(),
@@ -241,8 +255,7 @@ async fn lambda(
     tokio::spawn(async move { axum::serve(listener, app).await });
     let tmp = tempfile::tempdir().unwrap().keep();
     let mut child = Command::new(env!("CARGO_BIN_EXE_envworker"))
-        .args(["serve", "--max-idle", "1s", "--memory-sync-interval", "5s"])
-        .args(extra)
+        .args(args)
         .env("RUST_LOG", "info,envworker::serve::lambda=debug")
         .envs([
             ("AWS_LAMBDA_RUNTIME_API", api.as_str()),
@@ -452,14 +465,15 @@ async fn the_webhook_is_answered_first_and_the_flush_happens_inside_the_invocati
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn no_item_is_claimed_when_the_invocation_has_too_little_time_left() {
+async fn started_bare_it_serves_and_claims_no_item_when_the_invocation_has_too_little_time_left() {
     let fx = fixture().await;
     let started = fx
         .server
         .start_scenario(&json!({"name": "late", "environment_id": fx.env.0, "steps": [{"tool": "bash", "input": {"command": "true"}}]}))
         .await;
     let deadline = epoch_ms() + 30_000; // under the 65 s teardown reserve + 60 s serving time
-    let lambda = lambda(
+    // Started as Lambda starts a custom runtime's `bootstrap`: no arguments at all.
+    let lambda = lambda_with_args(
         &fx.server,
         (&fx.env.0, &fx.env.1),
         &fx.secret,
@@ -480,6 +494,15 @@ async fn no_item_is_claimed_when_the_invocation_has_too_little_time_left() {
         fx.work_state().await,
         "queued",
         "the item waits for an invocation with time to serve it"
+    );
+    assert!(
+        lambda
+            .stderr
+            .lock()
+            .unwrap()
+            .contains("serving webhooks on AWS Lambda"),
+        "{}",
+        lambda.stderr.lock().unwrap()
     );
     assert!(
         lambda

@@ -499,3 +499,231 @@ fn dev_exits_non_zero_when_the_scenario_fails() {
         "{stdout}"
     );
 }
+
+/// The value of one sample (`name{labels}` exactly as exported), if present.
+fn sample(metrics: &str, series: &str) -> Option<f64> {
+    metrics.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?;
+        rest.strip_prefix(' ')?.trim().parse().ok()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_run_moves_the_metrics_and_logs_json_lines_without_secrets() {
+    let stack = stack(&["--log-format", "json"]).await;
+    let started = stack
+        .start(json!({
+            "name": "metrics",
+            "memory_stores": [
+                {"key": "notes", "name": "Notes", "access": "read_write", "memories": {"/style.md": "Prefer short answers.\n"}},
+                {"key": "kb", "name": "Team KB", "access": "read_only", "memories": {"/faq.md": "Q?\n"}}
+            ],
+            "steps": [
+                {"tool": "write", "input": {"file_path": "{mount:notes}/new.md", "content": "from the agent\n"}, "expect": {"is_error": false}},
+                {"tool": "read", "input": {"file_path": "{mount:notes}/style.md"}, "expect": {"is_error": false}},
+                {"tool": "write", "input": {"file_path": "{mount:kb}/x.md", "content": "no"}, "expect": {"is_error": true}},
+                {"remote": {"op": "update", "store": "notes", "path": "/style.md", "content": "Be brief.\n"}},
+                {"tool": "bash", "input": {"command": "ls {mount:notes}"}, "expect": {"contains": "new.md"}}
+            ],
+            "expect_final": {"notes": {"/style.md": "Be brief.\n", "/new.md": "from the agent\n"}}
+        }))
+        .await;
+    let report = stack
+        .server
+        .final_report(&started.session_id, Duration::from_secs(60))
+        .await;
+    assert_eq!(
+        report["status"],
+        "passed",
+        "{report:#}\n{}",
+        stack.serve.logs()
+    );
+
+    // The item's counters land when its teardown is over.
+    let client = reqwest::Client::new();
+    let scrape = || async {
+        let response = client
+            .get(format!("{}/metrics", stack.serve.url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert!(
+            response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/plain")
+        );
+        response.text().await.unwrap()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let metrics = loop {
+        let metrics = scrape().await;
+        if sample(&metrics, r#"envworker_work_items_total{outcome="served"}"#) == Some(1.0) {
+            break metrics;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the item was never counted:\n{metrics}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let expect = |series: &str, check: &dyn Fn(f64) -> bool| {
+        let value = sample(&metrics, series);
+        assert!(value.is_some_and(check), "{series} = {value:?}\n{metrics}");
+    };
+    expect(
+        r#"envworker_webhooks_total{endpoint="default",outcome="accepted"}"#,
+        &|v| v >= 1.0,
+    );
+    expect("envworker_sessions_in_flight", &|v| v == 0.0);
+    expect(
+        r#"envworker_tool_calls_total{tool="write",outcome="ok"}"#,
+        &|v| v == 1.0,
+    );
+    expect(
+        r#"envworker_tool_calls_total{tool="write",outcome="error"}"#,
+        &|v| v == 1.0,
+    );
+    expect(
+        r#"envworker_tool_calls_total{tool="read",outcome="ok"}"#,
+        &|v| v == 1.0,
+    );
+    expect(
+        r#"envworker_tool_calls_total{tool="bash",outcome="ok"}"#,
+        &|v| v == 1.0,
+    );
+    expect(
+        r#"envworker_tool_call_duration_seconds_count{tool="write"}"#,
+        &|v| v == 2.0,
+    );
+    expect(r#"envworker_memory_syncs_total{kind="final"}"#, &|v| {
+        v == 1.0
+    });
+    // The new file went up; the remote edit came down.
+    expect("envworker_memory_uploads_total", &|v| v >= 1.0);
+    expect("envworker_memory_pulls_total", &|v| v >= 1.0);
+    expect("envworker_memory_conflicts_total", &|v| v == 0.0);
+    expect("envworker_memory_flush_cutoffs_total", &|v| v == 0.0);
+    expect("envworker_lease_losses_total", &|v| v == 0.0);
+
+    // A bad delivery is counted under its outcome.
+    let refused = client
+        .post(format!("{}/webhooks/default", stack.serve.url))
+        .header("webhook-id", "msg_x")
+        .header("webhook-timestamp", "1")
+        .header("webhook-signature", "v1,AAAA")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
+    let metrics = scrape().await;
+    assert_eq!(
+        sample(
+            &metrics,
+            r#"envworker_webhooks_total{endpoint="default",outcome="unauthorized"}"#
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // Logs: one JSON object per line, the item's lines carry its ids.
+    let logs = stack.serve.logs();
+    let lines: Vec<Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["session_id"] == started.session_id.as_str()
+                && l["work_id"].as_str().is_some_and(|w| !w.is_empty())
+                && l["message"] == "work item done"),
+        "{logs}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["memory_store.id"].as_str().is_some_and(|s| !s.is_empty())),
+        "{logs}"
+    );
+    // No secret of the run: the environment key, the signing key (whole or
+    // its key material), any sessions token or work secret the devserver minted.
+    let key_material = stack.secret.trim_start_matches("whsec_");
+    let work_secret_prefix = &base64::Engine::encode(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+        br#"{"sessions_token":"#,
+    )[..20];
+    for (what, secret) in [
+        ("environment key", stack.started_env.1.as_str()),
+        ("signing key", stack.secret.as_str()),
+        ("signing key material", key_material),
+        ("sessions token", "sk-ant-sesstok-"),
+        ("work secret", work_secret_prefix),
+    ] {
+        assert!(!logs.contains(secret), "the {what} reached the logs");
+    }
+}
+
+/// The agent's commands run as the worker's user. Scrubbing their
+/// environment is not enough if they can read the worker's own from
+/// `/proc/<pid>/environ`: envworker marks itself non-dumpable at start, so
+/// they cannot (nor attach to it). The control — a plain process of the same
+/// user with the same environment — shows the check would see a leak.
+#[test]
+fn the_agents_user_cannot_read_the_workers_environment_from_proc() {
+    use std::os::unix::process::CommandExt;
+    const SECRET: &str = "sk-ant-envkey-proc-canary-5f1c";
+    // As root every /proc file is readable: run both sides as `nobody`.
+    let as_user = |command: &mut Command| {
+        if rustix::process::geteuid().is_root() {
+            command.uid(65534).gid(65534);
+        }
+    };
+    let read_environ = |pid: u32| {
+        let mut cat = Command::new("cat");
+        cat.arg(format!("/proc/{pid}/environ"));
+        as_user(&mut cat);
+        let out = cat.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).contains(SECRET),
+        )
+    };
+
+    let mut control = Command::new("sleep");
+    control.arg("30").env("ANTHROPIC_ENVIRONMENT_KEY", SECRET);
+    as_user(&mut control);
+    let mut control = control.spawn().unwrap();
+    assert_eq!(
+        read_environ(control.id()),
+        (true, true),
+        "the control must leak"
+    );
+    let _ = control.kill();
+    let _ = control.wait();
+
+    let mut worker = Command::new(env!("CARGO_BIN_EXE_envworker"));
+    worker
+        .args(["devserver", "--listen", "127.0.0.1:0", "--admin-key", "k"])
+        .env("ANTHROPIC_ENVIRONMENT_KEY", SECRET)
+        .env("TMPDIR", "/tmp")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    as_user(&mut worker);
+    let mut worker = worker.spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(worker.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(
+        line.contains("listening"),
+        "the worker did not start: {line:?}"
+    );
+    let (readable, leaked) = read_environ(worker.id());
+    let _ = worker.kill();
+    let _ = worker.wait();
+    assert!(!leaked, "the worker's environment was readable from /proc");
+    assert!(!readable, "reading /proc/<pid>/environ should be refused");
+}

@@ -4,8 +4,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use common::harness::Logs;
 use common::{ADMIN_KEY, Started, TestServer, scenario};
@@ -403,6 +404,11 @@ async fn the_worker_flushes_writes_when_the_control_plane_stops_the_item_mid_ses
     assert_eq!(item.outcome, ItemOutcome::Served(RunEnd::Cancelled));
     assert_eq!(item.lease, Some(LeaseEnd::Stopped));
     assert!(item.stopped, "a control-plane stop still force-stops");
+    assert_eq!(
+        env.work_state(&started, &item.work_id).await,
+        "stopped",
+        "the graceful stop was followed by a force-stop"
+    );
     assert_eq!(item.teardown.flushed, 1);
     let (memories, _) = env
         .server
@@ -820,5 +826,821 @@ async fn the_sessions_skills_are_in_the_workdir_while_it_runs_and_gone_after() {
     assert!(
         logs.text().contains("failed to download skill"),
         "a missing skill is only logged"
+    );
+}
+
+// ---------------------------------------------------------------------------
+// What the worker sends, as the devserver receives it.
+// ---------------------------------------------------------------------------
+
+/// One request the worker made, as the devserver received it.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    path: String,
+    headers: http::HeaderMap,
+    /// When the request arrived, and when its answer left (`None`: the
+    /// client gave up on it first).
+    start: Instant,
+    end: Option<Instant>,
+    /// What the recorder's probe saw on the worker's host as the request arrived.
+    probe: Option<Value>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Looks at the worker's host when a request arrives: `(method, path)` → what it saw.
+type Probe = Arc<dyn Fn(&str, &str) -> Option<Value> + Send + Sync>;
+
+/// The devserver's own application, sharing the test server's state, on a
+/// second port: every request the worker sends there is recorded (arrival,
+/// answer, headers) before the devserver handles it. Point the worker's
+/// `base_url` at [`Recorder::url`].
+struct Recorder {
+    url: String,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Recorder {
+    async fn start(server: &TestServer, probe: Option<Probe>) -> Recorder {
+        let seen = Arc::new(Mutex::new(Vec::<Seen>::new()));
+        let log = seen.clone();
+        let app = envworker::devserver::app(server.running.state().clone()).layer(
+            axum::middleware::from_fn(
+                move |request: axum::extract::Request, next: axum::middleware::Next| {
+                    let (log, probe) = (log.clone(), probe.clone());
+                    async move {
+                        let method = request.method().to_string();
+                        let path = request.uri().path().to_string();
+                        let probed = probe.as_ref().and_then(|p| p(&method, &path));
+                        let index = {
+                            let mut log = log.lock().unwrap();
+                            log.push(Seen {
+                                method,
+                                path,
+                                headers: request.headers().clone(),
+                                start: Instant::now(),
+                                end: None,
+                                probe: probed,
+                            });
+                            log.len() - 1
+                        };
+                        let response = next.run(request).await;
+                        log.lock().unwrap()[index].end = Some(Instant::now());
+                        response
+                    }
+                },
+            ),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Recorder { url, seen, task }
+    }
+
+    /// Every recorded request with this method whose path matches the glob.
+    fn matching(&self, method: &str, path_glob: &str) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| {
+                s.method == method && envworker::devserver::faults::glob(path_glob, &s.path)
+            })
+            .cloned()
+            .collect()
+    }
+
+    fn all(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Wait until the session holds at least `n` tool results.
+async fn wait_for_results(env: &Env, started: &Started, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let results = env
+            .events(started)
+            .await
+            .iter()
+            .filter(|e| e["type"] == "user.tool_result")
+            .count();
+        if results >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no {n} tool results yet");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The server's memories of the scenario's (only) store: path → content.
+async fn server_memories(
+    env: &Env,
+    started: &Started,
+) -> std::collections::BTreeMap<String, String> {
+    let (memories, _) = env
+        .server
+        .list_all(&format!(
+            "/v1/memory_stores/{}/memories?view=full",
+            store_id(env, started).await
+        ))
+        .await;
+    memories
+        .iter()
+        .map(|m| {
+            (
+                m["path"].as_str().unwrap().to_string(),
+                m["content"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Upload the `report-writer` skill; returns its id.
+async fn upload_skill(env: &Env) -> String {
+    env.server
+        .dev(
+            Method::POST,
+            "/dev/skills",
+            Some(json!({"name": "report-writer", "files": {
+                "SKILL.md": "---\nname: report-writer\n---\nWrite reports.\n",
+                "scripts/run.sh": {"content": "#!/bin/sh\necho skill ran\n", "executable": true}
+            }})),
+        )
+        .await
+        .ok()["skill_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Whether the process is alive (a zombie is not).
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // `pid (comm) S …`: the state follows the last `)`.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+fn read_pid(path: &Path) -> Option<u32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[tokio::test]
+async fn the_worker_flushes_after_a_clean_final_sync_that_failed() {
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&notes_scenario(json!([
+            {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}},
+            {"wait_ms": 1500}
+        ])))
+        .await;
+    let logs = Logs::capture();
+    let worker = env.worker(&started, |o| {
+        o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap()
+    });
+    let drained = tokio::spawn(async move { drain(&worker).await });
+    // The download is done and the file written: the next listing is the final sync's.
+    wait_for_results(&env, &started, 1).await;
+    env.fault(
+        json!({"method": "GET", "path": "/v1/memory_stores/*/memories", "status": 500, "times": 1}),
+    )
+    .await;
+    let items = tokio::time::timeout(Duration::from_secs(60), drained)
+        .await
+        .expect("the item ends")
+        .unwrap();
+    let item = &items[0];
+    assert_eq!(
+        item.outcome,
+        ItemOutcome::Served(RunEnd::Idle),
+        "a clean end"
+    );
+    let final_sync = item
+        .teardown
+        .final_sync
+        .expect("the final sync ran to its end");
+    assert_eq!(final_sync.uploads, 0, "the final sync failed: {item:?}");
+    assert!(!item.teardown.final_sync_cut_off);
+    assert_eq!(logs.count("memory sync failed"), 1, "{}", logs.text());
+    assert_eq!(
+        item.teardown.flushed, 1,
+        "the flush uploaded what the sync could not"
+    );
+    assert_eq!(
+        server_memories(&env, &started)
+            .await
+            .get("/b.md")
+            .map(String::as_str),
+        Some("beta\n")
+    );
+    assert!(item.stopped);
+}
+
+#[tokio::test]
+async fn the_worker_flushes_and_disposes_even_when_skill_teardown_throws() {
+    // Root removes anything, so the agent's lock on the skill folder only
+    // holds for an ordinary user: run this as `nobody`.
+    if !common::runs_as_nobody("the_worker_flushes_and_disposes_even_when_skill_teardown_throws") {
+        return;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    let env = Env::new().await;
+    let skill_id = upload_skill(&env).await;
+    let started = env
+        .server
+        .start_scenario(&json!({
+            "name": "locked-skill",
+            "agent": {"skills": [{"type": "custom", "skill_id": skill_id, "version": "latest"}]},
+            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write",
+                               "memories": {"/a.md": "alpha\n"}}],
+            "steps": [
+                {"tool": "bash", "input": {"command": "chmod 555 skills/report-writer && echo locked"},
+                 "expect": {"contains": "locked"}},
+                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}}
+            ]
+        }))
+        .await;
+    let logs = Logs::capture();
+    let items = drain(&env.worker(&started, |_| {})).await;
+    let skill_dir = env.work.path().join("skills/report-writer");
+    let left = skill_dir.exists();
+    let _ = std::fs::set_permissions(&skill_dir, std::fs::Permissions::from_mode(0o755));
+    let item = &items[0];
+    assert_eq!(item.outcome, ItemOutcome::Served(RunEnd::Idle));
+    assert!(left, "the skill folder could not be removed");
+    assert_eq!(
+        logs.count("cannot remove a skill directory"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert!(item.teardown.final_sync.is_some(), "{item:?}");
+    assert_eq!(
+        env.report(&started).await["final_contents"]["notes"]["/b.md"],
+        "beta\n",
+        "the memory teardown still ran"
+    );
+    assert!(
+        !env.mount_root().join("notes").exists(),
+        "dispose still ran"
+    );
+    assert!(item.stopped, "the item was still force-stopped");
+}
+
+#[tokio::test]
+async fn the_workers_final_sync_is_bounded_and_the_flush_still_runs() {
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&notes_scenario(json!([
+            {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}},
+            {"wait_ms": 1500}
+        ])))
+        .await;
+    let logs = Logs::capture();
+    let worker = env.worker(&started, |o| {
+        o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
+        o.memory_teardown_bound = Duration::from_secs(1);
+    });
+    let drained = tokio::spawn(async move { drain(&worker).await });
+    wait_for_results(&env, &started, 1).await;
+    // The final sync's listing hangs past the bound; the flush's answers at once.
+    env.fault(json!({"method": "GET", "path": "/v1/memory_stores/*/memories", "latency_ms": 5000, "times": 1}))
+        .await;
+    let began = Instant::now();
+    let items = tokio::time::timeout(Duration::from_secs(60), drained)
+        .await
+        .expect("the item ends")
+        .unwrap();
+    let item = &items[0];
+    assert_eq!(item.outcome, ItemOutcome::Served(RunEnd::Idle));
+    assert!(item.teardown.final_sync_cut_off, "{item:?}");
+    assert_eq!(item.teardown.final_sync, None);
+    assert!(!item.teardown.flush_cut_off, "{item:?}");
+    assert_eq!(item.teardown.flushed, 1, "the flush uploaded the file");
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "the teardown did not wait out the hanging listing: {:?}",
+        began.elapsed()
+    );
+    assert_eq!(
+        logs.count(
+            "final memory sync cut off after 1s; the flush that follows still uploads changed files"
+        ),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        server_memories(&env, &started)
+            .await
+            .get("/b.md")
+            .map(String::as_str),
+        Some("beta\n")
+    );
+    assert!(item.stopped);
+}
+
+#[tokio::test]
+async fn the_worker_logs_what_a_cut_off_flush_left_behind() {
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&notes_scenario(json!([
+            {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}},
+            {"tool": "write", "input": {"file_path": "{mount:notes}/c.md", "content": "gamma\n"}},
+            {"wait_ms": 60000}
+        ])))
+        .await;
+    let work = env.claim(&started).await;
+    let worker = env.worker(&started, |o| {
+        o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
+        o.memory_teardown_bound = Duration::from_secs(1);
+    });
+    let logs = Logs::capture();
+    let cancel = CancellationToken::new();
+    let handle = tokio::spawn({
+        let (worker, cancel) = (worker.clone(), cancel.clone());
+        async move { worker.handle_item(WorkItem::from(work), cancel, None).await }
+    });
+    wait_for_results(&env, &started, 2).await;
+    // An unclean end (shutdown): no final sync, only the flush of both files.
+    // The first upload hangs past the bound, the second lands.
+    env.fault(json!({"method": "POST", "path": "/v1/memory_stores/*/memories", "latency_ms": 10000, "times": 1}))
+        .await;
+    cancel.cancel();
+    let report = tokio::time::timeout(Duration::from_secs(30), handle)
+        .await
+        .expect("the item ends")
+        .unwrap();
+    assert_eq!(report.outcome, ItemOutcome::Served(RunEnd::Cancelled));
+    assert!(report.teardown.flush_cut_off, "{report:?}");
+    let store = store_id(&env, &started).await;
+    let text = logs.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("1 of 2 changed files had not finished uploading"))
+        .unwrap_or_else(|| panic!("no cut-off line:\n{text}"));
+    for field in [
+        format!("work_id={}", report.work_id),
+        format!("session_id={}", started.session_id),
+        format!("memory_store.id={store}"),
+    ] {
+        assert!(line.contains(&field), "{field} missing from: {line}");
+    }
+    // Exactly one of the two reached the server.
+    let memories = server_memories(&env, &started).await;
+    assert_eq!(
+        ["/b.md", "/c.md"]
+            .iter()
+            .filter(|p| memories.contains_key(**p))
+            .count(),
+        1,
+        "{memories:?}"
+    );
+    assert!(report.stopped);
+}
+
+#[tokio::test]
+async fn the_last_sync_runs_after_the_skill_teardown_and_after_the_tools_are_closed() {
+    // The shell's close kills its process group (no hook of the agent's runs
+    // at close), so the order is checked where it shows: when the final
+    // sync's listing reaches the server, the agent's background job must be
+    // dead and the skills gone; and the file written by the last call is
+    // uploaded by that sync.
+    let env = Env::new().await;
+    let skill_id = upload_skill(&env).await;
+    let pid_file = env.work.path().join("bg.pid");
+    let skill_dir = env.work.path().join("skills/report-writer");
+    let probe: Probe = {
+        let (pid_file, skill_dir) = (pid_file.clone(), skill_dir.clone());
+        Arc::new(move |method: &str, path: &str| {
+            if method != "GET"
+                || !envworker::devserver::faults::glob("/v1/memory_stores/*/memories", path)
+            {
+                return None;
+            }
+            Some(json!({
+                "job_alive": read_pid(&pid_file).map(process_alive),
+                "skills_present": skill_dir.exists(),
+            }))
+        })
+    };
+    let recorder = Recorder::start(&env.server, Some(probe)).await;
+    let started = env
+        .server
+        .start_scenario(&json!({
+            "name": "order",
+            "agent": {"skills": [{"type": "custom", "skill_id": skill_id, "version": "latest"}]},
+            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write",
+                               "memories": {"/a.md": "alpha\n"}}],
+            "steps": [
+                {"tool": "bash", "input": {"command": "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid; echo started"},
+                 "expect": {"contains": "started"}},
+                {"tool": "write", "input": {"file_path": "{mount:notes}/last.md", "content": "written by the last call\n"}}
+            ]
+        }))
+        .await;
+    let items = drain(&env.worker(&started, |o| {
+        o.base_url = recorder.url.clone();
+        // No sync on cadence: every listing after the job started is the teardown's.
+        o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
+    }))
+    .await;
+    let pid = read_pid(&pid_file).expect("the job started");
+    let alive_after = process_alive(pid);
+    if alive_after {
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+    }
+    let item = &items[0];
+    assert_eq!(item.outcome, ItemOutcome::Served(RunEnd::Idle));
+    assert!(!alive_after, "closing the tools killed the agent's job");
+    let teardown_listings: Vec<Value> = recorder
+        .matching("GET", "/v1/memory_stores/*/memories")
+        .into_iter()
+        .filter_map(|s| s.probe)
+        .filter(|p| !p["job_alive"].is_null())
+        .collect();
+    assert!(
+        !teardown_listings.is_empty(),
+        "the final sync listed the store"
+    );
+    for seen in &teardown_listings {
+        assert_eq!(
+            seen["job_alive"], false,
+            "the tools were closed before the final sync: {teardown_listings:?}"
+        );
+        assert_eq!(
+            seen["skills_present"], false,
+            "the skills were removed before the final sync: {teardown_listings:?}"
+        );
+    }
+    let final_sync = item.teardown.final_sync.expect("the final sync ran");
+    assert_eq!(final_sync.uploads, 1, "{item:?}");
+    assert_eq!(item.teardown.flushed, 0);
+    assert_eq!(
+        server_memories(&env, &started)
+            .await
+            .get("/last.md")
+            .map(String::as_str),
+        Some("written by the last call\n")
+    );
+}
+
+#[tokio::test]
+async fn the_lease_is_heartbeated_until_the_memory_teardown_is_done() {
+    let env = Env::with_ttl(2).await; // a beat every second
+    let recorder = Recorder::start(&env.server, None).await;
+    let started = env
+        .server
+        .start_scenario(&notes_scenario(json!([
+            {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}}
+        ])))
+        .await;
+    // Every upload takes 3 s: the final sync outlasts several heartbeat intervals.
+    env.fault(
+        json!({"method": "POST", "path": "/v1/memory_stores/*/memories", "latency_ms": 3000}),
+    )
+    .await;
+    let items = drain(&env.worker(&started, |o| {
+        o.base_url = recorder.url.clone();
+        o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
+    }))
+    .await;
+    let item = &items[0];
+    assert_eq!(item.outcome, ItemOutcome::Served(RunEnd::Idle));
+    assert_eq!(item.lease, Some(LeaseEnd::Released), "the lease held");
+    assert!(item.stopped);
+    let uploads = recorder.matching("POST", "/v1/memory_stores/*/memories");
+    assert_eq!(uploads.len(), 1, "{uploads:?}");
+    let upload = &uploads[0];
+    let upload_end = upload.end.expect("the upload was answered");
+    let stops = recorder.matching("POST", "/v1/environments/*/work/*/stop");
+    assert_eq!(stops.len(), 1);
+    let stop = &stops[0];
+    let beats = recorder.matching("POST", "/v1/environments/*/work/*/heartbeat");
+    let during = beats
+        .iter()
+        .filter(|b| b.start > upload.start && b.start < upload_end)
+        .count();
+    assert!(
+        during >= 2,
+        "the lease was heartbeated while the teardown uploaded ({during} beats)"
+    );
+    assert!(upload_end <= stop.start, "the stop came after the teardown");
+    assert!(
+        beats.iter().all(|b| b.start < stop.start),
+        "no heartbeat after the stop"
+    );
+    assert_eq!(
+        env.report(&started).await["final_contents"]["notes"]["/b.md"],
+        "beta\n"
+    );
+}
+
+#[tokio::test]
+async fn a_memory_sync_interval_under_the_minimum_is_refused_at_construction() {
+    let floor = "memory sync interval must be at least 5s";
+    for too_short in [
+        Duration::ZERO,
+        Duration::from_millis(4999),
+        Duration::from_secs(4),
+    ] {
+        let err = SyncInterval::every(too_short).unwrap_err();
+        assert!(err.to_string().contains(floor), "{err}");
+    }
+    for secs in [0.0, 4.999, -1.0, f64::NAN, f64::NEG_INFINITY] {
+        let err = SyncInterval::from_secs_f64(secs).unwrap_err();
+        assert!(err.to_string().contains(floor), "{secs}: {err}");
+    }
+    for text in ["4s", "0", "4999ms"] {
+        assert!(text.parse::<SyncInterval>().is_err(), "{text}");
+    }
+    assert!(SyncInterval::every(Duration::from_secs(5)).is_ok());
+
+    // The worker refuses one built around the constructors, too.
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&json!({"name": "x", "steps": []}))
+        .await;
+    for too_short in [
+        Duration::ZERO,
+        Duration::from_millis(4999),
+        Duration::from_secs(4),
+    ] {
+        let mut options = env.options(&started);
+        options.memory_sync_interval = SyncInterval::Every(too_short);
+        match EnvironmentWorker::new(options) {
+            Ok(_) => panic!("a worker was built with a {too_short:?} sync interval"),
+            Err(e) => assert!(e.to_string().contains(floor), "{e}"),
+        }
+    }
+    let mut options = env.options(&started);
+    options.memory_sync_interval = SyncInterval::Every(Duration::from_secs(5));
+    assert!(EnvironmentWorker::new(options).is_ok(), "5 s is allowed");
+}
+
+#[tokio::test]
+async fn forwards_custom_headers_to_poll_ack_heartbeat_stop_and_the_session_calls() {
+    let env = Env::new().await;
+    let recorder = Recorder::start(&env.server, None).await;
+    let skill_id = upload_skill(&env).await;
+    let started = env
+        .server
+        .start_scenario(&json!({
+            "name": "headers",
+            "agent": {"skills": [{"type": "custom", "skill_id": skill_id, "version": "latest"}]},
+            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write",
+                               "memories": {"/a.md": "alpha\n"}}],
+            "steps": [
+                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}}
+            ]
+        }))
+        .await;
+    let items = drain(&env.worker(&started, |o| {
+        o.base_url = recorder.url.clone();
+        o.extra_headers = vec![
+            ("x-trace-id".into(), "trace-123".into()),
+            // The worker's own credential wins over these.
+            ("authorization".into(), "Bearer not-the-key".into()),
+            ("x-api-key".into(), "not-the-key".into()),
+        ];
+    }))
+    .await;
+    assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
+    assert!(items[0].stopped);
+    let report = env.report(&started).await;
+    assert_eq!(report["status"], "passed", "{report:#}");
+
+    let env_key = format!("Bearer {}", started.environment_key);
+    let all = recorder.all();
+    for seen in &all {
+        assert_eq!(
+            seen.header("x-trace-id"),
+            Some("trace-123"),
+            "{} {}",
+            seen.method,
+            seen.path
+        );
+        assert_eq!(
+            seen.header("x-api-key"),
+            None,
+            "{} {}",
+            seen.method,
+            seen.path
+        );
+        assert_ne!(
+            seen.header("authorization"),
+            Some("Bearer not-the-key"),
+            "{} {}",
+            seen.method,
+            seen.path
+        );
+    }
+    let sid = &started.session_id;
+    // (what, method, path glob, helper tag, polled with the environment key)
+    let calls = [
+        (
+            "poll",
+            "GET",
+            "/v1/environments/*/work/poll",
+            "environments-work-poller",
+            true,
+        ),
+        (
+            "ack",
+            "POST",
+            "/v1/environments/*/work/*/ack",
+            "environments-work-poller",
+            true,
+        ),
+        (
+            "heartbeat",
+            "POST",
+            "/v1/environments/*/work/*/heartbeat",
+            "environments-worker",
+            false,
+        ),
+        (
+            "stop",
+            "POST",
+            "/v1/environments/*/work/*/stop",
+            "environments-worker",
+            false,
+        ),
+        (
+            "session",
+            "GET",
+            &format!("/v1/sessions/{sid}"),
+            "environments-worker",
+            false,
+        ),
+        (
+            "stream",
+            "GET",
+            &format!("/v1/sessions/{sid}/events/stream"),
+            "session-tool-runner",
+            false,
+        ),
+        (
+            "history",
+            "GET",
+            &format!("/v1/sessions/{sid}/events"),
+            "session-tool-runner",
+            false,
+        ),
+        (
+            "result",
+            "POST",
+            &format!("/v1/sessions/{sid}/events"),
+            "session-tool-runner",
+            false,
+        ),
+        ("skill", "GET", "/v1/skills/*", "environments-worker", false),
+        (
+            "memory",
+            "GET",
+            "/v1/memory_stores/*/memories",
+            "environments-worker",
+            false,
+        ),
+        (
+            "upload",
+            "POST",
+            "/v1/memory_stores/*/memories",
+            "environments-worker",
+            false,
+        ),
+    ];
+    let mut item_auth = None;
+    for (what, method, glob, helper, with_env_key) in calls {
+        let seen = recorder.matching(method, glob);
+        assert!(!seen.is_empty(), "no {what} request: {all:#?}");
+        for s in &seen {
+            assert_eq!(s.header("x-stainless-helper"), Some(helper), "{what}");
+            let auth = s.header("authorization").unwrap_or_default().to_string();
+            if with_env_key {
+                assert_eq!(auth, env_key, "{what} uses the environment key");
+            } else {
+                assert!(
+                    auth.starts_with("Bearer ") && auth != env_key,
+                    "{what} uses the item's token"
+                );
+                assert_eq!(item_auth.get_or_insert(auth.clone()), &auth, "{what}");
+            }
+        }
+    }
+    assert!(
+        recorder
+            .matching("GET", "/v1/environments/*/work/poll")
+            .iter()
+            .all(|s| s.header("anthropic-worker-id") == Some("test-worker"))
+    );
+}
+
+#[tokio::test]
+async fn the_lease_ttl_bounds_how_long_a_failing_tool_result_send_is_retried() {
+    // Every result post hangs 1.2 s, then fails with a 503. With a 2 s TTL
+    // the send window closes after the second attempt; with 10 s the
+    // runner's own cap of three attempts is reached first.
+    for (ttl, attempts) in [(2, 2), (10, 3)] {
+        let env = Env::with_ttl(ttl).await;
+        let recorder = Recorder::start(&env.server, None).await;
+        env.fault(json!({"method": "POST", "path": "/v1/sessions/*/events", "latency_ms": 1200, "status": 503}))
+            .await;
+        let started = env
+            .server
+            .start_scenario(&json!({"name": "unsent", "steps": [
+                // Long enough for the first heartbeat to set the window.
+                {"tool": "bash", "input": {"command": "sleep 1; echo done"}, "timeout_ms": 5000}
+            ]}))
+            .await;
+        let logs = Logs::capture();
+        let items = drain(&env.worker(&started, |o| o.base_url = recorder.url.clone())).await;
+        assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
+        let posts = recorder.matching(
+            "POST",
+            &format!("/v1/sessions/{}/events", started.session_id),
+        );
+        assert_eq!(posts.len(), attempts, "TTL {ttl}s: {posts:#?}");
+        if ttl == 2 {
+            let last = posts.last().unwrap().start - posts[0].start;
+            // The last wait is cut to what is left of the window, so the
+            // last attempt starts at its edge at the latest.
+            assert!(
+                last < Duration::from_millis(2500),
+                "no attempt starts after the TTL: {last:?}"
+            );
+        }
+        assert_eq!(
+            logs.count("failed to send tool result"),
+            1,
+            "{}",
+            logs.text()
+        );
+        drop(logs);
+    }
+}
+
+#[tokio::test]
+async fn the_heartbeat_starts_before_the_skill_download() {
+    let env = Env::new().await;
+    let recorder = Recorder::start(&env.server, None).await;
+    let skill_id = upload_skill(&env).await;
+    // Each skill request (the version, then the archive) takes 2 s.
+    env.fault(json!({"method": "GET", "path": "/v1/skills/*", "latency_ms": 2000}))
+        .await;
+    let started = env
+        .server
+        .start_scenario(&json!({
+            "name": "slow-skill",
+            "agent": {"skills": [{"type": "custom", "skill_id": skill_id, "version": "latest"}]},
+            "steps": [
+                {"tool": "bash", "input": {"command": "./skills/report-writer/scripts/run.sh"}, "expect": {"contains": "skill ran"}}
+            ]
+        }))
+        .await;
+    let items = drain(&env.worker(&started, |o| o.base_url = recorder.url.clone())).await;
+    assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
+    assert_eq!(env.report(&started).await["status"], "passed");
+    let skills = recorder.matching("GET", "/v1/skills/*");
+    let first_skill_answered = skills
+        .iter()
+        .filter_map(|s| s.end)
+        .min()
+        .expect("the skill was downloaded");
+    let first_beat = recorder
+        .matching("POST", "/v1/environments/*/work/*/heartbeat")
+        .first()
+        .and_then(|b| b.end)
+        .expect("a heartbeat was answered");
+    assert!(
+        first_beat < first_skill_answered,
+        "the first heartbeat was answered {:?} after the skill download's first answer",
+        first_beat - first_skill_answered
     );
 }

@@ -1,9 +1,12 @@
 //! `envworker serve`: the webhook server, as a container or a Lambda function.
 
+use std::sync::Arc;
+
 use anyhow::{Context, bail};
 
 use crate::cli::ServeArgs;
 use crate::config::ServeFile;
+use crate::metrics::Metrics;
 use crate::serve::{AppState, Endpoint, Mode, lambda, serve_container};
 use crate::webhook::SigningKey;
 use crate::worker::EnvironmentWorker;
@@ -11,6 +14,14 @@ use crate::worker::poll::DrainOptions;
 
 /// The endpoints to serve: from the file, or the one default endpoint.
 pub fn endpoints(args: &ServeArgs) -> anyhow::Result<Vec<Endpoint>> {
+    endpoints_with_metrics(args, &Arc::default())
+}
+
+/// [`endpoints`] whose workers feed `metrics`.
+pub fn endpoints_with_metrics(
+    args: &ServeArgs,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Vec<Endpoint>> {
     let mut out = Vec::new();
     let Some(path) = &args.config else {
         let environment_id = args
@@ -37,7 +48,9 @@ pub fn endpoints(args: &ServeArgs) -> anyhow::Result<Vec<Endpoint>> {
         if args.max_concurrent_items == 0 {
             bail!("--max-concurrent-items must be at least 1");
         }
-        let options = super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
+        let mut options =
+            super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
+        options.metrics = Some(metrics.clone());
         let worker = EnvironmentWorker::new(options)?;
         out.push(Endpoint::new(
             "default",
@@ -78,6 +91,7 @@ pub fn endpoints(args: &ServeArgs) -> anyhow::Result<Vec<Endpoint>> {
         }
         options.extra_headers.extend(endpoint.extra_headers.clone());
         options.secret_env_vars = endpoint.secret_env_vars.clone();
+        options.metrics = Some(metrics.clone());
         let worker = EnvironmentWorker::new(options)
             .with_context(|| format!("endpoint {:?}", endpoint.name))?;
         out.push(Endpoint::new(
@@ -95,16 +109,17 @@ pub fn endpoints(args: &ServeArgs) -> anyhow::Result<Vec<Endpoint>> {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let endpoints = endpoints(&args)?;
+    let metrics = Arc::new(Metrics::new());
+    let endpoints = endpoints_with_metrics(&args, &metrics)?;
     if lambda::in_lambda() {
         let work = lambda::InvocationWork::default();
-        let state = AppState::new(endpoints, Mode::Lambda(work.clone()));
+        let state = AppState::with_metrics(endpoints, Mode::Lambda(work.clone()), metrics);
         tracing::info!(endpoints = ?state.endpoint_names(), "serving webhooks on AWS Lambda");
         return lambda::run(state, work)
             .await
             .map_err(|e| anyhow::anyhow!("the Lambda runtime stopped: {e}"));
     }
-    let state = AppState::new(endpoints, Mode::Container);
+    let state = AppState::with_metrics(endpoints, Mode::Container, metrics);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -65,6 +65,7 @@ pub struct SyncReport {
     pub deletes_held: usize,
     pub deletes_logged: usize,
     pub conflicts: usize,
+    pub refused: usize,
     pub recovered: usize,
 }
 
@@ -76,6 +77,7 @@ impl SyncReport {
         self.deletes_held += s.deletes_held;
         self.deletes_logged += s.deletes_logged;
         self.conflicts += s.conflicts;
+        self.refused += s.refused;
         self.recovered += s.recovered as usize;
     }
 }
@@ -83,6 +85,8 @@ impl SyncReport {
 /// What a teardown did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct TeardownReport {
+    /// What the final sync did, when it ran to its end.
+    pub final_sync: Option<SyncReport>,
     pub final_sync_cut_off: bool,
     pub flush_cut_off: bool,
     pub flushed: usize,
@@ -283,7 +287,7 @@ impl SessionMemoryStores {
         let mut report = TeardownReport::default();
         if clean_end {
             match tokio::time::timeout(bound, self.finish()).await {
-                Ok(Ok(_)) => {}
+                Ok(Ok(sync)) => report.final_sync = Some(sync),
                 Ok(Err(e)) => warn!(error = %e, "final memory sync skipped"),
                 Err(_) => {
                     report.final_sync_cut_off = true;

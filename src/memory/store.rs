@@ -67,6 +67,10 @@ struct State {
     sent: HashMap<String, String>,
     /// Names already reported as unsyncable.
     warned_names: HashSet<String>,
+    /// Files the server refused since the last pass took the count.
+    new_refusals: usize,
+    /// Uploads that lost to a remote change (409) since the last pass took the count.
+    lost_uploads: usize,
 }
 
 /// A scan with the marker taken out and checked.
@@ -84,7 +88,10 @@ pub struct PassStats {
     pub deletes: usize,
     pub deletes_held: usize,
     pub deletes_logged: usize,
+    /// Remote changes that beat a local one (the local edit lost).
     pub conflicts: usize,
+    /// Files the server refused in this pass (400/413); each counts once
+    /// until its content changes.
     pub refused: usize,
     pub recovered: bool,
 }
@@ -450,7 +457,11 @@ impl AttachedStore {
                 next_baseline.insert(rel, sha);
             }
         }
-        stats.refused = self.state().refused.len();
+        {
+            let mut state = self.state();
+            stats.refused = std::mem::take(&mut state.new_refusals);
+            stats.conflicts += std::mem::take(&mut state.lost_uploads);
+        }
 
         let cap = delete_cap(baseline.len());
         let mut attempted = 0;
@@ -621,6 +632,7 @@ impl AttachedStore {
                     (true, Some(409)) => {
                         // The sent hash stays: this may be a retry of an
                         // attempt that landed; the next listing tells.
+                        self.state().lost_uploads += 1;
                         warn!(
                             memory_store.id = %self.id,
                             memory.path = %rel,
@@ -643,9 +655,10 @@ impl AttachedStore {
 
     fn refuse(&self, rel: &str, local_sha: Option<&str>, rejection: &str) {
         if let Some(sha) = local_sha {
-            self.state()
-                .refused
-                .insert(rel.to_string(), sha.to_string());
+            let mut state = self.state();
+            state.refused.insert(rel.to_string(), sha.to_string());
+            state.new_refusals += 1;
+            drop(state);
             warn!(
                 memory_store.id = %self.id,
                 memory.path = %rel,

@@ -127,7 +127,11 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
             if let Some(ctx) = request.lambda_context_ref() {
                 work.set_deadline(ctx.deadline);
             }
-            let (parts, body) = request.into_parts();
+            // A REST API (v1) event's path comes with the stage in front
+            // (`/Prod/webhooks/…`); route the path the sender asked for.
+            let raw_path = request.raw_http_path().to_string();
+            let (mut parts, body) = request.into_parts();
+            parts.uri = route_by_raw_path(&parts.uri, &raw_path);
             let bytes: Vec<u8> = match body {
                 LambdaBody::Empty => Vec::new(),
                 LambdaBody::Text(t) => t.into_bytes(),
@@ -154,4 +158,41 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
     });
     tokio::try_join!(lambda_http::run(handler), extension.run())?;
     Ok(())
+}
+
+/// `uri` with its path replaced by `raw_path` (the query kept); `uri` itself
+/// when there is no raw path or it does not make a valid URI.
+fn route_by_raw_path(uri: &http::Uri, raw_path: &str) -> http::Uri {
+    if raw_path.is_empty() || raw_path == uri.path() {
+        return uri.clone();
+    }
+    let path_and_query = match uri.query() {
+        Some(query) => format!("{raw_path}?{query}"),
+        None => raw_path.to_string(),
+    };
+    let mut parts = uri.clone().into_parts();
+    match path_and_query.parse() {
+        Ok(pq) => parts.path_and_query = Some(pq),
+        Err(_) => return uri.clone(),
+    }
+    http::Uri::from_parts(parts).unwrap_or_else(|_| uri.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_by_raw_path;
+
+    #[test]
+    fn a_rest_api_stage_is_not_part_of_the_routed_path() {
+        let uri: http::Uri =
+            "https://abc.execute-api.us-east-1.amazonaws.com/Prod/webhooks/default?x=1"
+                .parse()
+                .unwrap();
+        assert_eq!(
+            route_by_raw_path(&uri, "/webhooks/default").to_string(),
+            "https://abc.execute-api.us-east-1.amazonaws.com/webhooks/default?x=1"
+        );
+        assert_eq!(route_by_raw_path(&uri, ""), uri);
+        assert_eq!(route_by_raw_path(&uri, "not a path"), uri);
+    }
 }

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+use crate::metrics::Metrics;
 use crate::webhook::{self, SigningKey, WebhookHeaders};
 use crate::worker::EnvironmentWorker;
 use crate::worker::poll::DrainOptions;
@@ -102,10 +103,18 @@ struct Shared {
     shutdown: CancellationToken,
     tasks: TaskTracker,
     replay: Mutex<ReplayFilter>,
+    metrics: Arc<Metrics>,
 }
 
 impl AppState {
+    /// A state with its own (fresh) metrics.
     pub fn new(endpoints: Vec<Endpoint>, mode: Mode) -> Self {
+        Self::with_metrics(endpoints, mode, Arc::default())
+    }
+
+    /// A state exporting `metrics`, which the endpoints' workers also feed
+    /// (through [`crate::worker::WorkerOptions::metrics`]).
+    pub fn with_metrics(endpoints: Vec<Endpoint>, mode: Mode, metrics: Arc<Metrics>) -> Self {
         AppState {
             inner: Arc::new(Shared {
                 endpoints: endpoints
@@ -116,8 +125,13 @@ impl AppState {
                 shutdown: CancellationToken::new(),
                 tasks: TaskTracker::new(),
                 replay: Mutex::new(ReplayFilter::default()),
+                metrics,
             }),
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
     }
 
     pub fn endpoint_names(&self) -> Vec<String> {
@@ -192,6 +206,7 @@ pub fn app(state: AppState) -> Router {
         .route("/webhooks/{endpoint}", post(webhook))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .route("/metrics", get(metrics))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(
             MAX_BODY_BYTES,
         ))
@@ -208,6 +223,37 @@ async fn ready(State(state): State<AppState>) -> Response {
     } else {
         (StatusCode::OK, "ready\n").into_response()
     }
+}
+
+/// How long a scrape waits for the queue stats of the endpoints.
+const QUEUE_STATS_TIMEOUT: Duration = Duration::from_secs(2);
+
+async fn metrics(State(state): State<AppState>) -> Response {
+    // Queue depth is the scaling signal (KEDA): read it fresh, every endpoint at once.
+    let reads = state.inner.endpoints.values().map(|endpoint| async move {
+        match tokio::time::timeout(QUEUE_STATS_TIMEOUT, endpoint.worker.queue_stats()).await {
+            Ok(Ok(stats)) => Some((endpoint.name.as_str(), stats.depth)),
+            Ok(Err(e)) => {
+                warn!(endpoint = %endpoint.name, error = %e, "cannot read the work queue stats");
+                None
+            }
+            Err(_) => {
+                warn!(endpoint = %endpoint.name, timeout_ms = QUEUE_STATS_TIMEOUT.as_millis() as u64, "cannot read the work queue stats: no answer in time");
+                None
+            }
+        }
+    });
+    for (name, depth) in futures::future::join_all(reads).await.into_iter().flatten() {
+        state.inner.metrics.set_queue_depth(name, depth);
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.inner.metrics.render(),
+    )
+        .into_response()
 }
 
 fn answer(status: StatusCode, body: serde_json::Value) -> Response {
@@ -247,7 +293,9 @@ pub enum Verdict {
 
 /// Check one delivery: endpoint, signature, event type, replay, shutdown.
 pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> Verdict {
+    let count = |outcome: &'static str| state.inner.metrics.webhook(name, outcome);
     let Some(endpoint) = state.inner.endpoints.get(name).cloned() else {
+        state.inner.metrics.webhook("unknown", "not_found");
         return Verdict::Respond(answer(
             StatusCode::NOT_FOUND,
             json!({"error": format!("no webhook endpoint named {name:?}")}),
@@ -262,6 +310,7 @@ pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> 
         Ok(id) => id.to_string(),
         Err(e) => {
             warn!(endpoint = %name, error = %e, "webhook refused");
+            count("unauthorized");
             return Verdict::Respond(answer(
                 StatusCode::UNAUTHORIZED,
                 json!({"error": e.to_string()}),
@@ -272,6 +321,7 @@ pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> 
         Ok(event) => event,
         Err(e) => {
             warn!(endpoint = %name, webhook.id = %id, error = %e, "webhook body is not an event");
+            count("bad_request");
             return Verdict::Respond(answer(
                 StatusCode::BAD_REQUEST,
                 json!({"error": format!("the body is not a webhook event: {e}")}),
@@ -280,9 +330,11 @@ pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> 
     };
     if event.kind != "event" || event.data.kind != RUN_STARTED {
         info!(endpoint = %name, webhook.id = %id, event.type = %event.data.kind, "webhook ignored");
+        count("ignored");
         return Verdict::Respond(answer(StatusCode::OK, json!({"status": "ignored"})));
     }
     if state.is_shutting_down() {
+        count("shutting_down");
         return Verdict::Respond(
             (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -295,11 +347,14 @@ pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> 
     {
         let mut replay = state.inner.replay.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
-        if replay.contains(&id, now) {
+        // Per endpoint: the same event reaches every endpoint subscribed to it.
+        let seen = format!("{name}\n{id}");
+        if replay.contains(&seen, now) {
             info!(endpoint = %name, webhook.id = %id, "webhook already accepted; not starting work again");
+            count("duplicate");
             return Verdict::Respond(answer(StatusCode::OK, json!({"status": "duplicate"})));
         }
-        replay.record(&id, now);
+        replay.record(&seen, now);
     }
     info!(
         endpoint = %name,
@@ -307,6 +362,7 @@ pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> 
         session_id = %event.data.id.as_deref().unwrap_or(""),
         "webhook accepted; draining the queue"
     );
+    count("accepted");
     Verdict::Work(
         endpoint,
         answer(StatusCode::ACCEPTED, json!({"status": "accepted"})),

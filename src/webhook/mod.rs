@@ -109,7 +109,8 @@ pub struct WebhookHeaders<'a> {
 
 impl<'a> WebhookHeaders<'a> {
     pub fn from_http(headers: &'a http::HeaderMap) -> Self {
-        let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        // A present header that is not visible ASCII reads as empty: malformed, not missing.
+        let get = |name: &str| headers.get(name).map(|v| v.to_str().unwrap_or_default());
         WebhookHeaders {
             id: get("webhook-id"),
             timestamp: get("webhook-timestamp"),
@@ -299,8 +300,25 @@ mod tests {
             Err(WebhookError::MalformedHeader("webhook-timestamp"))
         );
         assert_eq!(
-            verify(&[key], headers(ID, &ts, "v2,abc"), BODY, TS),
+            verify(
+                std::slice::from_ref(&key),
+                headers(ID, &ts, "v2,abc"),
+                BODY,
+                TS
+            ),
             Err(WebhookError::MalformedHeader("webhook-signature"))
+        );
+        // A header that is present but not visible ASCII is malformed, not missing.
+        let mut map = http::HeaderMap::new();
+        map.insert(
+            "webhook-id",
+            http::HeaderValue::from_bytes(b"msg_\xff").unwrap(),
+        );
+        map.insert("webhook-timestamp", ts.parse().unwrap());
+        map.insert("webhook-signature", SIGNATURE.parse().unwrap());
+        assert_eq!(
+            verify(&[key], WebhookHeaders::from_http(&map), BODY, TS),
+            Err(WebhookError::MalformedHeader("webhook-id"))
         );
     }
 

@@ -86,6 +86,8 @@ pub struct ItemReport {
     pub stats: RunStats,
     pub teardown: TeardownReport,
     pub duration: Duration,
+    /// The session was fetched and [`WorkerEvent::Claimed`] emitted.
+    pub claimed: bool,
 }
 
 impl EnvironmentWorker {
@@ -120,6 +122,7 @@ impl EnvironmentWorker {
             stats: RunStats::default(),
             teardown: TeardownReport::default(),
             duration: Duration::ZERO,
+            claimed: false,
         };
 
         // The per-item credential: the secret's sessions token, else the environment key.
@@ -137,6 +140,7 @@ impl EnvironmentWorker {
             error!(error = %e, "work item failed");
             report.outcome = ItemOutcome::Failed(e.to_string());
             report.duration = started.elapsed();
+            self.emit(WorkerEvent::Finished(Box::new(report.clone())));
             return report;
         };
         let client = self.client(&credential, "environments-worker");
@@ -272,6 +276,7 @@ impl EnvironmentWorker {
             work_id: item.id.clone(),
             session_id: session.id.clone(),
         });
+        report.claimed = true;
         if session.status == SessionStatus::Terminated {
             info!("session already terminated; stopping the item without running tools");
             return ItemOutcome::AlreadyTerminated;

@@ -101,6 +101,8 @@ pub struct WorkerOptions {
     /// Mount paths under `advertised` really live under `actual` (Lambda: `/mnt/memory` → `/tmp/mnt/memory`).
     pub mount_remap: Option<crate::remap::MountRemap>,
     pub events: Option<EventSink>,
+    /// Counters fed from the same events (the server's `/metrics`).
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl std::fmt::Debug for WorkerOptions {
@@ -151,6 +153,7 @@ impl WorkerOptions {
             memory_teardown_bound: crate::memory::options::FLUSH_TIMEOUT,
             mount_remap: None,
             events: None,
+            metrics: None,
         }
     }
 
@@ -172,6 +175,10 @@ impl WorkerOptions {
         }
         if self.worker_id.is_empty() {
             return Err(WorkerError::Config("the worker id is empty".into()));
+        }
+        // `SyncInterval::Every` can be built without `SyncInterval::every`'s floor check.
+        if let SyncInterval::Every(interval) = self.memory_sync_interval {
+            SyncInterval::every(interval).map_err(|e| WorkerError::Config(e.to_string()))?;
         }
         Ok(())
     }
@@ -217,6 +224,18 @@ impl EnvironmentWorker {
         &self.inner.options
     }
 
+    /// The environment's queue statistics (environment key), for `/metrics`.
+    pub async fn queue_stats(
+        &self,
+    ) -> Result<crate::api::types::WorkQueueStats, crate::api::Error> {
+        self.inner
+            .base
+            .with_helper("environments-worker")
+            .work(&self.inner.options.environment_id)
+            .stats()
+            .await
+    }
+
     /// A client with this worker's headers and `credential`.
     pub(crate) fn client(&self, credential: &Redacted, helper: &'static str) -> Client {
         self.inner
@@ -226,6 +245,9 @@ impl EnvironmentWorker {
     }
 
     pub(crate) fn emit(&self, event: WorkerEvent) {
+        if let Some(metrics) = &self.inner.options.metrics {
+            metrics.observe(&event);
+        }
         if let Some(sink) = &self.inner.options.events {
             let _ = sink.send(event);
         }

@@ -1,0 +1,1218 @@
+//! envworker's worker next to the official Python SDK's (`anthropic==2.10.0`),
+//! each serving identical scripted sessions of one devserver:
+//!
+//! 1. **Runner throughput.** A generated scenario of 1 warm-up call and 200
+//!    measured tool calls (bash `echo`, read, write, edit, glob, grep on small
+//!    files of the workdir and of a memory store; every call must succeed and
+//!    the store must end as expected). Calls per second over the window from
+//!    the `agent.tool_use` of the first measured call to the `user.tool_result`
+//!    of the last (the devserver's `processed_at` stamps), and p50/p99 of the
+//!    report's per-step `latency_ms` (tool_use recorded → result recorded).
+//! 2. **Start-up.** (i) cold start: spawn → `GET /readyz` answers 200, for
+//!    `envworker serve` and for a webhook receiver built on the SDK alone
+//!    (`benches/sdk_session.py webhook`; its `import anthropic` time is shown
+//!    too); and spawn → first poll request, for `envworker poll` and the SDK's
+//!    `EnvironmentWorker.run()`, against a stub that answers every poll with
+//!    `null`. (ii) a signed `session.status_run_started` webhook delivered to
+//!    the running receiver → the first call's result recorded by the
+//!    devserver, split at the work item's `acknowledged_at`; and, for the
+//!    always-on pollers, work enqueued (`created_at`) → first result. (iii)
+//!    peak RSS (`VmHWM`) of the worker process at the end of the 200-call
+//!    session, and its CPU time during the session.
+//!
+//! Both workers run as their own processes (envworker: the release binary
+//! `envworker serve`, the path a webhook takes in production; the SDK: one
+//! Python process), with the same settings (max idle 1 s, memory sync every
+//! 5 s), against one `envworker devserver` process whose database and mount
+//! root are on tmpfs. Runs alternate envworker / SDK; one warm-up round is
+//! not counted. Prints medians and ratios and writes them into
+//! `benches/RESULTS.md` between its markers. Run: `cargo bench --bench session`
+//! (`SESSION_BENCH_RUNS=N` for another number of runs, default 5).
+
+#[path = "../tests/common/sdk.rs"]
+#[allow(dead_code)]
+mod sdk;
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use envworker::webhook::SigningKey;
+use serde_json::{Value, json};
+
+const ADMIN_KEY: &str = "bench-admin";
+const AGENTS_BETA: &str = "managed-agents-2026-04-01";
+/// Measured tool calls of the throughput scenario (after one warm-up call).
+const CALLS: usize = 200;
+/// Measured calls of the short scenario of the poll-mode runs.
+const SHORT_CALLS: usize = 5;
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const RUN_TIMEOUT: Duration = Duration::from_secs(300);
+/// Where the phase of the always-on pollers is sampled: the work is enqueued
+/// this long after the poller's first poll (the same list for both).
+const POLL_PHASES_MS: [u64; 7] = [300, 2_900, 1_500, 3_700, 700, 2_300, 4_100];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Ours,
+    Sdk,
+}
+
+impl Who {
+    fn label(self) -> &'static str {
+        match self {
+            Who::Ours => "envworker",
+            Who::Sdk => "sdk",
+        }
+    }
+}
+
+// ---------------------------------------------------------------- processes
+
+/// A child process, killed on drop; stdout lines are timestamped as they come.
+struct Proc {
+    child: Child,
+    name: String,
+    log: PathBuf,
+    lines: mpsc::Receiver<(String, Instant)>,
+}
+
+impl Proc {
+    /// Spawn `cmd` with stderr into `log`; returns the process and the instant
+    /// just before the spawn.
+    fn spawn(cmd: &mut Command, name: &str, log: &Path) -> (Proc, Instant) {
+        let err = std::fs::File::create(log).expect("the log file can be created");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(err));
+        let at = Instant::now();
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send((line, Instant::now())).is_err() {
+                    break;
+                }
+            }
+        });
+        (
+            Proc {
+                child,
+                name: name.to_string(),
+                log: log.to_path_buf(),
+                lines: rx,
+            },
+            at,
+        )
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of its stderr, for failure messages.
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Panics (with its log) when the process has exited.
+    fn assert_alive(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{} exited early ({status}); its log ({}):\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+    }
+
+    /// The first stdout line starting with `prefix`, and when it arrived.
+    fn wait_line(&mut self, prefix: &str, timeout: Duration) -> (String, Instant) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self.lines.recv_timeout(Duration::from_millis(50)) {
+                Ok((line, at)) if line.starts_with(prefix) => return (line, at),
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.assert_alive();
+                    std::thread::sleep(Duration::from_millis(50));
+                    self.assert_alive();
+                    panic!("{}: stdout closed before {prefix:?}", self.name);
+                }
+            }
+            self.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "{}: no {prefix:?} line within {timeout:?}; log:\n{}",
+                self.name,
+                self.log_tail()
+            );
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `VmHWM` / `VmRSS` line of `/proc/PID/status`, in KiB.
+fn proc_status_kb(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
+}
+
+/// User + system CPU time of the process itself (not of its children), in ms.
+fn proc_cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    // Fields 14 and 15 of the line (utime, stime), counted from `state` (3).
+    let ticks: f64 = rest
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
+        .unwrap_or(0.0);
+    // USER_HZ is 100 on every Linux target.
+    ticks * 10.0
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Poll `GET /readyz` (a fresh connection every millisecond, as a load
+/// balancer's probe would) until it answers 200; the instant it did.
+fn wait_ready(port: u16, proc: &mut Proc) -> Instant {
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = s
+                .write_all(b"GET /readyz HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n\r\n");
+            let mut head = [0u8; 12];
+            if s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 200") {
+                return Instant::now();
+            }
+        }
+        proc.assert_alive();
+        assert!(
+            Instant::now() < deadline,
+            "{}: /readyz did not answer 200 within {READY_TIMEOUT:?}; log:\n{}",
+            proc.name,
+            proc.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// A stand-in API that answers every request with `200 null` and reports
+/// the instant each `…/work/poll` request arrived.
+fn poll_stub() -> (String, mpsc::Receiver<Instant>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming().map_while(Result::ok) {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream);
+                let mut request_line = String::new();
+                if reader.read_line(&mut request_line).is_err() {
+                    return;
+                }
+                loop {
+                    let mut line = String::new();
+                    match reader.read_line(&mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line == "\r\n" || line == "\n" => break,
+                        Ok(_) => {}
+                    }
+                }
+                if request_line.contains("/work/poll") {
+                    let _ = tx.send(Instant::now());
+                }
+                let _ = reader.get_mut().write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 4\r\nconnection: close\r\n\r\nnull",
+                );
+            });
+        }
+    });
+    (url, rx)
+}
+
+// ---------------------------------------------------------------- devserver
+
+struct Devserver {
+    _proc: Proc,
+    url: String,
+    http: reqwest::Client,
+}
+
+fn micros_of(ts: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(ts)
+        .unwrap_or_else(|e| panic!("{ts:?} is not RFC 3339: {e}"))
+        .timestamp_micros()
+}
+
+fn now_micros() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as i64
+}
+
+impl Devserver {
+    fn start(exe: &Path, root: &Path) -> Devserver {
+        let data = root.join("data");
+        let mnt = root.join("mnt");
+        let (mut proc, _) = Proc::spawn(
+            Command::new(exe)
+                .args([
+                    "devserver",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--admin-key",
+                    ADMIN_KEY,
+                ])
+                .args(["--data-dir", data.to_str().unwrap()])
+                .args(["--mount-root", mnt.to_str().unwrap()])
+                .env("RUST_LOG", "warn"),
+            "envworker devserver",
+            &root.join("devserver.log"),
+        );
+        let (line, _) = proc.wait_line("envworker devserver listening on ", READY_TIMEOUT);
+        let url = line.trim().rsplit(' ').next().unwrap().to_string();
+        Devserver {
+            _proc: proc,
+            url,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    async fn send(&self, rb: reqwest::RequestBuilder) -> Value {
+        let response = rb
+            .header("x-api-key", ADMIN_KEY)
+            .header("anthropic-version", "2023-06-01")
+            .header("anthropic-beta", AGENTS_BETA)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .expect("the devserver answers");
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert!(status.is_success(), "devserver: {status}: {body}");
+        serde_json::from_str(&body).unwrap_or(Value::Null)
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.send(self.http.get(format!("{}{path}", self.url)))
+            .await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.send(self.http.post(format!("{}{path}", self.url)).json(&body))
+            .await
+    }
+
+    /// A new self-hosted environment: (id, key).
+    async fn environment(&self) -> (String, String) {
+        let env = self.post("/dev/environments", json!({})).await;
+        (
+            env["environment_id"].as_str().unwrap().to_string(),
+            env["environment_key"].as_str().unwrap().to_string(),
+        )
+    }
+
+    async fn start_scenario(&self, doc: &Value) -> String {
+        let started = self.post("/dev/scenarios", doc.clone()).await;
+        started["session_id"].as_str().unwrap().to_string()
+    }
+
+    /// The report once it is no longer `running`; panics with the worker's
+    /// log unless it passed.
+    async fn passed_report(&self, session_id: &str, worker: &mut Proc) -> Value {
+        let deadline = Instant::now() + RUN_TIMEOUT;
+        loop {
+            let report = self.get(&format!("/dev/scenarios/{session_id}")).await;
+            if report["status"] != "running" {
+                assert!(
+                    report["status"] == "passed" && report["failures"] == json!([]),
+                    "{}: the scenario did not pass: {:#}\nworker log:\n{}",
+                    worker.name,
+                    report["failures"],
+                    worker.log_tail()
+                );
+                return report;
+            }
+            worker.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "{}: the scenario is still running after {RUN_TIMEOUT:?}; worker log:\n{}",
+                worker.name,
+                worker.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every event of the session, oldest first.
+    async fn events(&self, session_id: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut path = format!("/v1/sessions/{session_id}/events?limit=1000");
+            if let Some(p) = &page {
+                path.push_str(&format!("&page={p}"));
+            }
+            let body = self.get(&path).await;
+            out.extend(body["data"].as_array().cloned().unwrap_or_default());
+            match body["next_page"].as_str() {
+                Some(next) if !next.is_empty() => page = Some(next.to_string()),
+                _ => return out,
+            }
+        }
+    }
+
+    /// The (only) work item of an environment.
+    async fn work_item(&self, environment_id: &str) -> Value {
+        let list = self
+            .get(&format!("/v1/environments/{environment_id}/work"))
+            .await;
+        list["data"][0].clone()
+    }
+
+    /// Wait until a worker has polled this environment.
+    async fn wait_polling(&self, environment_id: &str, worker: &mut Proc) {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        loop {
+            let stats = self
+                .get(&format!("/v1/environments/{environment_id}/work/stats"))
+                .await;
+            if stats["workers_polling"].as_u64().unwrap_or(0) >= 1 {
+                return;
+            }
+            worker.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "{}: never polled; log:\n{}",
+                worker.name,
+                worker.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------- scenario
+
+/// One warm-up call, then `calls` measured calls cycling through write,
+/// read, edit, bash, glob, grep — on `files/gN.txt` in the workdir for even
+/// groups and on `gN.md` in the memory store for odd ones.
+fn scenario(name: &str, environment_id: &str, store_name: &str, calls: usize) -> Value {
+    let mut memories: BTreeMap<String, String> = (0..10)
+        .map(|i| (format!("/seed-{i}.md"), format!("seed {i}\n")))
+        .collect();
+    let initial = memories.clone();
+    let mut steps = vec![json!({"tool": "bash", "input": {"command": "echo warm-up"},
+                                "expect": {"is_error": false, "contains": "warm-up"}})];
+    let mut g = 0;
+    'groups: loop {
+        let in_store = g % 2 == 1;
+        let (dir, file) = if in_store {
+            (
+                "{mount:notes}".to_string(),
+                format!("{{mount:notes}}/g{g}.md"),
+            )
+        } else {
+            ("files".to_string(), format!("files/g{g}.txt"))
+        };
+        let ext = if in_store { "md" } else { "txt" };
+        let group = [
+            json!({"tool": "write", "input": {"file_path": file, "content": format!("alpha {g}\nbeta {g}\n")},
+                   "expect": {"is_error": false}}),
+            json!({"tool": "read", "input": {"file_path": file},
+                   "expect": {"is_error": false, "contains": format!("alpha {g}")}}),
+            json!({"tool": "edit", "input": {"file_path": file, "old_string": format!("beta {g}\n"), "new_string": format!("gamma {g}\n")},
+                   "expect": {"is_error": false}}),
+            json!({"tool": "bash", "input": {"command": format!("echo step {g}")},
+                   "expect": {"is_error": false, "contains": format!("step {g}")}}),
+            json!({"tool": "glob", "input": {"pattern": format!("g*.{ext}"), "path": dir},
+                   "expect": {"is_error": false, "contains": format!("g{g}.{ext}")}}),
+            json!({"tool": "grep", "input": {"pattern": format!("gamma {g}"), "path": dir},
+                   "expect": {"is_error": false, "contains": format!("gamma {g}")}}),
+        ];
+        for (i, step) in group.into_iter().enumerate() {
+            if steps.len() == calls + 1 {
+                break 'groups;
+            }
+            if in_store {
+                let path = format!("/g{g}.md");
+                match i {
+                    0 => {
+                        memories.insert(path, format!("alpha {g}\nbeta {g}\n"));
+                    }
+                    2 => {
+                        memories.insert(path, format!("alpha {g}\ngamma {g}\n"));
+                    }
+                    _ => {}
+                }
+            }
+            steps.push(step);
+        }
+        g += 1;
+    }
+    json!({
+        "name": name,
+        "environment_id": environment_id,
+        "memory_stores": [{"key": "notes", "name": store_name, "access": "read_write", "memories": initial}],
+        "steps": steps,
+        "expect_final": {"notes": memories},
+    })
+}
+
+// ---------------------------------------------------------------- workers
+
+struct Setup {
+    envworker: PathBuf,
+    python: PathBuf,
+    script: PathBuf,
+    root: PathBuf,
+}
+
+impl Setup {
+    /// Command for a webhook receiver of `who` on `port`.
+    fn webhook_cmd(
+        &self,
+        who: Who,
+        port: u16,
+        env: &(String, String),
+        api: &str,
+        workdir: &Path,
+        secret: &str,
+    ) -> Command {
+        match who {
+            Who::Ours => {
+                let mut c = Command::new(&self.envworker);
+                c.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+                    .args(["--max-idle", "1s", "--memory-sync-interval", "5s"])
+                    .env_remove("RUST_LOG")
+                    .env("ANTHROPIC_BASE_URL", api)
+                    .env("ANTHROPIC_ENVIRONMENT_ID", &env.0)
+                    .env("ANTHROPIC_ENVIRONMENT_KEY", &env.1)
+                    .env("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret)
+                    .env("ENVWORKER_WORKDIR", workdir);
+                c
+            }
+            Who::Sdk => {
+                let mut c = self.sdk_cmd("webhook", env, api, workdir);
+                c.env("WEBHOOK_SECRET", secret)
+                    .env("LISTEN_PORT", port.to_string());
+                c
+            }
+        }
+    }
+
+    /// Command for an always-on poller of `who`.
+    fn poll_cmd(&self, who: Who, env: &(String, String), api: &str, workdir: &Path) -> Command {
+        match who {
+            Who::Ours => {
+                let mut c = Command::new(&self.envworker);
+                c.args(["poll", "--max-idle", "1s", "--memory-sync-interval", "5s"])
+                    .env_remove("RUST_LOG")
+                    .env("ANTHROPIC_BASE_URL", api)
+                    .env("ANTHROPIC_ENVIRONMENT_ID", &env.0)
+                    .env("ANTHROPIC_ENVIRONMENT_KEY", &env.1)
+                    .env("ENVWORKER_WORKDIR", workdir);
+                c
+            }
+            Who::Sdk => self.sdk_cmd("poll", env, api, workdir),
+        }
+    }
+
+    fn sdk_cmd(&self, mode: &str, env: &(String, String), api: &str, workdir: &Path) -> Command {
+        let mut c = Command::new(&self.python);
+        c.arg(&self.script)
+            .arg(mode)
+            .env("PYTHONUNBUFFERED", "1")
+            .env("ENVWORKER_URL", api)
+            .env("ENVWORKER_ENVIRONMENT_ID", &env.0)
+            .env("ENVWORKER_ENVIRONMENT_KEY", &env.1)
+            .env("ENVWORKER_WORKDIR", workdir)
+            .env("SDK_MAX_IDLE", "1")
+            .env("SDK_SYNC_INTERVAL", "5");
+        c
+    }
+
+    fn workdir(&self, tag: &str) -> PathBuf {
+        let dir = self.root.join(tag).join("work");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+}
+
+/// What one webhook-driven run of the throughput scenario measured.
+#[derive(Debug, Default, Clone)]
+struct WebhookRun {
+    /// Spawn → `/readyz` 200.
+    cold_ms: f64,
+    /// SDK only: spawn → `import anthropic` done.
+    import_ms: Option<f64>,
+    /// `VmHWM` once ready.
+    rss_ready_kb: f64,
+    /// Webhook sent → first call's result recorded.
+    first_result_ms: f64,
+    /// Webhook sent → the work item acknowledged.
+    to_ack_ms: f64,
+    /// Acknowledged → first call's result recorded.
+    ack_to_first_ms: f64,
+    calls_per_s: f64,
+    /// Mean time per call the devserver spent between a result and the next
+    /// `agent.tool_use` (the window less the calls' latencies, over the calls).
+    gap_ms: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    /// `VmHWM` at the end of the session.
+    peak_rss_kb: f64,
+    /// CPU time of the worker process from ready to the end of the session.
+    cpu_ms: f64,
+    /// (tool, latency) of every measured call.
+    per_call: Vec<(String, f64)>,
+}
+
+/// The event with this id (tool_use) or answering it (tool_result).
+fn stamp(events: &[Value], kind: &str, field: &str, id: &str) -> i64 {
+    let event = events
+        .iter()
+        .find(|e| e["type"] == kind && e[field] == id)
+        .unwrap_or_else(|| panic!("no {kind} with {field}={id}"));
+    micros_of(event["processed_at"].as_str().unwrap())
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+fn median(xs: impl IntoIterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = xs.into_iter().collect();
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+async fn webhook_run(
+    setup: &Setup,
+    dev: &Devserver,
+    who: Who,
+    tag: &str,
+    calls: usize,
+) -> WebhookRun {
+    let env = dev.environment().await;
+    let workdir = setup.workdir(&format!("{tag}-{}", who.label()));
+    let (key, secret) = SigningKey::generate();
+    let port = free_port();
+    let mut cmd = setup.webhook_cmd(who, port, &env, &dev.url, &workdir, &secret);
+    let log = setup.root.join(format!("{tag}-{}.log", who.label()));
+    let (mut proc, spawned) = Proc::spawn(&mut cmd, &format!("{} ({tag})", who.label()), &log);
+    let ready = tokio::task::block_in_place(|| wait_ready(port, &mut proc));
+    let mut run = WebhookRun {
+        cold_ms: (ready - spawned).as_secs_f64() * 1e3,
+        ..Default::default()
+    };
+    if who == Who::Sdk {
+        let (_, imported) = proc.wait_line("imported", Duration::from_secs(1));
+        run.import_ms = Some((imported - spawned).as_secs_f64() * 1e3);
+    }
+    let pid = proc.pid();
+    run.rss_ready_kb = proc_status_kb(pid, "VmHWM");
+    let cpu_ready = proc_cpu_ms(pid);
+
+    let doc = scenario(
+        &format!("bench-{tag}-{}", who.label()),
+        &env.0,
+        &format!("Bench Notes {tag} {}", who.label()),
+        calls,
+    );
+    let session_id = dev.start_scenario(&doc).await;
+    let body = json!({
+        "type": "event",
+        "id": format!("whe_bench_{tag}_{}", who.label()),
+        "created_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "data": {"type": "session.status_run_started", "id": session_id,
+                 "organization_id": "org_devserver", "workspace_id": "wrkspc_devserver"},
+    })
+    .to_string();
+    let webhook_id = format!("whe_bench_{tag}_{}", who.label());
+    let ts = now_micros() / 1_000_000;
+    let sent = now_micros();
+    let answer = dev
+        .http
+        .post(format!("http://127.0.0.1:{port}/webhooks/default"))
+        .header("webhook-id", &webhook_id)
+        .header("webhook-timestamp", ts.to_string())
+        .header(
+            "webhook-signature",
+            key.sign(&webhook_id, ts, body.as_bytes()),
+        )
+        .header("content-type", "application/json")
+        .body(body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the webhook receiver answers");
+    assert_eq!(
+        answer.status().as_u16(),
+        202,
+        "{}: webhook refused; log:\n{}",
+        proc.name,
+        proc.log_tail()
+    );
+
+    let report = dev.passed_report(&session_id, &mut proc).await;
+    run.peak_rss_kb = proc_status_kb(pid, "VmHWM");
+    run.cpu_ms = proc_cpu_ms(pid) - cpu_ready;
+    drop(proc);
+
+    let events = dev.events(&session_id).await;
+    let steps = report["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), calls + 1);
+    let use_id = |i: usize| steps[i]["tool_use_id"].as_str().unwrap().to_string();
+    let first_result = stamp(&events, "user.tool_result", "tool_use_id", &use_id(0));
+    let acked = micros_of(
+        dev.work_item(&env.0).await["acknowledged_at"]
+            .as_str()
+            .expect("the item was acknowledged"),
+    );
+    run.first_result_ms = (first_result - sent) as f64 / 1e3;
+    run.to_ack_ms = (acked - sent) as f64 / 1e3;
+    run.ack_to_first_ms = (first_result - acked) as f64 / 1e3;
+    let window_start = stamp(&events, "agent.tool_use", "id", &use_id(1));
+    let window_end = stamp(&events, "user.tool_result", "tool_use_id", &use_id(calls));
+    run.calls_per_s = calls as f64 / ((window_end - window_start) as f64 / 1e6);
+    run.per_call = steps[1..]
+        .iter()
+        .map(|s| {
+            (
+                s["name"].as_str().unwrap_or("?").to_string(),
+                s["latency_ms"]
+                    .as_f64()
+                    .expect("a measured step has a latency"),
+            )
+        })
+        .collect();
+    let busy: f64 = run.per_call.iter().map(|(_, l)| *l).sum();
+    run.gap_ms = ((window_end - window_start) as f64 / 1e3 - busy) / calls as f64;
+    let mut lat: Vec<f64> = run.per_call.iter().map(|(_, l)| *l).collect();
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    run.p50_ms = percentile(&lat, 50.0);
+    run.p99_ms = percentile(&lat, 99.0);
+    run
+}
+
+/// Always-on poller: (enqueued → first result, enqueued → ack, ack → first result), ms.
+async fn poll_run(
+    setup: &Setup,
+    dev: &Devserver,
+    who: Who,
+    tag: &str,
+    phase: Duration,
+) -> (f64, f64, f64) {
+    let env = dev.environment().await;
+    let workdir = setup.workdir(&format!("{tag}-{}", who.label()));
+    let mut cmd = setup.poll_cmd(who, &env, &dev.url, &workdir);
+    let log = setup.root.join(format!("{tag}-{}.log", who.label()));
+    let (mut proc, _) = Proc::spawn(&mut cmd, &format!("{} poller ({tag})", who.label()), &log);
+    dev.wait_polling(&env.0, &mut proc).await;
+    tokio::time::sleep(phase).await;
+    let doc = scenario(
+        &format!("bench-{tag}-{}", who.label()),
+        &env.0,
+        &format!("Bench Notes {tag} {}", who.label()),
+        SHORT_CALLS,
+    );
+    let session_id = dev.start_scenario(&doc).await;
+    let report = dev.passed_report(&session_id, &mut proc).await;
+    drop(proc);
+    let events = dev.events(&session_id).await;
+    let first = stamp(
+        &events,
+        "user.tool_result",
+        "tool_use_id",
+        report["steps"][0]["tool_use_id"].as_str().unwrap(),
+    );
+    let item = dev.work_item(&env.0).await;
+    let created = micros_of(item["created_at"].as_str().unwrap());
+    let acked = micros_of(item["acknowledged_at"].as_str().unwrap());
+    (
+        (first - created) as f64 / 1e3,
+        (acked - created) as f64 / 1e3,
+        (first - acked) as f64 / 1e3,
+    )
+}
+
+/// Spawn → the first poll request reaching the stub, ms.
+fn first_poll_run(
+    setup: &Setup,
+    stub: &(String, mpsc::Receiver<Instant>),
+    who: Who,
+    tag: &str,
+) -> f64 {
+    while stub.1.try_recv().is_ok() {}
+    let env = ("env_stub".to_string(), "sk-ant-envkey-stub".to_string());
+    let workdir = setup.workdir(&format!("{tag}-{}", who.label()));
+    let mut cmd = setup.poll_cmd(who, &env, &stub.0, &workdir);
+    let log = setup.root.join(format!("{tag}-{}.log", who.label()));
+    let (mut proc, spawned) =
+        Proc::spawn(&mut cmd, &format!("{} poller ({tag})", who.label()), &log);
+    let deadline = Instant::now() + READY_TIMEOUT;
+    loop {
+        if let Ok(at) = stub.1.recv_timeout(Duration::from_millis(50)) {
+            return (at - spawned).as_secs_f64() * 1e3;
+        }
+        proc.assert_alive();
+        assert!(
+            Instant::now() < deadline,
+            "{}: no poll within {READY_TIMEOUT:?}; log:\n{}",
+            proc.name,
+            proc.log_tail()
+        );
+    }
+}
+
+// ---------------------------------------------------------------- report
+
+struct Row {
+    what: String,
+    ours: Option<f64>,
+    sdk: Option<f64>,
+    unit: &'static str,
+    /// Higher is better (throughput); else lower is better.
+    higher_better: bool,
+    /// Say which is better: not for figures decided by chance (poll cadence).
+    verdict: bool,
+}
+
+fn row(
+    what: &str,
+    ours: Option<f64>,
+    sdk: Option<f64>,
+    unit: &'static str,
+    higher_better: bool,
+) -> Row {
+    Row {
+        what: what.to_string(),
+        ours,
+        sdk,
+        unit,
+        higher_better,
+        verdict: true,
+    }
+}
+
+/// A row whose difference is chance, not the implementation: no verdict.
+fn chance(mut r: Row) -> Row {
+    r.verdict = false;
+    r
+}
+
+fn fmt_value(v: Option<f64>, unit: &str) -> String {
+    match v {
+        None => "—".into(),
+        Some(v) if v >= 100.0 => format!("{v:.0} {unit}"),
+        Some(v) if v >= 10.0 => format!("{v:.1} {unit}"),
+        Some(v) => format!("{v:.2} {unit}"),
+    }
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = String::new();
+    out.push_str("| measure | envworker | SDK | envworker ÷ SDK | |\n|---|---|---|---|---|\n");
+    for r in rows {
+        let (ratio, verdict) = match (r.ours, r.sdk) {
+            (Some(o), Some(s)) if s > 0.0 && o > 0.0 && !r.verdict => (
+                format!("{:.2}", o / s),
+                "chance (both: 999 ms long poll, then 1–3 s jittered sleep)".to_string(),
+            ),
+            (Some(o), Some(s)) if s > 0.0 && o > 0.0 => {
+                let ratio = o / s;
+                let better = if r.higher_better {
+                    ratio >= 1.0
+                } else {
+                    ratio <= 1.0
+                };
+                let factor = if ratio >= 1.0 { ratio } else { 1.0 / ratio };
+                let word = match (r.unit, better) {
+                    ("MiB", true) => "less memory",
+                    ("MiB", false) => "more memory",
+                    ("ms CPU", true) => "less CPU",
+                    ("ms CPU", false) => "more CPU",
+                    (_, true) => "faster",
+                    (_, false) => "slower",
+                };
+                let ratio = if ratio < 0.1 {
+                    format!("{ratio:.4}")
+                } else {
+                    format!("{ratio:.2}")
+                };
+                let factor = if factor >= 10.0 {
+                    format!("{factor:.0}")
+                } else {
+                    format!("{factor:.1}")
+                };
+                (ratio, format!("{factor}× {word}"))
+            }
+            _ => ("—".into(), String::new()),
+        };
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            r.what,
+            fmt_value(r.ours, r.unit),
+            fmt_value(r.sdk, r.unit),
+            ratio,
+            verdict
+        );
+    }
+    out
+}
+
+fn machine_note() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    format!("{cores} cores ({model}), Linux {kernel}")
+}
+
+/// The 1-minute load average: other work on the machine skews every figure.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        .unwrap_or("?")
+        .to_string()
+}
+
+const BEGIN: &str = "<!-- session-bench:begin (written by `cargo bench --bench session`) -->";
+const END: &str = "<!-- session-bench:end -->";
+
+/// Replace the section between the markers of `benches/RESULTS.md` (or
+/// write the file with only that section).
+fn write_results(section: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/RESULTS.md");
+    let block = format!("{BEGIN}\n{section}{END}\n");
+    let text = match std::fs::read_to_string(&path) {
+        Ok(old) if old.contains(BEGIN) && old.contains(END) => {
+            let (head, rest) = old.split_once(BEGIN).unwrap();
+            let (_, tail) = rest.split_once(END).unwrap();
+            format!("{head}{block}\n{}", tail.trim_start_matches('\n'))
+        }
+        Ok(old) => format!("{}\n\n{block}", old.trim_end()),
+        Err(_) => format!("# Benchmark results\n\n{block}"),
+    };
+    std::fs::write(&path, text).expect("benches/RESULTS.md is writable");
+    println!("written to {}", path.display());
+}
+
+// ---------------------------------------------------------------- main
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let runs: usize = std::env::var("SESSION_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n >= 1)
+        .unwrap_or(5);
+    // Installs the SDK into target/tmp on first use; fails loudly if it cannot.
+    let python = sdk::python();
+    let shm = Path::new("/dev/shm");
+    let tmp = if shm.is_dir() {
+        tempfile::Builder::new()
+            .prefix("envworker-session-bench-")
+            .tempdir_in(shm)
+            .unwrap()
+    } else {
+        tempfile::Builder::new()
+            .prefix("envworker-session-bench-")
+            .tempdir()
+            .unwrap()
+    };
+    let setup = Setup {
+        envworker: PathBuf::from(env!("CARGO_BIN_EXE_envworker")),
+        python,
+        script: Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sdk_session.py"),
+        root: tmp.path().to_path_buf(),
+    };
+    let load_before = load_average();
+    let dev = Devserver::start(&setup.envworker, &setup.root);
+    println!(
+        "session bench: {runs} runs per worker, {CALLS} measured calls per session; devserver {} (data and mounts under {}); {}",
+        dev.url,
+        setup.root.display(),
+        machine_note()
+    );
+
+    // Warm-up round (page cache, the venv's bytecode): not counted.
+    for who in [Who::Ours, Who::Sdk] {
+        webhook_run(&setup, &dev, who, "warmup", SHORT_CALLS).await;
+    }
+
+    println!("\n-- throughput, start-up and memory (webhook-driven; {CALLS} calls)");
+    let mut hooks: BTreeMap<&str, Vec<WebhookRun>> = BTreeMap::new();
+    for n in 0..runs {
+        for who in [Who::Ours, Who::Sdk] {
+            let r = webhook_run(&setup, &dev, who, &format!("r{n}"), CALLS).await;
+            println!(
+                "run {n} {:<9} cold {:>7.1} ms | webhook→first result {:>7.1} ms (→ack {:>6.1}, ack→first {:>6.1}) | {:>6.1} calls/s (gap {:>5.2} ms), p50 {:>6.2} ms, p99 {:>7.2} ms | peak {:>6.1} MiB, cpu {:>6.0} ms",
+                who.label(),
+                r.cold_ms,
+                r.first_result_ms,
+                r.to_ack_ms,
+                r.ack_to_first_ms,
+                r.calls_per_s,
+                r.gap_ms,
+                r.p50_ms,
+                r.p99_ms,
+                r.peak_rss_kb / 1024.0,
+                r.cpu_ms
+            );
+            hooks.entry(who.label()).or_default().push(r);
+        }
+    }
+
+    println!("\n-- always-on pollers: enqueued → first result");
+    let mut polls: BTreeMap<&str, Vec<(f64, f64, f64)>> = BTreeMap::new();
+    for n in 0..runs {
+        let phase = Duration::from_millis(POLL_PHASES_MS[n % POLL_PHASES_MS.len()]);
+        for who in [Who::Ours, Who::Sdk] {
+            let r = poll_run(&setup, &dev, who, &format!("p{n}"), phase).await;
+            println!(
+                "run {n} {:<9} enqueued at +{:>4} ms after the first poll: →first result {:>7.1} ms (→ack {:>7.1}, ack→first {:>6.1})",
+                who.label(),
+                phase.as_millis(),
+                r.0,
+                r.1,
+                r.2
+            );
+            polls.entry(who.label()).or_default().push(r);
+        }
+    }
+
+    println!("\n-- always-on pollers: spawn → first poll request");
+    let stub = poll_stub();
+    let mut first_polls: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for n in 0..=runs {
+        for who in [Who::Ours, Who::Sdk] {
+            let ms = tokio::task::block_in_place(|| {
+                first_poll_run(&setup, &stub, who, &format!("s{n}"))
+            });
+            if n == 0 {
+                continue; // warm-up
+            }
+            println!("run {} {:<9} {:>7.1} ms", n - 1, who.label(), ms);
+            first_polls.entry(who.label()).or_default().push(ms);
+        }
+    }
+
+    // Medians.
+    let m = |who: &str, f: &dyn Fn(&WebhookRun) -> f64| Some(median(hooks[who].iter().map(f)));
+    let both = |what: &str, f: &dyn Fn(&WebhookRun) -> f64, unit: &'static str, hb: bool| {
+        row(what, m("envworker", f), m("sdk", f), unit, hb)
+    };
+    let pm =
+        |who: &str, f: &dyn Fn(&(f64, f64, f64)) -> f64| Some(median(polls[who].iter().map(f)));
+    let rows = vec![
+        both(
+            &format!("1. runner throughput ({CALLS} calls)"),
+            &|r| r.calls_per_s,
+            "calls/s",
+            true,
+        ),
+        both("1. step latency p50", &|r| r.p50_ms, "ms", false),
+        both("1. step latency p99", &|r| r.p99_ms, "ms", false),
+        both(
+            "1. devserver time between a result and the next call (mean per call)",
+            &|r| r.gap_ms,
+            "ms",
+            false,
+        ),
+        both(
+            "2(i) cold start: spawn → `/readyz` 200 (webhook receiver)",
+            &|r| r.cold_ms,
+            "ms",
+            false,
+        ),
+        row(
+            "2(i) cold start: spawn → first poll request (always-on poller)",
+            Some(median(first_polls["envworker"].iter().copied())),
+            Some(median(first_polls["sdk"].iter().copied())),
+            "ms",
+            false,
+        ),
+        row(
+            "2(i) SDK only: spawn → `import anthropic` done",
+            None,
+            Some(median(hooks["sdk"].iter().filter_map(|r| r.import_ms))),
+            "ms",
+            false,
+        ),
+        both(
+            "2(ii) signed webhook → first tool result recorded",
+            &|r| r.first_result_ms,
+            "ms",
+            false,
+        ),
+        both(
+            "2(ii) … of which webhook → item acknowledged",
+            &|r| r.to_ack_ms,
+            "ms",
+            false,
+        ),
+        both(
+            "2(ii) … of which acknowledged → first result",
+            &|r| r.ack_to_first_ms,
+            "ms",
+            false,
+        ),
+        chance(row(
+            "2(ii) always-on poller: enqueued → first tool result",
+            pm("envworker", &|r| r.0),
+            pm("sdk", &|r| r.0),
+            "ms",
+            false,
+        )),
+        chance(row(
+            "2(ii) … of which enqueued → acknowledged (poll cadence)",
+            pm("envworker", &|r| r.1),
+            pm("sdk", &|r| r.1),
+            "ms",
+            false,
+        )),
+        row(
+            "2(ii) … of which acknowledged → first result",
+            pm("envworker", &|r| r.2),
+            pm("sdk", &|r| r.2),
+            "ms",
+            false,
+        ),
+        both(
+            &format!("2(iii) peak RSS (VmHWM) after the {CALLS}-call session"),
+            &|r| r.peak_rss_kb / 1024.0,
+            "MiB",
+            false,
+        ),
+        both(
+            "2(iii) VmHWM once ready, before any work",
+            &|r| r.rss_ready_kb / 1024.0,
+            "MiB",
+            false,
+        ),
+        both(
+            &format!("worker CPU during the {CALLS}-call session (own process)"),
+            &|r| r.cpu_ms,
+            "ms CPU",
+            false,
+        ),
+    ];
+
+    // Per-tool medians, pooled over the runs.
+    let mut tools = String::from(
+        "| tool | calls per run | envworker p50 | SDK p50 | envworker ÷ SDK |\n|---|---|---|---|---|\n",
+    );
+    let pooled = |who: &str, tool: &str| {
+        median(
+            hooks[who]
+                .iter()
+                .flat_map(|r| r.per_call.iter())
+                .filter(|(t, _)| t == tool)
+                .map(|(_, l)| *l),
+        )
+    };
+    for tool in ["bash", "read", "write", "edit", "glob", "grep"] {
+        let count = hooks["envworker"][0]
+            .per_call
+            .iter()
+            .filter(|(t, _)| t == tool)
+            .count();
+        let (o, s) = (pooled("envworker", tool), pooled("sdk", tool));
+        let _ = writeln!(
+            tools,
+            "| {tool} | {count} | {o:.2} ms | {s:.2} ms | {:.2} |",
+            o / s
+        );
+    }
+
+    let mut section = String::new();
+    let _ = writeln!(
+        section,
+        "Command: `cargo bench --bench session` — {runs} runs per worker (medians), {}; \
+         envworker {} ({} build) vs the official Python SDK `anthropic=={}` ({}). \
+         Last run: {}; 1-minute load average {} before, {} after (anything above 0 is \
+         other work competing for the cores).\n",
+        machine_note(),
+        env!("CARGO_PKG_VERSION"),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
+        sdk::SDK_VERSION,
+        python_version(&setup.python),
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        load_before,
+        load_average(),
+    );
+    section.push_str(&table(&rows));
+    section.push_str("\nMedian latency per tool (all measured calls of all runs):\n\n");
+    section.push_str(&tools);
+    println!("\n{section}");
+    write_results(&section);
+}
+
+fn python_version(python: &Path) -> String {
+    Command::new(python)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}

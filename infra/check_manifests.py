@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Checks of infra/k8s that a per-object schema cannot make (run by .ci/run).
+
+kubernetes-validate checks each core object against the Kubernetes schema;
+this script checks that the objects fit together, and checks the KEDA
+ScaledObject (a CRD kubernetes-validate does not know) against KEDA's own
+models (cloudcoil.models.keda, generated from KEDA's CRDs), refusing unknown
+fields as the API server would. Exit status 1 and one line per problem when
+something is wrong.
+
+tests/infra.rs covers what ties the files to the binary (variables the CLI
+reads, --config, the stop grace); this covers what ties them to each other.
+"""
+
+import sys
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel
+
+K8S = Path(__file__).resolve().parent / "k8s"
+problems = []
+
+
+def check(ok, message):
+    if not ok:
+        problems.append(message)
+
+
+def load(name):
+    docs = [d for d in yaml.safe_load_all((K8S / name).read_text()) if d]
+    check(len(docs) == 1, f"{name}: expected one object, found {len(docs)}")
+    return docs[0]
+
+
+def unknown_fields(model, data, path):
+    """Keys in `data` that the pydantic `model` does not declare (recursively)."""
+    found = []
+    if isinstance(model, BaseModel) and isinstance(data, dict):
+        fields = type(model).model_fields
+        by_alias = {(f.alias or n): n for n, f in fields.items()}
+        for key, value in data.items():
+            if key not in by_alias:
+                found.append(f"{path}.{key}")
+                continue
+            found += unknown_fields(getattr(model, by_alias[key]), value, f"{path}.{key}")
+    elif isinstance(model, list) and isinstance(data, list):
+        for i, (m, d) in enumerate(zip(model, data)):
+            found += unknown_fields(m, d, f"{path}[{i}]")
+    return found
+
+
+deployment = load("deployment.yaml")
+service = load("service.yaml")
+configmap = load("configmap.yaml")
+secret = load("secret.example.yaml")
+hpa = load("scaling/hpa-cpu.yaml")
+scaled = load("scaling/keda-scaledobject.yaml")
+kustomization = load("kustomization.yaml")
+
+name = deployment["metadata"]["name"]
+pod = deployment["spec"]["template"]
+labels = pod["metadata"]["labels"]
+spec = pod["spec"]
+(container,) = spec["containers"]
+ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+volumes = {v["name"]: v for v in spec["volumes"]}
+mounts = {m["name"]: m for m in container["volumeMounts"]}
+
+# The Deployment selects its own pods; the Service reaches them on a named port.
+for key, value in deployment["spec"]["selector"]["matchLabels"].items():
+    check(labels.get(key) == value, f"deployment selector {key}={value} does not match the pod labels")
+for key, value in service["spec"]["selector"].items():
+    check(labels.get(key) == value, f"service selector {key}={value} does not match the pod labels")
+for port in service["spec"]["ports"]:
+    check(port["targetPort"] in ports, f"service targetPort {port['targetPort']} is not a container port")
+for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+    get = container[probe]["httpGet"]
+    check(get["path"] == path, f"{probe} must GET {path}")
+    check(get["port"] in ports, f"{probe} port {get['port']} is not a container port")
+annotations = pod["metadata"].get("annotations", {})
+check(
+    int(annotations.get("prometheus.io/port", 0)) in ports.values(),
+    "prometheus.io/port is not a container port",
+)
+
+# Every volume is mounted; the config volume is the ConfigMap, mounted where --config points.
+for vname in volumes:
+    check(vname in mounts, f"volume {vname} is not mounted")
+for mname in mounts:
+    check(mname in volumes, f"volumeMount {mname} has no volume")
+config_volume = volumes.get("config", {}).get("configMap", {})
+check(config_volume.get("name") == configmap["metadata"]["name"], "the config volume is not the ConfigMap")
+args = container["args"]
+config_path = args[args.index("--config") + 1]
+mount_dir = mounts["config"]["mountPath"].rstrip("/")
+check(
+    config_path.rsplit("/", 1) == [mount_dir, config_path.rsplit("/", 1)[1]]
+    and config_path.rsplit("/", 1)[1] in configmap["data"],
+    f"--config {config_path} is not a key of the ConfigMap mounted at {mount_dir}",
+)
+for writable in ("/mnt/memory", "/workspace", "/tmp"):
+    check(
+        any(m["mountPath"] == writable for m in mounts.values()),
+        f"{writable} must be a volume (the root filesystem is read-only)",
+    )
+
+# Security settings the README promises.
+check(spec["securityContext"].get("runAsNonRoot") is True, "runAsNonRoot")
+check(container["securityContext"].get("readOnlyRootFilesystem") is True, "readOnlyRootFilesystem")
+check(container["securityContext"].get("allowPrivilegeEscalation") is False, "allowPrivilegeEscalation")
+check(spec.get("automountServiceAccountToken") is False, "automountServiceAccountToken must be false")
+
+# Secret keys: every reference exists in the example Secret, every key is used.
+refs = [
+    e["valueFrom"]["secretKeyRef"]
+    for e in container["env"]
+    if "secretKeyRef" in e.get("valueFrom", {})
+]
+secret_keys = set(secret.get("stringData", {})) | set(secret.get("data", {}))
+for ref in refs:
+    check(ref["name"] == secret["metadata"]["name"], f"secretKeyRef to unknown Secret {ref['name']}")
+    check(ref["key"] in secret_keys, f"secretKeyRef to unknown key {ref['key']}")
+check({r["key"] for r in refs} == secret_keys, "the example Secret has keys the Deployment does not use")
+for value in secret.get("stringData", {}).values():
+    check("REPLACE-ME" in value, "the example Secret must hold placeholders only")
+
+# Autoscalers target the Deployment.
+for obj in (hpa, scaled):
+    target = obj["spec"]["scaleTargetRef"]
+    check(
+        target.get("kind", "Deployment") == "Deployment" and target["name"] == name,
+        f"{obj['kind']} does not target deployment/{name}",
+    )
+
+# The kustomization lists the core files, not the Secret example or an autoscaler.
+check(
+    sorted(kustomization["resources"]) == ["configmap.yaml", "deployment.yaml", "service.yaml"],
+    "kustomization.yaml must list configmap, deployment and service",
+)
+
+# KEDA: the ScaledObject against KEDA's models, unknown fields refused.
+try:
+    from cloudcoil.models.keda.v1alpha1 import ScaledObject
+
+    model = ScaledObject.model_validate(scaled)
+    for path in unknown_fields(model, scaled, "ScaledObject"):
+        problems.append(f"keda-scaledobject.yaml: unknown field {path}")
+    (trigger,) = model.spec.triggers
+    check(trigger.type == "prometheus", "the KEDA trigger is prometheus")
+    for key in ("serverAddress", "query", "threshold"):
+        check(key in trigger.metadata, f"the prometheus trigger needs {key}")
+    check(model.spec.min_replica_count >= 1, "minReplicaCount must be at least 1")
+except Exception as e:  # pydantic.ValidationError, or an unexpected shape
+    problems.append(f"keda-scaledobject.yaml: {e}")
+
+for p in problems:
+    print(f"ERROR {p}")
+if problems:
+    sys.exit(1)
+print("infra/k8s: objects fit together; KEDA ScaledObject valid against KEDA's models")

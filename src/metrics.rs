@@ -1,0 +1,549 @@
+//! Prometheus metrics: what an operator needs to see that webhooks arrive,
+//! items are served, tools answer and memory reaches the server.
+//!
+//! Counters are fed from two places only: the webhook handler (one outcome
+//! per delivery) and [`Metrics::observe`], which the worker calls with every
+//! [`WorkerEvent`] it emits — so the numbers are exactly the events, and no
+//! module below the worker knows metrics exist. Labels are closed sets
+//! (outcomes, tool names the agent toolset defines, configured endpoint
+//! names); nothing a sender controls becomes a label.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::memory::SyncReport;
+use crate::session::{CallOutcome, RunEnd};
+use crate::worker::WorkerEvent;
+use crate::worker::item::ItemOutcome;
+use crate::worker::lease::LeaseEnd;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WebhookLabels {
+    endpoint: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabel {
+    endpoint: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolLabels {
+    tool: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ToolName {
+    tool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SyncLabels {
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DeleteLabels {
+    result: &'static str,
+}
+
+/// The tools a worker serves; any other name is counted as `other`.
+const TOOLS: [&str; 6] = ["bash", "read", "write", "edit", "glob", "grep"];
+
+/// Every metric envworker exports, in one registry.
+pub struct Metrics {
+    registry: Registry,
+    webhooks: Family<WebhookLabels, Counter>,
+    work_items: Family<OutcomeLabels, Counter>,
+    sessions_in_flight: Gauge,
+    tool_calls: Family<ToolLabels, Counter>,
+    tool_call_seconds: Family<ToolName, Histogram>,
+    memory_syncs: Family<SyncLabels, Counter>,
+    memory_uploads: Counter,
+    memory_pulls: Counter,
+    memory_deletes: Family<DeleteLabels, Counter>,
+    memory_conflicts: Counter,
+    memory_refused_files: Counter,
+    memory_flush_cutoffs: Counter,
+    memory_final_sync_cutoffs: Counter,
+    lease_losses: Counter,
+    work_queue_depth: Family<EndpointLabel, Gauge>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("envworker");
+        let webhooks = Family::<WebhookLabels, Counter>::default();
+        registry.register(
+            "webhooks",
+            "Webhook deliveries by endpoint and outcome (accepted, ignored, duplicate, unauthorized, bad_request, not_found, shutting_down)",
+            webhooks.clone(),
+        );
+        let work_items = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "work_items",
+            "Work items handled, by outcome (served, cancelled, fatal, not_a_session, already_terminated, failed)",
+            work_items.clone(),
+        );
+        let sessions_in_flight = Gauge::default();
+        registry.register(
+            "sessions_in_flight",
+            "Sessions being served right now",
+            sessions_in_flight.clone(),
+        );
+        let tool_calls = Family::<ToolLabels, Counter>::default();
+        registry.register(
+            "tool_calls",
+            "Tool calls by tool and outcome (ok, error, not_posted, denied, not_owned)",
+            tool_calls.clone(),
+        );
+        let tool_call_seconds = Family::<ToolName, Histogram>::new_with_constructor(|| {
+            Histogram::new([
+                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                60.0, 120.0,
+            ])
+        });
+        registry.register(
+            "tool_call_duration_seconds",
+            "Time to run one tool call, until its result is ready (posting excluded)",
+            tool_call_seconds.clone(),
+        );
+        let memory_syncs = Family::<SyncLabels, Counter>::default();
+        registry.register(
+            "memory_syncs",
+            "Memory syncs of a session's stores (periodic, final)",
+            memory_syncs.clone(),
+        );
+        let memory_uploads = Counter::default();
+        registry.register(
+            "memory_uploads",
+            "Memory files uploaded to their store",
+            memory_uploads.clone(),
+        );
+        let memory_pulls = Counter::default();
+        registry.register(
+            "memory_pulls",
+            "Memories written to disk from their store",
+            memory_pulls.clone(),
+        );
+        let memory_deletes = Family::<DeleteLabels, Counter>::default();
+        registry.register(
+            "memory_deletes",
+            "Local deletions by result (sent, held by the per-sync cap, log_only)",
+            memory_deletes.clone(),
+        );
+        let memory_conflicts = Counter::default();
+        registry.register(
+            "memory_conflicts",
+            "Local edits that lost to a remote change",
+            memory_conflicts.clone(),
+        );
+        let memory_refused_files = Counter::default();
+        registry.register(
+            "memory_refused_files",
+            "Memory files the server refused (400/413), each once until it changes",
+            memory_refused_files.clone(),
+        );
+        let memory_flush_cutoffs = Counter::default();
+        registry.register(
+            "memory_flush_cutoffs",
+            "Teardown flushes cut off by their bound with uploads unfinished",
+            memory_flush_cutoffs.clone(),
+        );
+        let memory_final_sync_cutoffs = Counter::default();
+        registry.register(
+            "memory_final_sync_cutoffs",
+            "Final syncs cut off by their bound",
+            memory_final_sync_cutoffs.clone(),
+        );
+        let lease_losses = Counter::default();
+        registry.register(
+            "lease_losses",
+            "Work item leases lost (412, or no successful heartbeat for a TTL)",
+            lease_losses.clone(),
+        );
+        let work_queue_depth = Family::<EndpointLabel, Gauge>::default();
+        registry.register(
+            "work_queue_depth",
+            "Items queued in each endpoint's environment, read from the work queue stats at scrape time",
+            work_queue_depth.clone(),
+        );
+        Metrics {
+            registry,
+            work_queue_depth,
+            webhooks,
+            work_items,
+            sessions_in_flight,
+            tool_calls,
+            tool_call_seconds,
+            memory_syncs,
+            memory_uploads,
+            memory_pulls,
+            memory_deletes,
+            memory_conflicts,
+            memory_refused_files,
+            memory_flush_cutoffs,
+            memory_final_sync_cutoffs,
+            lease_losses,
+        }
+    }
+
+    /// Count one webhook delivery. `endpoint` must be a configured name (or
+    /// `"unknown"`): a path a sender chose never becomes a label.
+    pub fn webhook(&self, endpoint: &str, outcome: &'static str) {
+        self.webhooks
+            .get_or_create(&WebhookLabels {
+                endpoint: endpoint.to_string(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// Record an endpoint's queue depth (read at scrape time).
+    pub fn set_queue_depth(&self, endpoint: &str, depth: u64) {
+        self.work_queue_depth
+            .get_or_create(&EndpointLabel {
+                endpoint: endpoint.to_string(),
+            })
+            .set(i64::try_from(depth).unwrap_or(i64::MAX));
+    }
+
+    /// Count what one worker event says happened.
+    pub fn observe(&self, event: &WorkerEvent) {
+        match event {
+            WorkerEvent::Claimed { .. } => {
+                self.sessions_in_flight.inc();
+            }
+            WorkerEvent::Call { record, .. } => {
+                let tool = if TOOLS.contains(&record.name.as_str()) {
+                    record.name.clone()
+                } else {
+                    "other".to_string()
+                };
+                let outcome = match record.outcome {
+                    CallOutcome::Answered {
+                        is_error: false,
+                        posted: true,
+                    } => "ok",
+                    CallOutcome::Answered {
+                        is_error: true,
+                        posted: true,
+                    } => "error",
+                    CallOutcome::Answered { posted: false, .. } => "not_posted",
+                    CallOutcome::Denied => "denied",
+                    CallOutcome::NotOwned => "not_owned",
+                };
+                if matches!(record.outcome, CallOutcome::Answered { .. }) {
+                    self.tool_call_seconds
+                        .get_or_create(&ToolName { tool: tool.clone() })
+                        .observe(record.duration.as_secs_f64());
+                }
+                self.tool_calls
+                    .get_or_create(&ToolLabels { tool, outcome })
+                    .inc();
+            }
+            WorkerEvent::Synced {
+                report, final_sync, ..
+            } => self.synced(report, *final_sync),
+            WorkerEvent::Finished(report) => {
+                let outcome = match &report.outcome {
+                    ItemOutcome::Served(RunEnd::Terminated | RunEnd::Idle) => "served",
+                    ItemOutcome::Served(RunEnd::Cancelled) => "cancelled",
+                    ItemOutcome::Served(RunEnd::Fatal(_)) => "fatal",
+                    ItemOutcome::NotASession => "not_a_session",
+                    ItemOutcome::AlreadyTerminated => "already_terminated",
+                    ItemOutcome::Failed(_) => "failed",
+                };
+                self.work_items
+                    .get_or_create(&OutcomeLabels { outcome })
+                    .inc();
+                if report.claimed {
+                    self.sessions_in_flight.dec();
+                }
+                if let Some(sync) = &report.teardown.final_sync {
+                    self.synced(sync, true);
+                }
+                self.memory_uploads.inc_by(report.teardown.flushed as u64);
+                if matches!(report.lease, Some(LeaseEnd::Lost)) {
+                    self.lease_losses.inc();
+                }
+                if report.teardown.flush_cut_off {
+                    self.memory_flush_cutoffs.inc();
+                }
+                if report.teardown.final_sync_cut_off {
+                    self.memory_final_sync_cutoffs.inc();
+                }
+            }
+        }
+    }
+
+    fn synced(&self, report: &SyncReport, final_sync: bool) {
+        let kind = if final_sync { "final" } else { "periodic" };
+        self.memory_syncs.get_or_create(&SyncLabels { kind }).inc();
+        self.memory_uploads.inc_by(report.uploads as u64);
+        self.memory_pulls.inc_by(report.pulls as u64);
+        for (result, n) in [
+            ("sent", report.deletes),
+            ("held", report.deletes_held),
+            ("log_only", report.deletes_logged),
+        ] {
+            if n > 0 {
+                self.memory_deletes
+                    .get_or_create(&DeleteLabels { result })
+                    .inc_by(n as u64);
+            }
+        }
+        self.memory_conflicts.inc_by(report.conflicts as u64);
+        self.memory_refused_files.inc_by(report.refused as u64);
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::memory::TeardownReport;
+    use crate::session::{CallRecord, RunStats};
+    use crate::worker::item::ItemReport;
+
+    fn value(metrics: &Metrics, series: &str) -> Option<f64> {
+        metrics.render().lines().find_map(|line| {
+            line.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
+    }
+
+    fn call(name: &str, outcome: CallOutcome) -> WorkerEvent {
+        WorkerEvent::Call {
+            work_id: "work_1".into(),
+            record: CallRecord {
+                tool_use_id: "toolu_1".into(),
+                name: name.into(),
+                outcome,
+                duration: Duration::from_millis(30),
+                detail: None,
+                summary: None,
+            },
+        }
+    }
+
+    fn finished(
+        outcome: ItemOutcome,
+        lease: Option<LeaseEnd>,
+        teardown: TeardownReport,
+    ) -> WorkerEvent {
+        WorkerEvent::Finished(Box::new(ItemReport {
+            work_id: "work_1".into(),
+            session_id: "sesn_1".into(),
+            outcome,
+            lease,
+            stopped: true,
+            stats: RunStats::default(),
+            teardown,
+            duration: Duration::from_secs(1),
+            claimed: true,
+        }))
+    }
+
+    #[test]
+    fn tool_calls_are_counted_by_tool_and_outcome_with_closed_labels() {
+        let m = Metrics::new();
+        let answered = |is_error, posted| CallOutcome::Answered { is_error, posted };
+        for (tool, outcome) in [
+            ("bash", answered(false, true)),
+            ("bash", answered(true, true)),
+            ("read", answered(false, false)),
+            ("edit", CallOutcome::Denied),
+            ("web_search", CallOutcome::NotOwned),
+            ("$(rm -rf /)", answered(false, true)),
+        ] {
+            m.observe(&call(tool, outcome));
+        }
+        let table = [
+            (
+                r#"envworker_tool_calls_total{tool="bash",outcome="ok"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_tool_calls_total{tool="bash",outcome="error"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_tool_calls_total{tool="read",outcome="not_posted"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_tool_calls_total{tool="edit",outcome="denied"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_tool_calls_total{tool="other",outcome="not_owned"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_tool_calls_total{tool="other",outcome="ok"}"#,
+                1.0,
+            ),
+            // Only executed calls are timed.
+            (
+                r#"envworker_tool_call_duration_seconds_count{tool="bash"}"#,
+                2.0,
+            ),
+            (
+                r#"envworker_tool_call_duration_seconds_count{tool="read"}"#,
+                1.0,
+            ),
+        ];
+        for (series, expected) in table {
+            assert_eq!(
+                value(&m, series),
+                Some(expected),
+                "{series}\n{}",
+                m.render()
+            );
+        }
+        assert_eq!(
+            value(
+                &m,
+                r#"envworker_tool_call_duration_seconds_count{tool="edit"}"#
+            ),
+            None
+        );
+        assert!(
+            !m.render().contains("rm -rf"),
+            "a name the agent chose became a label"
+        );
+    }
+
+    #[test]
+    fn syncs_teardowns_and_leases_move_their_counters() {
+        let m = Metrics::new();
+        m.observe(&WorkerEvent::Claimed {
+            work_id: "work_1".into(),
+            session_id: "sesn_1".into(),
+        });
+        assert_eq!(value(&m, "envworker_sessions_in_flight"), Some(1.0));
+        m.observe(&WorkerEvent::Synced {
+            work_id: "work_1".into(),
+            report: SyncReport {
+                uploads: 2,
+                pulls: 3,
+                deletes: 1,
+                deletes_held: 4,
+                deletes_logged: 0,
+                conflicts: 1,
+                refused: 1,
+                recovered: 0,
+            },
+            final_sync: false,
+        });
+        m.observe(&finished(
+            ItemOutcome::Served(RunEnd::Idle),
+            Some(LeaseEnd::Lost),
+            TeardownReport {
+                final_sync: Some(SyncReport {
+                    uploads: 1,
+                    deletes_logged: 2,
+                    ..Default::default()
+                }),
+                final_sync_cut_off: false,
+                flush_cut_off: true,
+                flushed: 5,
+            },
+        ));
+        let table = [
+            (r#"envworker_memory_syncs_total{kind="periodic"}"#, 1.0),
+            (r#"envworker_memory_syncs_total{kind="final"}"#, 1.0),
+            ("envworker_memory_uploads_total", 8.0),
+            ("envworker_memory_pulls_total", 3.0),
+            (r#"envworker_memory_deletes_total{result="sent"}"#, 1.0),
+            (r#"envworker_memory_deletes_total{result="held"}"#, 4.0),
+            (r#"envworker_memory_deletes_total{result="log_only"}"#, 2.0),
+            ("envworker_memory_conflicts_total", 1.0),
+            ("envworker_memory_refused_files_total", 1.0),
+            ("envworker_memory_flush_cutoffs_total", 1.0),
+            ("envworker_memory_final_sync_cutoffs_total", 0.0),
+            ("envworker_lease_losses_total", 1.0),
+            (r#"envworker_work_items_total{outcome="served"}"#, 1.0),
+            ("envworker_sessions_in_flight", 0.0),
+        ];
+        for (series, expected) in table {
+            assert_eq!(
+                value(&m, series),
+                Some(expected),
+                "{series}\n{}",
+                m.render()
+            );
+        }
+        // An item that never reached its session does not touch the gauge.
+        m.observe(&WorkerEvent::Finished(Box::new(ItemReport {
+            claimed: false,
+            ..match finished(
+                ItemOutcome::Failed("no credential".into()),
+                None,
+                TeardownReport::default(),
+            ) {
+                WorkerEvent::Finished(r) => *r,
+                _ => unreachable!(),
+            }
+        })));
+        assert_eq!(value(&m, "envworker_sessions_in_flight"), Some(0.0));
+        assert_eq!(
+            value(&m, r#"envworker_work_items_total{outcome="failed"}"#),
+            Some(1.0)
+        );
+    }
+
+    #[test]
+    fn webhooks_are_counted_by_endpoint_and_outcome() {
+        let m = Metrics::new();
+        m.webhook("default", "accepted");
+        m.webhook("default", "accepted");
+        m.webhook("unknown", "not_found");
+        assert_eq!(
+            value(
+                &m,
+                r#"envworker_webhooks_total{endpoint="default",outcome="accepted"}"#
+            ),
+            Some(2.0)
+        );
+        assert_eq!(
+            value(
+                &m,
+                r#"envworker_webhooks_total{endpoint="unknown",outcome="not_found"}"#
+            ),
+            Some(1.0)
+        );
+        assert!(m.render().contains("# TYPE envworker_webhooks counter"));
+    }
+}
