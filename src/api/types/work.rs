@@ -278,6 +278,8 @@ mod tests {
             assert_eq!(token.expose(), "tok>>>???~~~");
         }
         for bad in [
+            String::new(),
+            URL_SAFE_NO_PAD.encode(b"null"),
             "%%%".to_string(),
             URL_SAFE_NO_PAD.encode(b"not json"),
             URL_SAFE_NO_PAD.encode(br#"["sessions_token"]"#),
