@@ -183,7 +183,7 @@ pub async fn remove_skills(dirs: &[PathBuf]) {
         .await
         {
             Ok(()) => {}
-            Err(e) => warn!(dir = %dir.display(), error = %e, "cannot remove a skill directory"),
+            Err(e) => warn!(dir = %dir.display(), error = %e, "skill cleanup failed"),
         }
     }
 }
