@@ -152,7 +152,7 @@ pub struct ServeArgs {
     pub max_concurrent_items: usize,
 
     /// On Lambda: claim no item unless this much time is left beyond the teardown reserve
-    /// (twice the memory teardown bound, plus 5s).
+    /// (twice the memory teardown bound, plus 10s for the force-stop and 5s).
     #[arg(long, env = "ENVWORKER_MIN_SERVING_TIME", default_value = "60s", value_parser = crate::config::parse_duration)]
     pub min_serving_time: Duration,
 

@@ -24,12 +24,20 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     if text.is_empty() {
         return Err(bad());
     }
+    let too_long = || {
+        format!(
+            "{text:?} is too long (at most {} days)",
+            MAX_DURATION.as_secs() / 86_400
+        )
+    };
     if let Ok(secs) = text.parse::<f64>() {
-        return if secs.is_finite() && secs >= 0.0 {
-            Ok(Duration::from_secs_f64(secs))
-        } else {
-            Err(bad())
-        };
+        if !(secs.is_finite() && secs >= 0.0) {
+            return Err(bad());
+        }
+        return Duration::try_from_secs_f64(secs)
+            .ok()
+            .filter(|d| *d <= MAX_DURATION)
+            .ok_or_else(too_long);
     }
     let mut total = Duration::ZERO;
     let mut rest = text;
@@ -52,11 +60,19 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
             "h" => 3600.0,
             _ => return Err(bad()),
         };
-        total += Duration::from_secs_f64(value * scale);
+        total = Duration::try_from_secs_f64(value * scale)
+            .ok()
+            .and_then(|part| total.checked_add(part))
+            .filter(|d| *d <= MAX_DURATION)
+            .ok_or_else(too_long)?;
         rest = &rest[unit_len..];
     }
     Ok(total)
 }
+
+/// The longest duration any option takes (a year): beyond it, deadline
+/// arithmetic (`Instant + d`) could overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
 
 /// The endpoint file could not be used; the message names the key at fault.
 #[derive(Debug, thiserror::Error)]
@@ -417,8 +433,20 @@ environment_key_env = "B_ENV_KEY"
                 "{text}"
             );
         }
-        for bad in ["", "s", "1x", "-5", "1m30", "m1", "1 m"] {
+        for bad in ["", "s", "1x", "-5", "1m30", "m1", "1 m", "NaN", "inf"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        // Huge values are refused, never a panic or an overflow later.
+        for huge in [
+            "1e20",
+            "1e18",
+            "1e19s",
+            "99999999999999999999h",
+            "400000h",
+            "367d",
+        ] {
+            assert!(parse_duration(huge).is_err(), "{huge}");
+        }
+        assert_eq!(parse_duration("8784h").unwrap(), MAX_DURATION);
     }
 }

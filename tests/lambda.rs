@@ -530,7 +530,7 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
             ]
         }))
         .await;
-    let deadline_in = Duration::from_secs(20);
+    let deadline_in = Duration::from_secs(30);
     let deadline = epoch_ms() + deadline_in.as_millis() as u64;
     let t0 = Instant::now();
     let remap_root = tempfile::tempdir().unwrap();
@@ -539,7 +539,8 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
         fx._mnt.path().join("advertised/memory").display(),
         remap_root.path().join("memory").display()
     );
-    // Teardown bounds of 2 s → a 9 s reserve; 1 s of serving time is enough to claim.
+    // Teardown bounds of 2 s → a 19 s reserve (2 × 2 s, 10 s for the force-stop, 5 s);
+    // 1 s of serving time is enough to claim. The session is cut at about 11 s.
     let lambda = lambda(
         &fx.server,
         (&fx.env.0, &fx.env.1),
@@ -571,7 +572,7 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
         done.duration_since(t0)
     );
     assert!(
-        done.duration_since(t0) >= Duration::from_secs(9),
+        done.duration_since(t0) >= Duration::from_secs(10),
         "the session was served until the reserve"
     );
     let contents = fx.store_contents(&started.session_id).await;
@@ -582,4 +583,38 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
         lambda.stderr.lock().unwrap()
     );
     assert_eq!(fx.work_state().await, "stopped");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_event_the_runtime_cannot_decode_does_not_hold_the_invocation_past_its_deadline() {
+    let fx = fixture().await;
+    // A console test event: not an HTTP request, so the handler is never called.
+    let deadline_in = Duration::from_secs(4);
+    let t0 = Instant::now();
+    let lambda = lambda(
+        &fx.server,
+        (&fx.env.0, &fx.env.1),
+        &fx.secret,
+        json!({"key1": "value1"}),
+        epoch_ms() + deadline_in.as_millis() as u64,
+        &[],
+    )
+    .await;
+    lambda
+        .wait_for(
+            "the extension's next event",
+            Duration::from_secs(20),
+            |seen| seen.extension_done.is_some(),
+        )
+        .await;
+    let seen = lambda.stand_in.seen.lock().unwrap();
+    let done = seen.extension_done.unwrap().duration_since(t0);
+    assert!(
+        done < deadline_in + Duration::from_secs(2),
+        "the invocation was held {done:?}, past its deadline"
+    );
+    assert!(
+        !seen.errors.is_empty() || seen.response.is_some(),
+        "the runtime reported the invocation"
+    );
 }

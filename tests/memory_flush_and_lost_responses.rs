@@ -288,8 +288,9 @@ async fn flush_never_throws() {
     .await;
     h.write("s", "a.md", "edited");
     h.write("t", "x.md", "x");
+    // Each fault fires once: one failing listing per store (they flush in parallel).
     h.fake.fault(Op::List, None, Fault::Status(500));
-    h.fake.fault(Op::Create, None, Fault::Status(500));
+    h.fake.fault(Op::List, None, Fault::Status(500));
     assert_eq!(h.stores.flush_writes().await, 0);
     assert!(
         logs.count("memory flush failed") + logs.count("failed to upload memory") >= 2,

@@ -761,7 +761,6 @@ async fn an_accepted_delivery_is_answered_at_once_while_the_drain_goes_on() {
 async fn serve_container_on_a_real_listener_serves_a_signed_webhook() {
     let key = key();
     let fx = fixture(vec![key.clone()]).await;
-    let session = fx.start(common::scenario("notes-roundtrip")).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -778,6 +777,9 @@ async fn serve_container_on_a_real_listener_serves_a_signed_webhook() {
         let r = http.get(format!("{url}{path}")).send().await.unwrap();
         assert_eq!(r.status(), 200, "{path}");
     }
+    // Queued once the server is up (and its start-up look at the queue is over).
+    assert!(fx.state.wait_for_work(DRAIN_BOUND).await);
+    let session = fx.start(common::scenario("notes-roundtrip")).await;
     let body = run_started("whe_real");
     let ts = now();
     let mut request = http
@@ -863,6 +865,22 @@ async fn metrics_report_each_endpoints_queue_depth_and_webhook_outcomes() {
         Some(2.0),
         "{text}"
     );
+    // Scrapes right after a read reuse it: /metrics cannot drive the API's rate limit.
+    let mut doc =
+        json!({"name": "canary-b3", "steps": [{"tool": "bash", "input": {"command": "true"}}]});
+    fx.start_in(&envs[1], &mut doc).await;
+    let text = call(&fx.state, get("/metrics"))
+        .await
+        .body
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(
+        sample(&text, r#"envworker_work_queue_depth{endpoint="b"}"#),
+        Some(2.0),
+        "{text}"
+    );
+    fx.state.set_queue_stats_max_age(Duration::ZERO);
 
     // Outcomes are counted per configured endpoint; an unknown name never becomes a label.
     let ignored = event("whe_m1", "session.status_idled", &first);
@@ -917,9 +935,37 @@ async fn metrics_report_each_endpoints_queue_depth_and_webhook_outcomes() {
             Some(1.0),
         ),
         (r#"envworker_work_queue_depth{endpoint="a"}"#, Some(0.0)),
-        (r#"envworker_work_queue_depth{endpoint="b"}"#, Some(2.0)),
+        (r#"envworker_work_queue_depth{endpoint="b"}"#, Some(3.0)),
     ] {
         assert_eq!(sample(&text, series), expected, "{series}\n{text}");
     }
     assert!(!text.contains("no-such-endpoint"), "{text}");
+}
+
+/// A replica that starts (a restart, a scale-up) serves what already waits
+/// in its queues without waiting for the next delivery.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_container_serves_work_already_queued_when_it_starts() {
+    let fx = fixture(vec![key()]).await;
+    let session = fx.canary().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let served = tokio::spawn(serve_container(
+        listener,
+        fx.state.clone(),
+        async move {
+            let _ = stopped.await;
+        },
+        Duration::from_secs(60),
+    ));
+    let report = fx.server.final_report(&session, DRAIN_BOUND).await;
+    assert_eq!(report["status"], "passed", "{report:#}");
+    stop.send(()).unwrap();
+    assert!(
+        tokio::time::timeout(DRAIN_BOUND, served)
+            .await
+            .expect("serve_container returns")
+            .unwrap()
+            .unwrap()
+    );
 }

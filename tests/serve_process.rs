@@ -727,3 +727,229 @@ fn the_agents_user_cannot_read_the_workers_environment_from_proc() {
     assert!(!leaked, "the worker's environment was readable from /proc");
     assert!(!readable, "reading /proc/<pid>/environ should be refused");
 }
+
+/// With several endpoints, no endpoint's agent sees any endpoint's secrets:
+/// the variables a config file names are kept from every shell, not only
+/// from the endpoint they belong to.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_endpoints_agent_cannot_read_another_endpoints_keys() {
+    let port = free_port();
+    let (_key_a, secret_a) = SigningKey::generate();
+    let (_key_b, secret_b) = SigningKey::generate();
+    let mnt = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY)
+            .mount_root(mnt.path().join("memory").to_str().unwrap())
+            .webhook(
+                format!("http://127.0.0.1:{port}/webhooks/team-a"),
+                SigningKey::parse(&secret_a).unwrap(),
+            ),
+    )
+    .await;
+    let mut envs = Vec::new();
+    for _ in 0..2 {
+        let env = server
+            .dev(Method::POST, "/dev/environments", Some(json!({})))
+            .await
+            .ok();
+        envs.push((
+            env["environment_id"].as_str().unwrap().to_string(),
+            env["environment_key"].as_str().unwrap().to_string(),
+        ));
+    }
+    let config = work.path().join("envworker.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"base_url = "{url}"
+[[endpoint]]
+name = "team-a"
+signing_keys_env = ["TEAM_A_WHSEC"]
+environment_id = "{a}"
+environment_key_env = "TEAM_A_ENV_KEY"
+workdir = "{wa}"
+
+[[endpoint]]
+name = "team-b"
+signing_keys_env = ["TEAM_B_WHSEC"]
+environment_id = "{b}"
+environment_key_env = "TEAM_B_ENV_KEY"
+workdir = "{wb}"
+"#,
+            url = server.url(),
+            a = envs[0].0,
+            b = envs[1].0,
+            wa = work.path().join("a").display(),
+            wb = work.path().join("b").display(),
+        ),
+    )
+    .unwrap();
+    let serve = Serve::start(
+        port,
+        &[
+            ("TEAM_A_WHSEC", secret_a.as_str()),
+            ("TEAM_A_ENV_KEY", envs[0].1.as_str()),
+            ("TEAM_B_WHSEC", secret_b.as_str()),
+            ("TEAM_B_ENV_KEY", envs[1].1.as_str()),
+        ],
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--max-idle",
+            "1s",
+            "--memory-sync-interval",
+            "5s",
+        ],
+    );
+    let started = server
+        .start_scenario(&json!({
+            "name": "neighbours",
+            "environment_id": envs[0].0,
+            "steps": [{"tool": "bash", "input": {"command": "env"},
+                       "expect": {"is_error": false,
+                                  "not_contains": "sk-ant-envkey-dev-",
+                                  "contains": "PATH="}},
+                      {"tool": "bash", "input": {"command": "env | grep -c TEAM_ || true"},
+                       "expect": {"contains": "0"}}]
+        }))
+        .await;
+    let report = server
+        .final_report(&started.session_id, Duration::from_secs(60))
+        .await;
+    assert_eq!(report["status"], "passed", "{report:#}\n{}", serve.logs());
+    let logs = serve.logs();
+    for secret in [
+        secret_a.as_str(),
+        secret_b.as_str(),
+        envs[0].1.as_str(),
+        envs[1].1.as_str(),
+    ] {
+        assert!(!logs.contains(secret), "a secret reached the logs");
+    }
+}
+
+/// `envworker poll --on-work CMD` as the reference's sandbox launcher: the
+/// command gets the item on stdin and the `ANTHROPIC_*` variables, and an
+/// `envworker run` inside it serves the session.
+#[tokio::test(flavor = "multi_thread")]
+async fn poll_hands_each_item_to_the_on_work_command_and_run_serves_it() {
+    let mnt = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
+    )
+    .await;
+    let started = server
+        .start_scenario(&common::scenario("notes-roundtrip"))
+        .await;
+    let dir = work.path().to_path_buf();
+    let command = format!(
+        "cat > {d}/item.json; env | grep '^ANTHROPIC_' | sort > {d}/env.txt; \
+         exec {bin} run --max-idle 1s --memory-sync-interval 5s --workdir {d}",
+        d = dir.display(),
+        bin = env!("CARGO_BIN_EXE_envworker"),
+    );
+    let poll = Command::new(env!("CARGO_BIN_EXE_envworker"))
+        .args(["poll", "--on-work", &command])
+        .env_remove("ANTHROPIC_WORK_SECRET")
+        .envs([
+            ("ANTHROPIC_BASE_URL", server.url().as_str()),
+            ("ANTHROPIC_ENVIRONMENT_ID", started.environment_id.as_str()),
+            (
+                "ANTHROPIC_ENVIRONMENT_KEY",
+                started.environment_key.as_str(),
+            ),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let report = server
+        .final_report(&started.session_id, Duration::from_secs(60))
+        .await;
+    let _ = Command::new("kill")
+        .args(["-TERM", &poll.id().to_string()])
+        .status();
+    let out = tokio::task::spawn_blocking(move || poll.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let logs = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(report["status"], "passed", "{report:#}\n{logs}");
+    assert!(out.status.success(), "{logs}");
+
+    let item: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("item.json")).unwrap()).unwrap();
+    assert_eq!(item["data"]["id"], started.session_id.as_str());
+    let env = std::fs::read_to_string(dir.join("env.txt")).unwrap();
+    for expected in [
+        format!("ANTHROPIC_SESSION_ID={}", started.session_id),
+        format!("ANTHROPIC_ENVIRONMENT_ID={}", started.environment_id),
+        format!("ANTHROPIC_ENVIRONMENT_KEY={}", started.environment_key),
+        format!("ANTHROPIC_BASE_URL={}", server.url()),
+        format!("ANTHROPIC_WORK_ID={}", item["id"].as_str().unwrap()),
+        format!("ANTHROPIC_WORK_SECRET={}", item["secret"].as_str().unwrap()),
+    ] {
+        assert!(
+            env.lines().any(|l| l == expected),
+            "{expected} missing:\n{env}"
+        );
+    }
+    assert!(
+        !logs.contains(&started.environment_key),
+        "a key reached the logs"
+    );
+    assert!(
+        !logs.contains(item["secret"].as_str().unwrap()),
+        "the work secret reached the logs"
+    );
+}
+
+/// An `--on-work` command that cannot run would leave every item it is
+/// handed acked and unserved: the item is stopped and the poller exits.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_on_work_command_that_cannot_run_stops_the_item_and_the_poller() {
+    let mnt = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
+    )
+    .await;
+    let started = server
+        .start_scenario(&common::scenario("notes-roundtrip"))
+        .await;
+    let url = server.url();
+    let (env_id, env_key) = (
+        started.environment_id.clone(),
+        started.environment_key.clone(),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(env!("CARGO_BIN_EXE_envworker"))
+            .args(["poll", "--on-work", "/nonexistent/spawn.sh"])
+            .envs([
+                ("ANTHROPIC_BASE_URL", url.as_str()),
+                ("ANTHROPIC_ENVIRONMENT_ID", env_id.as_str()),
+                ("ANTHROPIC_ENVIRONMENT_KEY", env_key.as_str()),
+            ])
+            .output()
+            .unwrap()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(30), out)
+        .await
+        .expect("the poller exits")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("the --on-work command \"/nonexistent/spawn.sh\" cannot be run"),
+        "{stderr}"
+    );
+    let work = server
+        .agents(
+            Method::GET,
+            &format!("/v1/environments/{}/work", started.environment_id),
+            None,
+        )
+        .await
+        .ok();
+    assert_eq!(work["data"][0]["state"], "stopped", "{work:#}");
+}

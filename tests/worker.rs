@@ -495,7 +495,7 @@ async fn the_workers_flush_is_bounded_and_teardown_still_runs() {
     .await;
     let logs = Logs::capture();
     let items = drain(&env.worker(&started, |o| {
-        o.memory_teardown_bound = Duration::from_millis(700)
+        o.memory_teardown_bound = Duration::from_secs(1)
     }))
     .await;
     let item = &items[0];
@@ -1088,12 +1088,7 @@ async fn the_worker_flushes_and_disposes_even_when_skill_teardown_throws() {
     let item = &items[0];
     assert_eq!(item.outcome, ItemOutcome::Served(RunEnd::Idle));
     assert!(left, "the skill folder could not be removed");
-    assert_eq!(
-        logs.count("skill cleanup failed"),
-        1,
-        "{}",
-        logs.text()
-    );
+    assert_eq!(logs.count("skill cleanup failed"), 1, "{}", logs.text());
     assert!(item.teardown.final_sync.is_some(), "{item:?}");
     assert_eq!(
         env.report(&started).await["final_contents"]["notes"]["/b.md"],
@@ -1643,4 +1638,117 @@ async fn the_heartbeat_starts_before_the_skill_download() {
         "the first heartbeat was answered {:?} after the skill download's first answer",
         first_beat - first_skill_answered
     );
+}
+
+#[tokio::test]
+async fn a_periodic_sync_is_bounded_so_a_slow_memory_api_does_not_hold_the_next_call() {
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&notes_scenario(json!([
+            {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}},
+            {"wait_ms": 5200},
+            {"tool": "bash", "input": {"command": "true"}},
+            {"tool": "bash", "input": {"command": "echo next"}, "expect": {"contains": "next"}}
+        ])))
+        .await;
+    let logs = Logs::capture();
+    let worker = env.worker(&started, |o| {
+        o.memory_sync_interval = SyncInterval::every(Duration::from_secs(5)).unwrap();
+        o.memory_teardown_bound = Duration::from_secs(1);
+    });
+    let drained = tokio::spawn(async move { drain(&worker).await });
+    wait_for_results(&env, &started, 1).await;
+    // The periodic sync after the second call finds a listing that hangs 5 s.
+    env.fault(json!({"method": "GET", "path": "/v1/memory_stores/*/memories", "latency_ms": 5000, "times": 1}))
+        .await;
+    let items = tokio::time::timeout(Duration::from_secs(60), drained)
+        .await
+        .expect("the item ends")
+        .unwrap();
+    let report = env
+        .server
+        .final_report(&started.session_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(report["status"], "passed", "{report:#}");
+    // The call after the cut-off sync was answered without waiting out the listing.
+    let next = report["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rfind(|s| s["latency_ms"].is_number())
+        .unwrap();
+    let latency = next["latency_ms"].as_f64().unwrap();
+    assert!(
+        latency < 3000.0,
+        "the next call waited {latency} ms: {report:#}"
+    );
+    assert_eq!(
+        logs.count("memory sync cut off after 1s; the next sync picks up where it stopped"),
+        1,
+        "{}",
+        logs.text()
+    );
+    // Nothing was lost: the final sync (or the flush) still saved the file.
+    assert!(items[0].stopped);
+    assert_eq!(
+        server_memories(&env, &started)
+            .await
+            .get("/b.md")
+            .map(String::as_str),
+        Some("beta\n")
+    );
+}
+
+/// A drain serving fewer items than it may (`max_concurrent_items` 2, one
+/// running) claims a newly queued item as soon as it is woken by a
+/// delivery, not when the running session ends.
+#[tokio::test]
+async fn a_drain_with_a_free_slot_claims_new_work_when_woken() {
+    let env = Env::new().await;
+    let long = env
+        .server
+        .start_scenario(&json!({"name": "long", "steps": [
+            {"tool": "bash", "input": {"command": "true"}},
+            {"wait_ms": 6000},
+            {"tool": "bash", "input": {"command": "true"}}
+        ]}))
+        .await;
+    let worker = env.worker(&long, |_| {});
+    let wake = Arc::new(tokio::sync::Notify::new());
+    let options = DrainOptions {
+        max_concurrent_items: 2,
+        wake: Some(wake.clone()),
+        ..Default::default()
+    };
+    let began = Instant::now();
+    let drained = tokio::spawn(async move {
+        worker
+            .drain(CancellationToken::new(), options)
+            .await
+            .unwrap()
+    });
+    wait_for_results(&env, &long, 1).await;
+    let short = env
+        .server
+        .start_scenario(&json!({"name": "short", "environment_id": long.environment_id,
+            "steps": [{"tool": "bash", "input": {"command": "echo second"}, "expect": {"contains": "second"}}]}))
+        .await;
+    wake.notify_one();
+    let report = env
+        .server
+        .final_report(&short.session_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(report["status"], "passed", "{report:#}");
+    assert!(
+        began.elapsed() < Duration::from_secs(5),
+        "the second item waited for the first: {:?}",
+        began.elapsed()
+    );
+    let items = tokio::time::timeout(Duration::from_secs(60), drained)
+        .await
+        .expect("the drain ends")
+        .unwrap()
+        .items;
+    assert_eq!(items.len(), 2, "{items:?}");
 }

@@ -101,12 +101,24 @@ async fn hand_off(
         return Ok(());
     }
     let json = serde_json::to_vec(&work)?;
-    let mut child = tokio::process::Command::new("/bin/sh")
+    let options = worker.options();
+    // The reference's contract, plus what an `envworker run` inside needs:
+    // the API it talks to and the item's secret.
+    let spawned = tokio::process::Command::new("/bin/sh")
         .arg("-c")
         .arg(command)
         .env("ANTHROPIC_WORK_ID", &work.id)
         .env("ANTHROPIC_ENVIRONMENT_ID", &work.environment_id)
         .env("ANTHROPIC_SESSION_ID", &work.data.id)
+        .env(
+            "ANTHROPIC_ENVIRONMENT_KEY",
+            options
+                .environment_key
+                .as_ref()
+                .map(|k| k.expose())
+                .unwrap_or_default(),
+        )
+        .env("ANTHROPIC_BASE_URL", &options.base_url)
         .env(
             "ANTHROPIC_WORK_SECRET",
             work.secret.as_ref().map(|s| s.expose()).unwrap_or_default(),
@@ -115,8 +127,15 @@ async fn hand_off(
         .stdout(std::io::stderr())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("cannot start the --on-work command {command:?}"))?;
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            force_stop(worker, &work).await;
+            return Err(e)
+                .with_context(|| format!("cannot start the --on-work command {command:?}"));
+        }
+    };
     if let Some(mut stdin) = child.stdin.take() {
         // A command that does not read its stdin must not block the poller.
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
@@ -144,8 +163,33 @@ async fn hand_off(
     };
     match status {
         Ok(s) if s.success() => info!(work_id = %work.id, "the --on-work command finished"),
+        // The shell could not find or execute the command: no item will ever be served.
+        Ok(s) if matches!(s.code(), Some(126 | 127)) => {
+            force_stop(worker, &work).await;
+            anyhow::bail!(
+                "the --on-work command {command:?} cannot be run ({s}); the item was stopped"
+            );
+        }
         Ok(s) => warn!(work_id = %work.id, status = %s, "the --on-work command failed"),
         Err(e) => warn!(work_id = %work.id, error = %e, "cannot wait for the --on-work command"),
     }
     Ok(())
+}
+
+/// Stop an item nobody will serve (bounded; a failure is logged).
+async fn force_stop(worker: &EnvironmentWorker, work: &Work) {
+    let Some(key) = worker.options().environment_key.clone() else {
+        return;
+    };
+    let client = worker.client(&key, "environments-work-poller");
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        client.work(&work.environment_id).stop(&work.id, true),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(work_id = %work.id, error = %e, "force-stop failed"),
+        Err(_) => warn!(work_id = %work.id, "force-stop failed: no answer within 10s"),
+    }
 }

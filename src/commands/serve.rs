@@ -70,6 +70,12 @@ pub fn endpoints_with_metrics(
         .base_url
         .clone()
         .unwrap_or_else(|| args.worker.base_url.clone());
+    // Every endpoint's secrets are kept from every endpoint's agent: one
+    // team's shell must not read another team's keys.
+    let all_secret_vars: Vec<String> = resolved
+        .iter()
+        .flat_map(|e| e.secret_env_vars.iter().cloned())
+        .collect();
     for endpoint in resolved {
         let mut options = super::worker_options(
             &args.worker,
@@ -90,7 +96,7 @@ pub fn endpoints_with_metrics(
             options.memory_sync_deletions = deletions;
         }
         options.extra_headers.extend(endpoint.extra_headers.clone());
-        options.secret_env_vars = endpoint.secret_env_vars.clone();
+        options.secret_env_vars = all_secret_vars.clone();
         options.metrics = Some(metrics.clone());
         let worker = EnvironmentWorker::new(options)
             .with_context(|| format!("endpoint {:?}", endpoint.name))?;

@@ -249,6 +249,25 @@ impl SessionMemoryStores {
         Some(self.sync_all(false).await)
     }
 
+    /// [`sync_if_due`](Self::sync_if_due) cut off after `bound`, so a slow
+    /// memory API cannot hold the agent's next call for long. A sync cut
+    /// off counts as done for the cadence (the next one waits an interval);
+    /// what it had not finished is picked up by the next listing.
+    pub async fn sync_if_due_within(&self, bound: Duration) -> Option<SyncReport> {
+        match tokio::time::timeout(bound, self.sync_if_due()).await {
+            Ok(report) => report,
+            Err(_) => {
+                *self.last_sync.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                warn!(
+                    bound_s = bound.as_secs_f64(),
+                    "memory sync cut off after {}s; the next sync picks up where it stopped",
+                    bound.as_secs_f64()
+                );
+                None
+            }
+        }
+    }
+
     /// Sync every store now, whatever the cadence (a regular sync, not the final one).
     pub async fn sync_now(&self) -> SyncReport {
         self.sync_all(false).await

@@ -68,14 +68,18 @@ impl InvocationWork {
     }
 
     fn set_deadline(&self, deadline_ms: u64) {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or_default();
-        let left = Duration::from_millis(deadline_ms.saturating_sub(now_ms));
         *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) =
-            (deadline_ms > 0).then(|| tokio::time::Instant::now() + left);
+            (deadline_ms > 0).then(|| deadline_instant(deadline_ms));
     }
+}
+
+/// A deadline in Unix milliseconds as a tokio instant (now, if it passed).
+fn deadline_instant(deadline_ms: u64) -> tokio::time::Instant {
+    let now_ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default();
+    tokio::time::Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms))
 }
 
 /// Whether this process runs as a Lambda function.
@@ -86,7 +90,8 @@ pub fn in_lambda() -> bool {
 /// Serve invocations until the runtime stops. `state` must have been built
 /// with [`super::Mode::Lambda`] over `work`.
 pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_http::Error> {
-    let (done_tx, done_rx) = mpsc::unbounded_channel::<Started>();
+    // One message per handled invocation: its request id and the drain it started.
+    let (done_tx, done_rx) = mpsc::unbounded_channel::<(String, Started)>();
     let done_rx = Arc::new(tokio::sync::Mutex::new(done_rx));
     let extension = Extension::new()
         .with_extension_name("envworker-drain")
@@ -96,13 +101,32 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
             async move {
                 if let NextEvent::Invoke(invoke) = event.next {
                     tracing::debug!(request_id = %invoke.request_id, "extension: invocation started");
-                    // One message per invocation, sent by the handler once it answered.
-                    let started = done_rx.lock().await.recv().await.flatten();
+                    // Never past the invocation's deadline: an event the runtime
+                    // could not decode never reaches the handler, so no message comes.
+                    let end = deadline_instant(invoke.deadline_ms);
+                    let started = tokio::time::timeout_at(end, async {
+                        let mut rx = done_rx.lock().await;
+                        // A late message of an earlier invocation is not this one's.
+                        loop {
+                            match rx.recv().await {
+                                Some((id, started)) if id == invoke.request_id => break started,
+                                Some(_) => continue,
+                                None => break None,
+                            }
+                        }
+                    })
+                    .await
+                    .unwrap_or_else(|_| {
+                        warn!(request_id = %invoke.request_id, "the handler never answered this invocation; ending it");
+                        None
+                    });
                     tracing::debug!(request_id = %invoke.request_id, drain = started.is_some(), "extension: the handler answered");
                     if let Some(drain) = started {
                         info!(request_id = %invoke.request_id, "webhook answered; finishing the drain inside the invocation");
-                        if let Err(e) = drain.await {
-                            warn!(error = %e, "the drain task failed");
+                        match tokio::time::timeout_at(end, drain).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => warn!(error = %e, "the drain task failed"),
+                            Err(_) => warn!(request_id = %invoke.request_id, "the drain outlived the invocation's deadline"),
                         }
                     }
                 }
@@ -117,13 +141,21 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
         let (router, work, done_tx) = (router.clone(), work.clone(), done_tx.clone());
         async move {
             // Whatever happens below, the extension hears exactly once from this invocation.
-            struct Report(mpsc::UnboundedSender<Started>, InvocationWork);
+            struct Report(
+                mpsc::UnboundedSender<(String, Started)>,
+                InvocationWork,
+                String,
+            );
             impl Drop for Report {
                 fn drop(&mut self) {
-                    let _ = self.0.send(self.1.take());
+                    let _ = self.0.send((std::mem::take(&mut self.2), self.1.take()));
                 }
             }
-            let _report = Report(done_tx, work.clone());
+            let request_id = request
+                .lambda_context_ref()
+                .map(|ctx| ctx.request_id.clone())
+                .unwrap_or_default();
+            let _report = Report(done_tx, work.clone(), request_id);
             if let Some(ctx) = request.lambda_context_ref() {
                 work.set_deadline(ctx.deadline);
             }

@@ -8,7 +8,9 @@
 //! answers 202 `accepted` at once and drains the endpoint's queue:
 //!
 //! - in a container, a background task per endpoint drains while the
-//!   process lives; a delivery arriving mid-drain makes it poll once more;
+//!   process lives (and once at start, for work already queued); a
+//!   delivery arriving mid-drain wakes it to claim into a free slot, or
+//!   makes it poll once more when its items are done;
 //! - on Lambda ([`lambda`]) the response goes out first and the drain runs
 //!   inside the same invocation, ending in time for its teardown.
 //!
@@ -68,8 +70,11 @@ impl Endpoint {
         name: impl Into<String>,
         keys: Vec<SigningKey>,
         worker: EnvironmentWorker,
-        drain: DrainOptions,
+        mut drain: DrainOptions,
     ) -> Self {
+        drain
+            .wake
+            .get_or_insert_with(|| Arc::new(tokio::sync::Notify::new()));
         Endpoint {
             name: name.into(),
             keys,
@@ -104,6 +109,10 @@ struct Shared {
     tasks: TaskTracker,
     replay: Mutex<ReplayFilter>,
     metrics: Arc<Metrics>,
+    /// When the queue depths were last read: scrapes share one read per
+    /// [`QUEUE_STATS_MAX_AGE`], so `/metrics` cannot drive the API's rate limit.
+    queue_stats_read: tokio::sync::Mutex<Option<Instant>>,
+    queue_stats_max_age: Mutex<Duration>,
 }
 
 impl AppState {
@@ -126,8 +135,19 @@ impl AppState {
                 tasks: TaskTracker::new(),
                 replay: Mutex::new(ReplayFilter::default()),
                 metrics,
+                queue_stats_read: tokio::sync::Mutex::new(None),
+                queue_stats_max_age: Mutex::new(QUEUE_STATS_MAX_AGE),
             }),
         }
+    }
+
+    /// How long scrapes reuse the last queue depths (default [`QUEUE_STATS_MAX_AGE`]).
+    pub fn set_queue_stats_max_age(&self, max_age: Duration) {
+        *self
+            .inner
+            .queue_stats_max_age
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = max_age;
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -164,6 +184,10 @@ impl AppState {
     /// drain to poll once more when it is done.
     fn kick(&self, endpoint: Arc<Endpoint>) {
         endpoint.dirty.store(true, Ordering::SeqCst);
+        // A running drain with a free slot polls again at once.
+        if let Some(wake) = &endpoint.drain.wake {
+            wake.notify_one();
+        }
         if endpoint.draining.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -227,9 +251,34 @@ async fn ready(State(state): State<AppState>) -> Response {
 
 /// How long a scrape waits for the queue stats of the endpoints.
 const QUEUE_STATS_TIMEOUT: Duration = Duration::from_secs(2);
+/// Scrapes within this long of a read reuse its depths.
+pub const QUEUE_STATS_MAX_AGE: Duration = Duration::from_secs(5);
 
 async fn metrics(State(state): State<AppState>) -> Response {
-    // Queue depth is the scaling signal (KEDA): read it fresh, every endpoint at once.
+    // Queue depth is the scaling signal (KEDA): read every endpoint at once,
+    // at most once per max age whatever the scrape rate (one read in flight).
+    let mut last_read = state.inner.queue_stats_read.lock().await;
+    let max_age = *state
+        .inner
+        .queue_stats_max_age
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    if last_read.is_none_or(|at| at.elapsed() >= max_age) {
+        read_queue_depths(&state).await;
+        *last_read = Some(Instant::now());
+    }
+    drop(last_read);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.inner.metrics.render(),
+    )
+        .into_response()
+}
+
+async fn read_queue_depths(state: &AppState) {
     let reads = state.inner.endpoints.values().map(|endpoint| async move {
         match tokio::time::timeout(QUEUE_STATS_TIMEOUT, endpoint.worker.queue_stats()).await {
             Ok(Ok(stats)) => Some((endpoint.name.as_str(), stats.depth)),
@@ -246,12 +295,20 @@ async fn metrics(State(state): State<AppState>) -> Response {
     for (name, depth) in futures::future::join_all(reads).await.into_iter().flatten() {
         state.inner.metrics.set_queue_depth(name, depth);
     }
+}
+
+/// The replay filter's key: per endpoint, as the same event reaches every
+/// endpoint subscribed to it.
+fn replay_key(endpoint: &str, id: &str) -> String {
+    format!("{endpoint}\n{id}")
+}
+
+/// 503 with `retry-after`: the sender delivers again later (elsewhere).
+fn shutting_down() -> Response {
     (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        state.inner.metrics.render(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        [("retry-after", "5")],
+        axum::Json(json!({"error": "shutting down; retry later"})),
     )
         .into_response()
 }
@@ -335,20 +392,13 @@ pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> 
     }
     if state.is_shutting_down() {
         count("shutting_down");
-        return Verdict::Respond(
-            (
-                StatusCode::SERVICE_UNAVAILABLE,
-                [("retry-after", "5")],
-                axum::Json(json!({"error": "shutting down; retry later"})),
-            )
-                .into_response(),
-        );
+        return Verdict::Respond(shutting_down());
     }
     {
         let mut replay = state.inner.replay.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         // Per endpoint: the same event reaches every endpoint subscribed to it.
-        let seen = format!("{name}\n{id}");
+        let seen = replay_key(name, &id);
         if replay.contains(&seen, now) {
             info!(endpoint = %name, webhook.id = %id, "webhook already accepted; not starting work again");
             count("duplicate");
@@ -382,6 +432,19 @@ async fn webhook(
                 Mode::Container => state.kick(endpoint),
                 Mode::Lambda(work) => work.start(endpoint, state.inner.shutdown.clone()),
             }
+            // Shutdown began between the check and the start: the drain will
+            // not run, so let the sender retry (and forget we saw the id).
+            if state.is_shutting_down() {
+                if let Some(id) = WebhookHeaders::from_http(&headers).id {
+                    state
+                        .inner
+                        .replay
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .forget(&replay_key(&name, id));
+                }
+                return shutting_down();
+            }
             r
         }
     }
@@ -401,6 +464,11 @@ pub async fn serve_container(
     let server = axum::serve(listener, app(state.clone()))
         .with_graceful_shutdown(async move { http_stop.cancelled().await });
     let server = tokio::spawn(async move { server.await });
+    // Items may already wait (a restart, a replica added by the autoscaler):
+    // look once at start instead of waiting for the next delivery.
+    for endpoint in state.inner.endpoints.values() {
+        state.kick(endpoint.clone());
+    }
     shutdown.await;
     info!("shutting down: new webhooks get 503; running sessions end and flush");
     state.begin_shutdown();

@@ -65,6 +65,11 @@ impl ReplayFilter {
         self.expire(now);
     }
 
+    /// Forget `id` (its delivery was not acted on after all).
+    pub fn forget(&mut self, id: &str) {
+        self.seen.remove(id);
+    }
+
     pub fn len(&self) -> usize {
         self.seen.len()
     }
@@ -87,6 +92,17 @@ mod tests {
         assert!(filter.contains("a", t0 + Duration::from_secs(59)));
         assert!(!filter.contains("a", t0 + Duration::from_secs(61)));
         assert!(filter.is_empty());
+    }
+
+    #[test]
+    fn a_forgotten_id_is_new_again() {
+        let mut filter = ReplayFilter::default();
+        let now = Instant::now();
+        filter.record("msg_1", now);
+        filter.forget("msg_1");
+        assert!(!filter.contains("msg_1", now));
+        filter.record("msg_1", now);
+        assert!(filter.contains("msg_1", now));
     }
 
     #[test]

@@ -113,11 +113,17 @@ pub trait ToolHandler: Send + Sync {
 /// Variables the agent's shell never inherits, beyond every `ANTHROPIC_*`
 /// and `ENVWORKER_*` one: cloud credentials of the host, and the Lambda
 /// runtime's address (the shell must not fetch the worker's invocations).
-const HOST_SECRETS: [&str; 4] = [
+const HOST_SECRETS: [&str; 9] = [
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
     "AWS_LAMBDA_RUNTIME_API",
+    // ECS/EKS credential endpoints and tokens, web identity (IRSA).
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+    "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
 ];
 
 /// The process environment without the worker's credentials: every

@@ -24,7 +24,7 @@ use super::lease::{self, Lease, LeaseEnd};
 use super::{EnvironmentWorker, WorkerError, WorkerEvent};
 
 /// The bound of the force-stop on the way out.
-const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A claimed item: what the poll answered, or what a sandbox was handed.
 #[derive(Clone)]
@@ -204,9 +204,11 @@ impl EnvironmentWorker {
             let clean = matches!(&report.outcome, ItemOutcome::Served(end) if end.is_clean());
             let bound = match deadline {
                 // Both bounds must fit before a hard deadline.
-                Some(at) => opts
-                    .memory_teardown_bound
-                    .min(at.saturating_duration_since(Instant::now()) / 2),
+                Some(at) => opts.memory_teardown_bound.min(
+                    at.saturating_duration_since(Instant::now())
+                        .saturating_sub(STOP_TIMEOUT + Duration::from_secs(2))
+                        / 2,
+                ),
                 None => opts.memory_teardown_bound,
             };
             report.teardown = stores.teardown(clean, bound).await;
@@ -370,10 +372,11 @@ impl EnvironmentWorker {
         let after_call = stores_out.clone().map(|stores| {
             let worker = self.clone();
             let work_id = item.id.clone();
+            let bound = opts.memory_teardown_bound;
             let hook: crate::session::AfterCall = Arc::new(move || {
                 let (stores, worker, work_id) = (stores.clone(), worker.clone(), work_id.clone());
                 Box::pin(async move {
-                    if let Some(report) = stores.sync_if_due().await {
+                    if let Some(report) = stores.sync_if_due_within(bound).await {
                         worker.emit(WorkerEvent::Synced {
                             work_id,
                             report,

@@ -160,7 +160,7 @@ impl WorkerOptions {
     /// Time a teardown needs before a hard deadline: the final sync and the
     /// flush, each bounded, the force-stop, and slack.
     pub fn teardown_reserve(&self) -> Duration {
-        self.memory_teardown_bound * 2 + Duration::from_secs(5)
+        self.memory_teardown_bound * 2 + item::STOP_TIMEOUT + Duration::from_secs(5)
     }
 
     pub fn validate(&self) -> Result<(), WorkerError> {
@@ -176,6 +176,20 @@ impl WorkerOptions {
         if self.worker_id.is_empty() {
             return Err(WorkerError::Config("the worker id is empty".into()));
         }
+        if self.memory_teardown_bound < Duration::from_secs(1)
+            || self.memory_teardown_bound > MAX_TEARDOWN_BOUND
+        {
+            return Err(WorkerError::Config(format!(
+                "the memory teardown bound must be between 1s and {}s (got {:?}); a shorter one cuts off every flush",
+                MAX_TEARDOWN_BOUND.as_secs(),
+                self.memory_teardown_bound
+            )));
+        }
+        if self.tool_timeout.is_zero() {
+            return Err(WorkerError::Config(
+                "the tool timeout must be more than zero".into(),
+            ));
+        }
         // `SyncInterval::Every` can be built without `SyncInterval::every`'s floor check.
         if let SyncInterval::Every(interval) = self.memory_sync_interval {
             SyncInterval::every(interval).map_err(|e| WorkerError::Config(e.to_string()))?;
@@ -183,6 +197,9 @@ impl WorkerOptions {
         Ok(())
     }
 }
+
+/// The longest memory teardown bound accepted (each of the final sync and the flush).
+pub const MAX_TEARDOWN_BOUND: Duration = Duration::from_secs(3600);
 
 /// Serves work items of one environment. Cheap to clone.
 #[derive(Clone)]
@@ -251,5 +268,50 @@ impl EnvironmentWorker {
         if let Some(sink) = &self.inner.options.events {
             let _ = sink.send(event);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options() -> WorkerOptions {
+        let mut o = WorkerOptions::new("env_1", "http://127.0.0.1:1");
+        o.workdir = std::env::temp_dir();
+        o
+    }
+
+    #[test]
+    fn options_that_would_lose_data_or_overflow_are_refused() {
+        assert!(options().validate().is_ok());
+        for (what, change) in [
+            (
+                "zero teardown bound",
+                (|o: &mut WorkerOptions| o.memory_teardown_bound = Duration::ZERO)
+                    as fn(&mut WorkerOptions),
+            ),
+            ("sub-second teardown bound", |o| {
+                o.memory_teardown_bound = Duration::from_millis(500)
+            }),
+            ("teardown bound over an hour", |o| {
+                o.memory_teardown_bound = MAX_TEARDOWN_BOUND + Duration::from_secs(1)
+            }),
+            ("zero tool timeout", |o| o.tool_timeout = Duration::ZERO),
+            ("sync interval under 5 s", |o| {
+                o.memory_sync_interval = SyncInterval::Every(Duration::from_secs(4))
+            }),
+            ("relative workdir", |o| o.workdir = PathBuf::from("work")),
+            ("empty worker id", |o| o.worker_id.clear()),
+        ] {
+            let mut o = options();
+            change(&mut o);
+            assert!(o.validate().is_err(), "{what} was accepted");
+        }
+    }
+
+    #[test]
+    fn the_teardown_reserve_covers_both_bounds_and_the_force_stop() {
+        let o = options();
+        assert_eq!(o.teardown_reserve(), Duration::from_secs(30 * 2 + 10 + 5));
     }
 }

@@ -26,11 +26,8 @@ use super::{EnvironmentWorker, WorkerError};
 
 pub const POLL_BLOCK_MS: u32 = 999;
 pub const RECLAIM_OLDER_THAN_MS: u64 = 2_000;
-const BACKOFF_START: Duration = Duration::from_secs(1);
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
 const IDLE_LOG_EVERY: Duration = Duration::from_secs(300);
-/// Transient poll failures a drain tolerates before giving up.
-const DRAIN_POLL_ATTEMPTS: u32 = 4;
 
 /// A 4xx other than 408, 409 and 429: polling again will not help.
 fn poll_is_fatal(e: &Error) -> bool {
@@ -43,8 +40,12 @@ fn poll_is_fatal(e: &Error) -> bool {
     }
 }
 
-fn jittered(base: Duration) -> Duration {
-    base.mul_f64(rand::rng().random_range(0.5..=1.0))
+/// The reference's retry wait for a poll or an ack: `2^attempt` seconds
+/// (1-indexed, capped at 60 s) plus up to 1 s of jitter. The first wait
+/// after a failed ack (≥ 2 s) lets the item become reclaimable again.
+fn backoff(attempt: u32) -> Duration {
+    let base = Duration::from_secs(1u64 << attempt.clamp(1, 6)).min(BACKOFF_CAP);
+    base + Duration::from_secs_f64(rand::rng().random_range(0.0..1.0))
 }
 
 /// How a drain runs.
@@ -57,6 +58,9 @@ pub struct DrainOptions {
     pub deadline: Option<Instant>,
     /// The least serving time worth claiming an item for, beyond the teardown reserve.
     pub min_serving_time: Duration,
+    /// Notified when a new delivery arrives: a drain waiting for its running
+    /// items polls again at once when a slot is free.
+    pub wake: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Default for DrainOptions {
@@ -65,6 +69,7 @@ impl Default for DrainOptions {
             max_concurrent_items: 1,
             deadline: None,
             min_serving_time: Duration::from_secs(60),
+            wake: None,
         }
     }
 }
@@ -75,6 +80,23 @@ pub struct DrainReport {
     pub items: Vec<ItemReport>,
     /// The drain stopped claiming because the deadline was too near.
     pub stopped_for_deadline: bool,
+}
+
+/// What became of an ack.
+enum Ack {
+    Acked,
+    /// Refused for good: the item was force-stopped.
+    Stopped,
+    /// Failed transiently: back off, then poll again (the item comes back).
+    Retry(crate::api::Error),
+}
+
+/// Wait `wait` unless `cancel` fires first; `false` if it did.
+async fn pause(cancel: &CancellationToken, wait: Duration) -> bool {
+    tokio::select! {
+        _ = cancel.cancelled() => false,
+        _ = tokio::time::sleep(wait) => true,
+    }
 }
 
 /// Serves one claimed item; the default is [`EnvironmentWorker::handle_item`].
@@ -95,22 +117,18 @@ impl EnvironmentWorker {
         Ok(self.client(key, "environments-work-poller"))
     }
 
-    /// Acknowledge a claimed item. `false` when it must be skipped (it was
-    /// force-stopped, or the ack failed transiently and the item will come back).
-    async fn ack(&self, poller: &Client, work: &Work) -> bool {
+    /// Acknowledge a claimed item.
+    async fn ack(&self, poller: &Client, work: &Work) -> Ack {
         let queue = poller.work(&work.environment_id);
         match queue.ack(&work.id).await {
-            Ok(_) => true,
+            Ok(_) => Ack::Acked,
             Err(e) if e.is_permanent() => {
                 warn!(work_id = %work.id, error = %e, "ack failed permanently; force-stopping");
                 let _ =
                     tokio::time::timeout(Duration::from_secs(10), queue.stop(&work.id, true)).await;
-                false
+                Ack::Stopped
             }
-            Err(e) => {
-                warn!(work_id = %work.id, error = %e, "ack failed; the item returns to the queue");
-                false
-            }
+            Err(e) => Ack::Retry(e),
         }
     }
 
@@ -141,7 +159,7 @@ impl EnvironmentWorker {
             reclaim_older_than_ms: None,
         };
         let worker_id = self.options().worker_id.clone();
-        let mut backoff = BACKOFF_START;
+        let (mut poll_attempt, mut ack_attempt) = (0u32, 0u32);
         let mut idle_since: Option<Instant> = None;
         let mut idle_logged = Instant::now();
         info!(environment_id = %self.options().environment_id, worker_id = %worker_id, "polling for work");
@@ -152,16 +170,26 @@ impl EnvironmentWorker {
             };
             let pause = match polled {
                 Ok(Some(work)) => {
-                    backoff = BACKOFF_START;
+                    poll_attempt = 0;
                     idle_since = None;
                     info!(work_id = %work.id, session_id = %work.data.id, "claimed work");
-                    if self.ack(&poller, &work).await {
-                        handler(work).await;
+                    match self.ack(&poller, &work).await {
+                        Ack::Acked => {
+                            ack_attempt = 0;
+                            handler(work).await;
+                            continue;
+                        }
+                        Ack::Stopped => continue,
+                        Ack::Retry(e) => {
+                            ack_attempt += 1;
+                            let wait = backoff(ack_attempt);
+                            warn!(work_id = %work.id, attempt = ack_attempt, backoff_ms = wait.as_millis() as u64, error = %e, "ack failed, backing off");
+                            wait
+                        }
                     }
-                    continue;
                 }
                 Ok(None) => {
-                    backoff = BACKOFF_START;
+                    poll_attempt = 0;
                     match idle_since {
                         None => {
                             info!("idle; polling for work");
@@ -185,9 +213,9 @@ impl EnvironmentWorker {
                     return Err(WorkerError::Poll(Box::new(e)));
                 }
                 Err(e) => {
-                    let wait = jittered(backoff);
-                    warn!(error = %e, backoff_ms = wait.as_millis() as u64, "poll failed, backing off");
-                    backoff = (backoff * 2).min(BACKOFF_CAP);
+                    poll_attempt += 1;
+                    let wait = backoff(poll_attempt);
+                    warn!(attempt = poll_attempt, backoff_ms = wait.as_millis() as u64, error = %e, "poll failed, backing off");
                     wait
                 }
             };
@@ -219,7 +247,7 @@ impl EnvironmentWorker {
         ));
         let mut running: JoinSet<ItemReport> = JoinSet::new();
         let mut report = DrainReport::default();
-        let mut failures = 0;
+        let (mut poll_attempt, mut ack_attempt) = (0u32, 0u32);
         let result = loop {
             // Wait for a free slot before claiming: never hold an item we cannot serve.
             let permit = tokio::select! {
@@ -244,12 +272,44 @@ impl EnvironmentWorker {
                 p = queue.poll(&params, Some(&worker_id)) => p,
             };
             match polled {
-                Ok(None) => break Ok(()),
+                Ok(None) => {
+                    poll_attempt = 0;
+                    drop(permit);
+                    // Empty. While items still run, a new delivery (a wake)
+                    // means another item may wait: poll again for a free slot.
+                    let Some(wake) = &options.wake else {
+                        break Ok(());
+                    };
+                    if running.is_empty() {
+                        break Ok(());
+                    }
+                    tokio::select! {
+                        _ = cancel.cancelled() => break Ok(()),
+                        _ = wake.notified() => {}
+                        done = running.join_next() => {
+                            // A slot came free: look once more before waiting again.
+                            if let Some(Ok(item)) = done {
+                                report.items.push(item);
+                            }
+                        }
+                    }
+                }
                 Ok(Some(work)) => {
-                    failures = 0;
+                    poll_attempt = 0;
                     info!(work_id = %work.id, session_id = %work.data.id, "claimed work");
-                    if !self.ack(&poller, &work).await {
-                        continue;
+                    match self.ack(&poller, &work).await {
+                        Ack::Acked => ack_attempt = 0,
+                        Ack::Stopped => continue,
+                        Ack::Retry(e) => {
+                            ack_attempt += 1;
+                            let wait = backoff(ack_attempt);
+                            warn!(work_id = %work.id, attempt = ack_attempt, backoff_ms = wait.as_millis() as u64, error = %e, "ack failed, backing off");
+                            drop(permit);
+                            if !pause(&cancel, wait).await {
+                                break Ok(());
+                            }
+                            continue;
+                        }
                     }
                     let (worker, cancel, deadline) =
                         (self.clone(), cancel.clone(), options.deadline);
@@ -265,14 +325,15 @@ impl EnvironmentWorker {
                     break Err(WorkerError::Poll(Box::new(e)));
                 }
                 Err(e) => {
-                    failures += 1;
-                    if failures >= DRAIN_POLL_ATTEMPTS {
-                        warn!(error = %e, "poll keeps failing; ending the drain");
+                    // As the reference: a drain retries until the poll succeeds,
+                    // the process stops, or (Lambda) the deadline is too near.
+                    poll_attempt += 1;
+                    let wait = backoff(poll_attempt);
+                    warn!(attempt = poll_attempt, backoff_ms = wait.as_millis() as u64, error = %e, "poll failed, backing off");
+                    drop(permit);
+                    if !pause(&cancel, wait).await {
                         break Ok(());
                     }
-                    let wait = jittered(BACKOFF_START * 2u32.pow(failures - 1));
-                    warn!(error = %e, backoff_ms = wait.as_millis() as u64, "poll failed, backing off");
-                    tokio::time::sleep(wait).await;
                 }
             }
         };

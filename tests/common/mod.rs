@@ -310,13 +310,24 @@ pub fn runs_as_nobody(test: &str) -> bool {
     let exe = dir.path().join("test-binary");
     std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let status = std::process::Command::new(&exe)
-        .args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env("TMPDIR", "/tmp")
-        .uid(65534)
-        .gid(65534)
-        .status()
-        .unwrap();
+    // Another test thread forking while the copy's write handle was open
+    // makes exec fail with ETXTBSY for a moment: retry that.
+    let mut attempts = 0;
+    let status = loop {
+        match std::process::Command::new(&exe)
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .env("TMPDIR", "/tmp")
+            .uid(65534)
+            .gid(65534)
+            .status()
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 50 => {
+                attempts += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => break other.unwrap(),
+        }
+    };
     assert!(status.success(), "{test} failed as nobody: {status}");
     false
 }
