@@ -710,21 +710,7 @@ async fn invoke(envelope: Value, secret: &str, extra_env: &[(&str, &str)]) -> Va
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let sink = stderr.clone();
-    let mut pipe = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = pipe.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
+    let stderr = common::process::collect_stderr(&mut child);
     let answered =
         tokio::time::timeout(Duration::from_secs(30), responded.wait_for(|r| r.is_some()))
             .await

@@ -272,21 +272,7 @@ async fn lambda_with_args(
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let sink = stderr.clone();
-    let mut err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = err.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock()
-                .unwrap()
-                .push_str(&String::from_utf8_lossy(&buf[..n]));
-        }
-    });
+    let stderr = common::process::collect_stderr(&mut child);
     Lambda {
         child,
         stand_in,

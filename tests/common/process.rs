@@ -62,3 +62,23 @@ impl Drop for DevserverProcess {
         let _ = self.child.wait();
     }
 }
+
+/// Collect everything `child` writes to its (piped) stderr, as it comes.
+pub fn collect_stderr(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::Read;
+    let text = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = text.clone();
+    let mut pipe = child.stderr.take().expect("stderr is piped");
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    text
+}
