@@ -10,18 +10,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::Router;
 use axum::body::Body;
-use axum::extract::State;
 use axum::http::{Request, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
 use common::TestServer;
+use common::lambda::{StandIn, epoch_ms, spawn_function};
 use envworker::api::types::Redacted;
 use envworker::serve::{AppState, Endpoint, Mode, RUN_STARTED, app};
 use envworker::webhook::{self, SigningKey, WebhookHeaders};
@@ -32,7 +27,6 @@ use lambda_http::RequestExt;
 use lambda_http::request::LambdaRequest;
 use reqwest::Method;
 use serde_json::{Value, json};
-use tokio::sync::watch;
 use tower::ServiceExt;
 
 const BIN: &str = env!("CARGO_BIN_EXE_envworker");
@@ -577,74 +571,6 @@ fn sign_envelope_re_signs_each_envelope_so_that_it_verifies() {
 // The re-signed envelopes through the real Lambda handler: `envworker serve`
 // under a stand-in for the Lambda Runtime and Extensions APIs, one invocation.
 
-#[derive(Clone)]
-struct StandIn {
-    invocation: Arc<Mutex<Option<Value>>>,
-    deadline_ms: u64,
-    dispatched: watch::Sender<bool>,
-    response: watch::Sender<Option<Value>>,
-    errors: Arc<Mutex<Vec<String>>>,
-    extension_calls: Arc<AtomicUsize>,
-}
-
-async fn runtime_next(State(s): State<StandIn>) -> Response {
-    let Some(event) = s.invocation.lock().unwrap().take() else {
-        std::future::pending::<()>().await;
-        unreachable!()
-    };
-    s.dispatched.send_replace(true);
-    (
-        [
-            ("lambda-runtime-aws-request-id", "req-1".to_string()),
-            ("lambda-runtime-deadline-ms", s.deadline_ms.to_string()),
-            (
-                "lambda-runtime-invoked-function-arn",
-                "arn:aws:lambda:us-east-1:123456789012:function:envworker".to_string(),
-            ),
-            (
-                "lambda-runtime-trace-id",
-                "Root=1-5759e988-bd862e3fe1be46a994272793".to_string(),
-            ),
-        ],
-        axum::Json(event),
-    )
-        .into_response()
-}
-
-async fn runtime_response(State(s): State<StandIn>, body: axum::body::Bytes) -> StatusCode {
-    s.response
-        .send_replace(Some(serde_json::from_slice(&body).unwrap_or(Value::Null)));
-    StatusCode::ACCEPTED
-}
-
-async fn lambda_error(State(s): State<StandIn>, body: String) -> StatusCode {
-    s.errors.lock().unwrap().push(body);
-    StatusCode::ACCEPTED
-}
-
-async fn extension_register() -> Response {
-    (
-        [("lambda-extension-identifier", "ext-1")],
-        axum::Json(json!({"functionName": "envworker", "functionVersion": "$LATEST", "handler": "bootstrap"})),
-    )
-        .into_response()
-}
-
-async fn extension_next(State(s): State<StandIn>) -> Response {
-    if s.extension_calls.fetch_add(1, Ordering::SeqCst) > 0 {
-        std::future::pending::<()>().await;
-    }
-    let _ = s.dispatched.subscribe().wait_for(|d| *d).await;
-    axum::Json(json!({
-        "eventType": "INVOKE",
-        "deadlineMs": s.deadline_ms,
-        "requestId": "req-1",
-        "invokedFunctionArn": "arn:aws:lambda:us-east-1:123456789012:function:envworker",
-        "tracing": {"type": "X-Amzn-Trace-Id", "value": "Root=1-5759e988-bd862e3fe1be46a994272793"}
-    }))
-    .into_response()
-}
-
 /// Invoke `envworker serve` as a Lambda function with `envelope` (signed
 /// under `secret`) and return its response to the Runtime API.
 async fn invoke(envelope: Value, secret: &str, extra_env: &[(&str, &str)]) -> Value {
@@ -653,75 +579,42 @@ async fn invoke(envelope: Value, secret: &str, extra_env: &[(&str, &str)]) -> Va
         .dev(Method::POST, "/dev/environments", Some(json!({})))
         .await
         .ok();
-    let (response, mut responded) = watch::channel(None);
-    let stand_in = StandIn {
-        invocation: Arc::new(Mutex::new(Some(envelope))),
-        deadline_ms: (SystemTime::now().duration_since(UNIX_EPOCH).unwrap()
-            + Duration::from_secs(300))
-        .as_millis() as u64,
-        dispatched: watch::channel(false).0,
-        response,
-        errors: Arc::default(),
-        extension_calls: Arc::default(),
-    };
-    let api = Router::new()
-        .route("/2018-06-01/runtime/invocation/next", get(runtime_next))
-        .route(
-            "/2018-06-01/runtime/invocation/{id}/response",
-            post(runtime_response),
-        )
-        .route(
-            "/2018-06-01/runtime/invocation/{id}/error",
-            post(lambda_error),
-        )
-        .route("/2018-06-01/runtime/init/error", post(lambda_error))
-        .route("/2020-01-01/extension/register", post(extension_register))
-        .route("/2020-01-01/extension/event/next", get(extension_next))
-        .route("/2020-01-01/extension/init/error", post(lambda_error))
-        .route("/2020-01-01/extension/exit/error", post(lambda_error))
-        .with_state(stand_in.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let api_addr = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move { axum::serve(listener, api).await });
+    let (stand_in, api) = StandIn::start(
+        envelope,
+        epoch_ms() + Duration::from_secs(300).as_millis() as u64,
+    )
+    .await;
     let workdir = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--max-idle", "1s"])
-        .env("RUST_LOG", "info")
-        .env_remove("AWS_LAMBDA_HTTP_IGNORE_STAGE_IN_PATH")
-        .envs([
-            ("AWS_LAMBDA_RUNTIME_API", api_addr.as_str()),
-            ("AWS_LAMBDA_FUNCTION_NAME", "envworker"),
-            ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024"),
-            ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST"),
-            ("ANTHROPIC_BASE_URL", server.url().as_str()),
-            (
-                "ANTHROPIC_ENVIRONMENT_ID",
-                env["environment_id"].as_str().unwrap(),
-            ),
-            (
-                "ANTHROPIC_ENVIRONMENT_KEY",
-                env["environment_key"].as_str().unwrap(),
-            ),
-            ("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret),
-            ("ENVWORKER_WORKDIR", workdir.path().to_str().unwrap()),
-        ])
-        .envs(extra_env.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = common::process::collect_stderr(&mut child);
-    let answered =
-        tokio::time::timeout(Duration::from_secs(30), responded.wait_for(|r| r.is_some()))
-            .await
-            .map(|r| r.map(|v| v.clone()));
+    let mut envs = vec![
+        ("ANTHROPIC_BASE_URL", server.url()),
+        (
+            "ANTHROPIC_ENVIRONMENT_ID",
+            env["environment_id"].as_str().unwrap().to_string(),
+        ),
+        (
+            "ANTHROPIC_ENVIRONMENT_KEY",
+            env["environment_key"].as_str().unwrap().to_string(),
+        ),
+        ("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret.to_string()),
+        (
+            "ENVWORKER_WORKDIR",
+            workdir.path().to_str().unwrap().to_string(),
+        ),
+    ];
+    envs.extend(extra_env.iter().map(|(k, v)| (*k, v.to_string())));
+    let envs: Vec<(&str, &str)> = envs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (mut child, stderr) = spawn_function(&api, &["serve", "--max-idle", "1s"], &envs);
+    let answered = stand_in
+        .wait_for(Duration::from_secs(30), |seen| seen.response.is_some())
+        .await;
     let _ = child.kill();
     let _ = child.wait();
-    match answered {
-        Ok(Ok(Some(response))) => response,
+    let seen = stand_in.seen.lock().unwrap();
+    match (answered, &seen.response) {
+        (true, Some((_, response))) => response.clone(),
         _ => panic!(
             "no response to the invocation; errors: {:?}\n--- envworker stderr ---\n{}",
-            stand_in.errors.lock().unwrap(),
+            seen.errors,
             stderr.lock().unwrap()
         ),
     }

@@ -8,150 +8,16 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use common::lambda::{Seen, StandIn, epoch_ms, spawn_function};
 use common::{ADMIN_KEY, TestServer};
 use envworker::devserver::DevserverConfig;
 use envworker::webhook::SigningKey;
 use reqwest::Method;
 use serde_json::{Value, json};
-use tokio::sync::{Notify, watch};
-
-/// What the stand-in saw, with the time of each thing.
-#[derive(Default)]
-struct Seen {
-    registered: Option<Instant>,
-    runtime_waiting: Option<Instant>,
-    response: Option<(Instant, Value)>,
-    /// The extension asked for its next event after the invocation (the work is done).
-    extension_done: Option<Instant>,
-    errors: Vec<String>,
-    /// Every call, in order (for failure messages).
-    calls: Vec<String>,
-}
-
-#[derive(Clone)]
-struct StandIn {
-    seen: Arc<Mutex<Seen>>,
-    /// The invocation to hand out: (event, deadline in epoch ms).
-    invocation: Arc<Mutex<Option<(Value, u64)>>>,
-    dispatched: watch::Sender<bool>,
-    changed: Arc<Notify>,
-    /// The deadline handed out, repeated in the extension's INVOKE event.
-    deadline_ms: u64,
-    /// Calls of the extension's `event/next`.
-    extension_calls: Arc<std::sync::atomic::AtomicUsize>,
-}
-
-impl StandIn {
-    fn note(&self, f: impl FnOnce(&mut Seen)) {
-        f(&mut self.seen.lock().unwrap());
-        self.changed.notify_waiters();
-    }
-
-    /// `true` once `done` holds, `false` after `timeout`.
-    async fn wait_for(&self, timeout: Duration, done: impl Fn(&Seen) -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let notified = self.changed.notified();
-            if done(&self.seen.lock().unwrap()) {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), notified).await;
-        }
-    }
-}
-
-async fn runtime_next(State(s): State<StandIn>) -> Response {
-    s.note(|seen| seen.calls.push("runtime next".into()));
-    s.note(|seen| seen.runtime_waiting = Some(Instant::now()));
-    let Some((event, deadline)) = s.invocation.lock().unwrap().take() else {
-        // Nothing more to run: hold the poll like a frozen environment would.
-        std::future::pending::<()>().await;
-        unreachable!()
-    };
-    s.dispatched.send_replace(true);
-    (
-        StatusCode::OK,
-        [
-            ("lambda-runtime-aws-request-id", "req-1".to_string()),
-            ("lambda-runtime-deadline-ms", deadline.to_string()),
-            (
-                "lambda-runtime-invoked-function-arn",
-                "arn:aws:lambda:us-east-1:123456789012:function:envworker".to_string(),
-            ),
-            (
-                "lambda-runtime-trace-id",
-                "Root=1-5759e988-bd862e3fe1be46a994272793".to_string(),
-            ),
-        ],
-        axum::Json(event),
-    )
-        .into_response()
-}
-
-async fn runtime_response(State(s): State<StandIn>, body: axum::body::Bytes) -> StatusCode {
-    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    s.note(|seen| seen.response = Some((Instant::now(), value)));
-    StatusCode::ACCEPTED
-}
-
-async fn error(State(s): State<StandIn>, body: String) -> StatusCode {
-    s.note(|seen| seen.errors.push(body));
-    StatusCode::ACCEPTED
-}
-
-async fn register(State(s): State<StandIn>) -> Response {
-    s.note(|seen| seen.calls.push("register".into()));
-    s.note(|seen| seen.registered = Some(Instant::now()));
-    (
-        StatusCode::OK,
-        [("lambda-extension-identifier", "ext-1")],
-        axum::Json(json!({"functionName": "envworker", "functionVersion": "$LATEST", "handler": "bootstrap"})),
-    )
-        .into_response()
-}
-
-async fn extension_next(State(s): State<StandIn>, _headers: HeaderMap) -> Response {
-    s.note(|seen| seen.calls.push("extension next".into()));
-    let mut dispatched = s.dispatched.subscribe();
-    // The first call waits for the invocation; the second means the extension is done with it.
-    if s.extension_calls
-        .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-        > 0
-    {
-        s.note(|seen| seen.extension_done = Some(Instant::now()));
-        std::future::pending::<()>().await;
-    }
-    let _ = dispatched.wait_for(|d| *d).await;
-    let deadline = s.deadline_ms;
-    axum::Json(json!({
-        "eventType": "INVOKE",
-        "deadlineMs": deadline,
-        "requestId": "req-1",
-        "invokedFunctionArn": "arn:aws:lambda:us-east-1:123456789012:function:envworker",
-        "tracing": {"type": "X-Amzn-Trace-Id", "value": "Root=1-5759e988-bd862e3fe1be46a994272793"}
-    }))
-    .into_response()
-}
-
-fn epoch_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
 
 /// A Function URL (API Gateway HTTP API v2) event carrying `body` with `headers`.
 fn function_url_event(path: &str, headers: &[(String, String)], body: &str) -> Value {
@@ -228,51 +94,20 @@ async fn lambda_with_args(
     deadline_ms: u64,
     args: &[&str],
 ) -> Lambda {
-    let (dispatched, _) = watch::channel(false);
-    let stand_in = StandIn {
-        seen: Arc::default(),
-        invocation: Arc::new(Mutex::new(Some((event, deadline_ms)))),
-        dispatched,
-        changed: Arc::new(Notify::new()),
-        deadline_ms,
-        extension_calls: Arc::default(),
-    };
-    let app = Router::new()
-        .route("/2018-06-01/runtime/invocation/next", get(runtime_next))
-        .route(
-            "/2018-06-01/runtime/invocation/{id}/response",
-            post(runtime_response),
-        )
-        .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
-        .route("/2018-06-01/runtime/init/error", post(error))
-        .route("/2020-01-01/extension/register", post(register))
-        .route("/2020-01-01/extension/event/next", get(extension_next))
-        .route("/2020-01-01/extension/init/error", post(error))
-        .route("/2020-01-01/extension/exit/error", post(error))
-        .with_state(stand_in.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let api = listener.local_addr().unwrap().to_string();
-    tokio::spawn(async move { axum::serve(listener, app).await });
+    let (stand_in, api) = StandIn::start(event, deadline_ms).await;
     let tmp = tempfile::tempdir().unwrap().keep();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_envworker"))
-        .args(args)
-        .env("RUST_LOG", "info,envworker::serve::lambda=debug")
-        .envs([
-            ("AWS_LAMBDA_RUNTIME_API", api.as_str()),
-            ("AWS_LAMBDA_FUNCTION_NAME", "envworker"),
-            ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024"),
-            ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST"),
+    let workdir = tmp.join("work");
+    let (child, stderr) = spawn_function(
+        &api,
+        args,
+        &[
             ("ANTHROPIC_BASE_URL", server.url().as_str()),
             ("ANTHROPIC_ENVIRONMENT_ID", env.0),
             ("ANTHROPIC_ENVIRONMENT_KEY", env.1),
             ("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret),
-            ("ENVWORKER_WORKDIR", tmp.join("work").to_str().unwrap()),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = common::process::collect_stderr(&mut child);
+            ("ENVWORKER_WORKDIR", workdir.to_str().unwrap()),
+        ],
+    );
     Lambda {
         child,
         stand_in,

@@ -4,6 +4,7 @@
 
 pub mod fake_memory;
 pub mod harness;
+pub mod lambda;
 pub mod process;
 pub mod sdk;
 pub mod served;

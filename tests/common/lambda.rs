@@ -1,0 +1,202 @@
+//! A stand-in for the Lambda Runtime API and Extensions API, and
+//! `envworker serve` started under it as a Lambda function: one invocation
+//! is handed out; what the function does with it is recorded with times.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, watch};
+
+const REQUEST_ID: &str = "req-1";
+const FUNCTION_ARN: &str = "arn:aws:lambda:us-east-1:123456789012:function:envworker";
+const TRACE_ID: &str = "Root=1-5759e988-bd862e3fe1be46a994272793";
+
+pub fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// What the stand-in saw, with the time of each thing.
+#[derive(Default)]
+pub struct Seen {
+    pub registered: Option<Instant>,
+    pub runtime_waiting: Option<Instant>,
+    pub response: Option<(Instant, Value)>,
+    /// The extension asked for its next event after the invocation (the work is done).
+    pub extension_done: Option<Instant>,
+    pub errors: Vec<String>,
+    /// Every call, in order (for failure messages).
+    pub calls: Vec<String>,
+}
+
+#[derive(Clone)]
+pub struct StandIn {
+    pub seen: Arc<Mutex<Seen>>,
+    /// The invocation still to hand out.
+    invocation: Arc<Mutex<Option<Value>>>,
+    dispatched: watch::Sender<bool>,
+    changed: Arc<Notify>,
+    /// The deadline handed out, repeated in the extension's INVOKE event.
+    deadline_ms: u64,
+    /// Calls of the extension's `event/next`.
+    extension_calls: Arc<AtomicUsize>,
+}
+
+impl StandIn {
+    /// Serve the stand-in on a free port with one invocation of `event`;
+    /// returns it and its address (for `AWS_LAMBDA_RUNTIME_API`).
+    pub async fn start(event: Value, deadline_ms: u64) -> (StandIn, String) {
+        let stand_in = StandIn {
+            seen: Arc::default(),
+            invocation: Arc::new(Mutex::new(Some(event))),
+            dispatched: watch::channel(false).0,
+            changed: Arc::new(Notify::new()),
+            deadline_ms,
+            extension_calls: Arc::default(),
+        };
+        let app = Router::new()
+            .route("/2018-06-01/runtime/invocation/next", get(runtime_next))
+            .route(
+                "/2018-06-01/runtime/invocation/{id}/response",
+                post(runtime_response),
+            )
+            .route("/2018-06-01/runtime/invocation/{id}/error", post(error))
+            .route("/2018-06-01/runtime/init/error", post(error))
+            .route("/2020-01-01/extension/register", post(register))
+            .route("/2020-01-01/extension/event/next", get(extension_next))
+            .route("/2020-01-01/extension/init/error", post(error))
+            .route("/2020-01-01/extension/exit/error", post(error))
+            .with_state(stand_in.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let api = listener.local_addr().unwrap().to_string();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (stand_in, api)
+    }
+
+    fn note(&self, f: impl FnOnce(&mut Seen)) {
+        f(&mut self.seen.lock().unwrap());
+        self.changed.notify_waiters();
+    }
+
+    /// `true` once `done` holds, `false` after `timeout`.
+    pub async fn wait_for(&self, timeout: Duration, done: impl Fn(&Seen) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.changed.notified();
+            if done(&self.seen.lock().unwrap()) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(200)), notified).await;
+        }
+    }
+}
+
+async fn runtime_next(State(s): State<StandIn>) -> Response {
+    s.note(|seen| {
+        seen.calls.push("runtime next".into());
+        seen.runtime_waiting = Some(Instant::now());
+    });
+    let Some(event) = s.invocation.lock().unwrap().take() else {
+        // Nothing more to run: hold the poll like a frozen environment would.
+        std::future::pending::<()>().await;
+        unreachable!()
+    };
+    s.dispatched.send_replace(true);
+    (
+        StatusCode::OK,
+        [
+            ("lambda-runtime-aws-request-id", REQUEST_ID.to_string()),
+            ("lambda-runtime-deadline-ms", s.deadline_ms.to_string()),
+            (
+                "lambda-runtime-invoked-function-arn",
+                FUNCTION_ARN.to_string(),
+            ),
+            ("lambda-runtime-trace-id", TRACE_ID.to_string()),
+        ],
+        axum::Json(event),
+    )
+        .into_response()
+}
+
+async fn runtime_response(State(s): State<StandIn>, body: axum::body::Bytes) -> StatusCode {
+    let value: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    s.note(|seen| seen.response = Some((Instant::now(), value)));
+    StatusCode::ACCEPTED
+}
+
+async fn error(State(s): State<StandIn>, body: String) -> StatusCode {
+    s.note(|seen| seen.errors.push(body));
+    StatusCode::ACCEPTED
+}
+
+async fn register(State(s): State<StandIn>) -> Response {
+    s.note(|seen| {
+        seen.calls.push("register".into());
+        seen.registered = Some(Instant::now());
+    });
+    (
+        StatusCode::OK,
+        [("lambda-extension-identifier", "ext-1")],
+        axum::Json(json!({"functionName": "envworker", "functionVersion": "$LATEST", "handler": "bootstrap"})),
+    )
+        .into_response()
+}
+
+async fn extension_next(State(s): State<StandIn>) -> Response {
+    s.note(|seen| seen.calls.push("extension next".into()));
+    let mut dispatched = s.dispatched.subscribe();
+    // The first call waits for the invocation; the second means the extension is done with it.
+    if s.extension_calls.fetch_add(1, Ordering::SeqCst) > 0 {
+        s.note(|seen| seen.extension_done = Some(Instant::now()));
+        std::future::pending::<()>().await;
+    }
+    let _ = dispatched.wait_for(|d| *d).await;
+    axum::Json(json!({
+        "eventType": "INVOKE",
+        "deadlineMs": s.deadline_ms,
+        "requestId": REQUEST_ID,
+        "invokedFunctionArn": FUNCTION_ARN,
+        "tracing": {"type": "X-Amzn-Trace-Id", "value": TRACE_ID}
+    }))
+    .into_response()
+}
+
+/// `envworker ARGS…` as a Lambda function of the stand-in at `api`, with
+/// `envs` on top of the variables Lambda sets; its stderr is collected.
+pub fn spawn_function(
+    api: &str,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (Child, Arc<Mutex<String>>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_envworker"))
+        .args(args)
+        .env("RUST_LOG", "info,envworker::serve::lambda=debug")
+        .env_remove("AWS_LAMBDA_HTTP_IGNORE_STAGE_IN_PATH")
+        .envs([
+            ("AWS_LAMBDA_RUNTIME_API", api),
+            ("AWS_LAMBDA_FUNCTION_NAME", "envworker"),
+            ("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "1024"),
+            ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST"),
+        ])
+        .envs(envs.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = super::process::collect_stderr(&mut child);
+    (child, stderr)
+}
