@@ -14,7 +14,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 use crate::memory::SyncReport;
 use crate::session::{CallOutcome, RunEnd};
@@ -62,6 +62,12 @@ struct DeleteLabels {
 /// The tools a worker serves; any other name is counted as `other`.
 const TOOLS: [&str; 6] = ["bash", "read", "write", "edit", "glob", "grep"];
 
+/// Register `metric` under `name` and keep a handle to it.
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 /// Every metric envworker exports, in one registry.
 pub struct Metrics {
     registry: Registry,
@@ -91,118 +97,103 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("envworker");
-        let webhooks = Family::<WebhookLabels, Counter>::default();
-        registry.register(
-            "webhooks",
-            "Webhook deliveries by endpoint and outcome (accepted, ignored, duplicate, unauthorized, bad_request, not_found, shutting_down)",
-            webhooks.clone(),
-        );
-        let work_items = Family::<OutcomeLabels, Counter>::default();
-        registry.register(
-            "work_items",
-            "Work items handled, by outcome (served, cancelled, fatal, not_a_session, already_terminated, failed)",
-            work_items.clone(),
-        );
-        let sessions_in_flight = Gauge::default();
-        registry.register(
-            "sessions_in_flight",
-            "Sessions being served right now",
-            sessions_in_flight.clone(),
-        );
-        let tool_calls = Family::<ToolLabels, Counter>::default();
-        registry.register(
-            "tool_calls",
-            "Tool calls by tool and outcome (ok, error, not_posted, denied, not_owned)",
-            tool_calls.clone(),
-        );
-        let tool_call_seconds = Family::<ToolName, Histogram>::new_with_constructor(|| {
-            Histogram::new([
-                0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-                60.0, 120.0,
-            ])
-        });
-        registry.register(
-            "tool_call_duration_seconds",
-            "Time to run one tool call, until its result is ready (posting excluded)",
-            tool_call_seconds.clone(),
-        );
-        let memory_syncs = Family::<SyncLabels, Counter>::default();
-        registry.register(
-            "memory_syncs",
-            "Memory syncs of a session's stores (periodic, final)",
-            memory_syncs.clone(),
-        );
-        let memory_uploads = Counter::default();
-        registry.register(
-            "memory_uploads",
-            "Memory files uploaded to their store",
-            memory_uploads.clone(),
-        );
-        let memory_pulls = Counter::default();
-        registry.register(
-            "memory_pulls",
-            "Memories written to disk from their store",
-            memory_pulls.clone(),
-        );
-        let memory_deletes = Family::<DeleteLabels, Counter>::default();
-        registry.register(
-            "memory_deletes",
-            "Local deletions by result (sent, held by the per-sync cap, log_only)",
-            memory_deletes.clone(),
-        );
-        let memory_conflicts = Counter::default();
-        registry.register(
-            "memory_conflicts",
-            "Local edits that lost to a remote change",
-            memory_conflicts.clone(),
-        );
-        let memory_refused_files = Counter::default();
-        registry.register(
-            "memory_refused_files",
-            "Memory files the server refused (400/413), each once until it changes",
-            memory_refused_files.clone(),
-        );
-        let memory_flush_cutoffs = Counter::default();
-        registry.register(
-            "memory_flush_cutoffs",
-            "Teardown flushes cut off by their bound with uploads unfinished",
-            memory_flush_cutoffs.clone(),
-        );
-        let memory_final_sync_cutoffs = Counter::default();
-        registry.register(
-            "memory_final_sync_cutoffs",
-            "Final syncs cut off by their bound",
-            memory_final_sync_cutoffs.clone(),
-        );
-        let lease_losses = Counter::default();
-        registry.register(
-            "lease_losses",
-            "Work item leases lost (412, or no successful heartbeat for a TTL)",
-            lease_losses.clone(),
-        );
-        let work_queue_depth = Family::<EndpointLabel, Gauge>::default();
-        registry.register(
-            "work_queue_depth",
-            "Items queued in each endpoint's environment, read from the work queue stats at scrape time",
-            work_queue_depth.clone(),
-        );
         Metrics {
+            webhooks: registered(
+                &mut registry,
+                "webhooks",
+                "Webhook deliveries by endpoint and outcome (accepted, ignored, duplicate, unauthorized, bad_request, not_found, shutting_down)",
+                Family::<WebhookLabels, Counter>::default(),
+            ),
+            work_items: registered(
+                &mut registry,
+                "work_items",
+                "Work items handled, by outcome (served, cancelled, fatal, not_a_session, already_terminated, failed)",
+                Family::<OutcomeLabels, Counter>::default(),
+            ),
+            sessions_in_flight: registered(
+                &mut registry,
+                "sessions_in_flight",
+                "Sessions being served right now",
+                Gauge::default(),
+            ),
+            tool_calls: registered(
+                &mut registry,
+                "tool_calls",
+                "Tool calls by tool and outcome (ok, error, not_posted, denied, not_owned)",
+                Family::<ToolLabels, Counter>::default(),
+            ),
+            tool_call_seconds: registered(
+                &mut registry,
+                "tool_call_duration_seconds",
+                "Time to run one tool call, until its result is ready (posting excluded)",
+                Family::<ToolName, Histogram>::new_with_constructor(|| {
+                    Histogram::new([
+                        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                        10.0, 30.0, 60.0, 120.0,
+                    ])
+                }),
+            ),
+            memory_syncs: registered(
+                &mut registry,
+                "memory_syncs",
+                "Memory syncs of a session's stores (periodic, final)",
+                Family::<SyncLabels, Counter>::default(),
+            ),
+            memory_uploads: registered(
+                &mut registry,
+                "memory_uploads",
+                "Memory files uploaded to their store",
+                Counter::default(),
+            ),
+            memory_pulls: registered(
+                &mut registry,
+                "memory_pulls",
+                "Memories written to disk from their store",
+                Counter::default(),
+            ),
+            memory_deletes: registered(
+                &mut registry,
+                "memory_deletes",
+                "Local deletions by result (sent, held by the per-sync cap, log_only)",
+                Family::<DeleteLabels, Counter>::default(),
+            ),
+            memory_conflicts: registered(
+                &mut registry,
+                "memory_conflicts",
+                "Local edits that lost to a remote change",
+                Counter::default(),
+            ),
+            memory_refused_files: registered(
+                &mut registry,
+                "memory_refused_files",
+                "Memory files the server refused (400/413), each once until it changes",
+                Counter::default(),
+            ),
+            memory_flush_cutoffs: registered(
+                &mut registry,
+                "memory_flush_cutoffs",
+                "Teardown flushes cut off by their bound with uploads unfinished",
+                Counter::default(),
+            ),
+            memory_final_sync_cutoffs: registered(
+                &mut registry,
+                "memory_final_sync_cutoffs",
+                "Final syncs cut off by their bound",
+                Counter::default(),
+            ),
+            lease_losses: registered(
+                &mut registry,
+                "lease_losses",
+                "Work item leases lost (412, or no successful heartbeat for a TTL)",
+                Counter::default(),
+            ),
+            work_queue_depth: registered(
+                &mut registry,
+                "work_queue_depth",
+                "Items queued in each endpoint's environment, read from the work queue stats at scrape time",
+                Family::<EndpointLabel, Gauge>::default(),
+            ),
             registry,
-            work_queue_depth,
-            webhooks,
-            work_items,
-            sessions_in_flight,
-            tool_calls,
-            tool_call_seconds,
-            memory_syncs,
-            memory_uploads,
-            memory_pulls,
-            memory_deletes,
-            memory_conflicts,
-            memory_refused_files,
-            memory_flush_cutoffs,
-            memory_final_sync_cutoffs,
-            lease_losses,
         }
     }
 
