@@ -2,10 +2,16 @@
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use super::error::{HttpError, HttpResult};
+
+/// The position in a newest-first listing: the key of the last item returned.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Before {
+    pub before: i64,
+}
 
 pub fn encode<T: Serialize>(position: &T) -> String {
     let json = serde_json::to_vec(position).unwrap_or_default();

@@ -144,11 +144,6 @@ pub async fn create(
     Ok(Json(env))
 }
 
-#[derive(Serialize, Deserialize)]
-struct EnvCursor {
-    before: i64,
-}
-
 pub async fn list(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -158,7 +153,7 @@ pub async fn list(
     let q = QueryParams::parse(raw.as_deref());
     let limit = q.integer("limit", 1, 1000)?.unwrap_or(20) as usize;
     let include_archived = q.boolean("include_archived")?.unwrap_or(false);
-    let cursor: Option<EnvCursor> = cursor::decode(q.get("page"))?;
+    let cursor: Option<cursor::Before> = cursor::decode(q.get("page"))?;
     let page = state
         .db()
         .transaction(move |tx| {
@@ -179,7 +174,7 @@ pub async fn list(
                 items.truncate(limit);
                 items
                     .last()
-                    .map(|(seq, _)| cursor::encode(&EnvCursor { before: *seq }))
+                    .map(|(seq, _)| cursor::encode(&cursor::Before { before: *seq }))
             } else {
                 None
             };

@@ -169,12 +169,6 @@ fn is_zip(bytes: &[u8]) -> bool {
     bytes.starts_with(b"PK\x03\x04") || bytes.starts_with(b"PK\x05\x06")
 }
 
-/// Position in the newest-first listing: the last version returned.
-#[derive(Serialize, Deserialize)]
-struct VersionCursor {
-    before: i64,
-}
-
 /// `GET /v1/skills/{skill_id}/versions`: newest first, `limit` 1–1000
 /// (default 20), `page`.
 pub async fn list(
@@ -184,7 +178,7 @@ pub async fn list(
 ) -> HttpResult<Json<Page<SkillVersion>>> {
     let q = QueryParams::parse(raw.as_deref());
     let limit = q.integer("limit", 1, 1000)?.unwrap_or(20) as usize;
-    let cursor: Option<VersionCursor> = cursor::decode(q.get("page"))?;
+    let cursor: Option<cursor::Before> = cursor::decode(q.get("page"))?;
     let page = state
         .db()
         .transaction(move |tx| {
@@ -213,7 +207,7 @@ pub async fn list(
                 items.truncate(limit);
                 items
                     .last()
-                    .map(|r| cursor::encode(&VersionCursor { before: r.version }))
+                    .map(|r| cursor::encode(&cursor::Before { before: r.version }))
             } else {
                 None
             };

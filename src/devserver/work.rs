@@ -20,7 +20,7 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use rusqlite::{OptionalExtension, Row, Transaction, params};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::NO_HEARTBEAT;
@@ -501,11 +501,6 @@ pub async fn update(
     Ok(Json(work))
 }
 
-#[derive(Serialize, Deserialize)]
-struct WorkCursor {
-    before: i64,
-}
-
 /// `GET .../work`: newest first.
 pub async fn list(
     State(state): State<AppState>,
@@ -516,7 +511,7 @@ pub async fn list(
     principal.require_environment(&environment_id, None)?;
     let q = QueryParams::parse(raw.as_deref());
     let limit = q.integer("limit", 1, 1000)?.unwrap_or(20) as usize;
-    let cursor: Option<WorkCursor> = cursor::decode(q.get("page"))?;
+    let cursor: Option<cursor::Before> = cursor::decode(q.get("page"))?;
     let page = state
         .db()
         .transaction(move |tx| {
@@ -539,7 +534,7 @@ pub async fn list(
                 items.truncate(limit);
                 items
                     .last()
-                    .map(|(seq, _)| cursor::encode(&WorkCursor { before: *seq }))
+                    .map(|(seq, _)| cursor::encode(&cursor::Before { before: *seq }))
             } else {
                 None
             };

@@ -3,7 +3,6 @@
 use axum::Json;
 use axum::extract::{Extension, Path, RawQuery, State};
 use rusqlite::params;
-use serde::{Deserialize, Serialize};
 
 use crate::api::types::{
     CreateMemoryStore, DeletedMemoryStore, MemoryStore, Page, UpdateMemoryStore,
@@ -39,12 +38,6 @@ pub async fn create(
     Ok(Json(store))
 }
 
-/// Position in the newest-first listing: the `seq` of the last store returned.
-#[derive(Serialize, Deserialize)]
-struct StoreCursor {
-    before: i64,
-}
-
 pub async fn list(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
@@ -60,7 +53,7 @@ pub async fn list(
     let lte = q
         .timestamp("created_at[lte]")?
         .map(|t| t.timestamp_micros());
-    let cursor: Option<StoreCursor> = cursor::decode(q.get("page"))?;
+    let cursor: Option<cursor::Before> = cursor::decode(q.get("page"))?;
 
     let page = state
         .db()
@@ -86,7 +79,7 @@ pub async fn list(
                 items.truncate(limit);
                 items
                     .last()
-                    .map(|(seq, _)| cursor::encode(&StoreCursor { before: *seq }))
+                    .map(|(seq, _)| cursor::encode(&cursor::Before { before: *seq }))
             } else {
                 None
             };

@@ -4,7 +4,6 @@ use axum::Json;
 use axum::extract::{Extension, Path, RawQuery, State};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{OptionalExtension, Transaction, params, params_from_iter};
-use serde::{Deserialize, Serialize};
 
 use crate::api::types::{MemoryVersion, Page, View};
 
@@ -15,11 +14,6 @@ use super::super::{AppState, cursor, ids};
 use super::authorize_store;
 use super::memories::FULL_VIEW_PAGE_CAP;
 use super::rows::{VERSION_COLUMNS, load_store, version_at, version_from_row};
-
-#[derive(Serialize, Deserialize)]
-struct VersionCursor {
-    before: i64,
-}
 
 pub async fn list(
     State(state): State<AppState>,
@@ -33,7 +27,7 @@ pub async fn list(
     if view == View::Full {
         limit = limit.min(FULL_VIEW_PAGE_CAP);
     }
-    let cursor: Option<VersionCursor> = cursor::decode(q.get("page"))?;
+    let cursor: Option<cursor::Before> = cursor::decode(q.get("page"))?;
 
     // Each filter adds one condition and one bound value.
     let mut conditions = vec!["store_id = ?".to_string(), "seq < ?".to_string()];
@@ -87,7 +81,7 @@ pub async fn list(
                 items.truncate(limit);
                 items
                     .last()
-                    .map(|(seq, _)| cursor::encode(&VersionCursor { before: *seq }))
+                    .map(|(seq, _)| cursor::encode(&cursor::Before { before: *seq }))
             } else {
                 None
             };
