@@ -353,7 +353,7 @@ environment_key_env = "B_ENV_KEY"
         assert_eq!(a.signing_keys.len(), 2);
         assert_eq!(a.environment_key.expose(), "sk-env-a");
         assert_eq!(a.max_idle, Some(Some(Duration::from_secs(90))));
-        assert_eq!(a.memory_sync_interval, Some(SyncInterval::Off));
+        assert_eq!(a.memory_sync_interval, Some(SyncInterval::OFF));
         assert_eq!(a.memory_sync_deletions, Some(DeleteMode::LogOnly));
         assert_eq!(a.max_concurrent_items, 2);
         assert_eq!(

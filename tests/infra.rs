@@ -119,7 +119,7 @@ fn the_example_endpoint_file_loads_and_says_what_it_claims() {
     assert_eq!(a.max_idle, Some(Some(Duration::from_secs(120))));
     assert_eq!(
         a.memory_sync_interval,
-        Some(SyncInterval::Every(Duration::from_secs(30)))
+        Some(SyncInterval::every(Duration::from_secs(30)).unwrap())
     );
     assert_eq!(a.memory_sync_deletions, Some(DeleteMode::LogOnly));
     assert_eq!(a.max_concurrent_items, 1);

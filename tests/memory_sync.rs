@@ -240,7 +240,7 @@ fn a_sync_interval_under_the_minimum_is_refused_at_construction() {
         assert!(err.to_string().contains("at least 5s"), "{bad}: {err}");
     }
     assert!("4s".parse::<SyncInterval>().is_err());
-    assert_eq!("off".parse::<SyncInterval>().unwrap(), SyncInterval::Off);
+    assert_eq!("off".parse::<SyncInterval>().unwrap(), SyncInterval::OFF);
 }
 
 #[tokio::test]
@@ -252,7 +252,7 @@ async fn memory_sync_off_downloads_nothing_and_never_syncs() {
     let mut stores = SessionMemoryStores::new(
         fake.clone(),
         &dir.path().join("work"),
-        SyncInterval::Off,
+        SyncInterval::OFF,
         DeleteMode::Enabled,
     );
     let mount_str = mount.display().to_string();

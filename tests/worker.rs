@@ -222,7 +222,7 @@ async fn the_worker_leaves_the_allowed_roots_unset_when_memory_is_off() {
         ])))
         .await;
     let logs = Logs::capture();
-    drain(&env.worker(&started, |o| o.memory_sync_interval = SyncInterval::Off)).await;
+    drain(&env.worker(&started, |o| o.memory_sync_interval = SyncInterval::OFF)).await;
     let report = env.report(&started).await;
     assert_eq!(report["status"], "passed", "{report:#}");
     assert!(!env.mount_root().exists(), "nothing was mounted");
@@ -263,7 +263,7 @@ async fn the_worker_skips_memory_silently_when_the_interval_turns_it_off() {
         .start_scenario(&notes_scenario(json!([{"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "hi"}}])))
         .await;
     let work = env.claim(&started).await;
-    let worker = env.worker(&started, |o| o.memory_sync_interval = SyncInterval::Off);
+    let worker = env.worker(&started, |o| o.memory_sync_interval = SyncInterval::OFF);
     let mut item = WorkItem::from(work);
     item.secret = None; // falls back to the environment key
     let logs = Logs::capture();
@@ -1387,15 +1387,15 @@ async fn a_memory_sync_interval_under_the_minimum_is_refused_at_construction() {
         Duration::from_millis(4999),
         Duration::from_secs(4),
     ] {
-        let mut options = env.options(&started);
-        options.memory_sync_interval = SyncInterval::Every(too_short);
-        match EnvironmentWorker::new(options) {
-            Ok(_) => panic!("a worker was built with a {too_short:?} sync interval"),
+        // The interval is a type with no way around its floor: the options
+        // a worker is built from cannot hold a shorter one.
+        match SyncInterval::every(too_short) {
+            Ok(_) => panic!("a {too_short:?} sync interval was built"),
             Err(e) => assert!(e.to_string().contains(floor), "{e}"),
         }
     }
     let mut options = env.options(&started);
-    options.memory_sync_interval = SyncInterval::Every(Duration::from_secs(5));
+    options.memory_sync_interval = SyncInterval::every(Duration::from_secs(5)).unwrap();
     assert!(EnvironmentWorker::new(options).is_ok(), "5 s is allowed");
 }
 

@@ -67,19 +67,20 @@ pub enum OptionError {
 }
 
 /// The sync cadence: off (no download, no sync) or every interval ≥ 5 s.
+/// The field is private: an interval under the floor cannot be built.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SyncInterval {
-    Off,
-    Every(Duration),
-}
+pub struct SyncInterval(Option<Duration>);
 
 impl Default for SyncInterval {
     fn default() -> Self {
-        SyncInterval::Every(DEFAULT_SYNC_INTERVAL)
+        SyncInterval(Some(DEFAULT_SYNC_INTERVAL))
     }
 }
 
 impl SyncInterval {
+    /// No memory: nothing downloaded, nothing synced.
+    pub const OFF: SyncInterval = SyncInterval(None);
+
     /// An interval, refused under the 5 s floor.
     pub fn every(interval: Duration) -> Result<SyncInterval, OptionError> {
         if interval < MIN_SYNC_INTERVAL {
@@ -88,7 +89,7 @@ impl SyncInterval {
                 interval.as_secs_f64()
             )));
         }
-        Ok(SyncInterval::Every(interval))
+        Ok(SyncInterval(Some(interval)))
     }
 
     /// Seconds as a float, as the Python SDK takes them: NaN, infinities and
@@ -101,14 +102,11 @@ impl SyncInterval {
         if !at_least_floor || !secs.is_finite() {
             return Err(OptionError::IntervalTooShort(format!("{secs}")));
         }
-        Ok(SyncInterval::Every(Duration::from_secs_f64(secs)))
+        Ok(SyncInterval(Some(Duration::from_secs_f64(secs))))
     }
 
     pub fn interval(self) -> Option<Duration> {
-        match self {
-            SyncInterval::Off => None,
-            SyncInterval::Every(d) => Some(d),
-        }
+        self.0
     }
 }
 
@@ -118,7 +116,7 @@ impl FromStr for SyncInterval {
     /// `off` (or `none`, `disabled`), or a duration: `15s`, `5`, `1m30s`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.trim() {
-            "off" | "none" | "disabled" => Ok(SyncInterval::Off),
+            "off" | "none" | "disabled" => Ok(SyncInterval::OFF),
             other => SyncInterval::every(
                 crate::config::parse_duration(other).map_err(OptionError::Duration)?,
             ),
@@ -134,17 +132,17 @@ mod tests {
     fn interval_floor_and_off() {
         assert_eq!(
             "15s".parse::<SyncInterval>().unwrap(),
-            SyncInterval::Every(Duration::from_secs(15))
+            SyncInterval::every(Duration::from_secs(15)).unwrap()
         );
         assert_eq!(
             "5".parse::<SyncInterval>().unwrap(),
-            SyncInterval::Every(Duration::from_secs(5))
+            SyncInterval::every(Duration::from_secs(5)).unwrap()
         );
         assert_eq!(
             "1m30s".parse::<SyncInterval>().unwrap(),
-            SyncInterval::Every(Duration::from_secs(90))
+            SyncInterval::every(Duration::from_secs(90)).unwrap()
         );
-        assert_eq!("off".parse::<SyncInterval>().unwrap(), SyncInterval::Off);
+        assert_eq!("off".parse::<SyncInterval>().unwrap(), SyncInterval::OFF);
         for bad in ["4s", "4999ms", "0", "soon", "-1"] {
             assert!(bad.parse::<SyncInterval>().is_err(), "{bad}");
         }

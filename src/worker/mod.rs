@@ -190,10 +190,6 @@ impl WorkerOptions {
                 "the tool timeout must be more than zero".into(),
             ));
         }
-        // `SyncInterval::Every` can be built without `SyncInterval::every`'s floor check.
-        if let SyncInterval::Every(interval) = self.memory_sync_interval {
-            SyncInterval::every(interval).map_err(|e| WorkerError::Config(e.to_string()))?;
-        }
         Ok(())
     }
 }
@@ -297,9 +293,6 @@ mod tests {
                 o.memory_teardown_bound = MAX_TEARDOWN_BOUND + Duration::from_secs(1)
             }),
             ("zero tool timeout", |o| o.tool_timeout = Duration::ZERO),
-            ("sync interval under 5 s", |o| {
-                o.memory_sync_interval = SyncInterval::Every(Duration::from_secs(4))
-            }),
             ("relative workdir", |o| o.workdir = PathBuf::from("work")),
             ("empty worker id", |o| o.worker_id.clear()),
         ] {
