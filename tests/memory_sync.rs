@@ -81,6 +81,31 @@ async fn edits_flow_both_ways_and_the_server_wins_conflicts() {
     assert!(h.fake.take_writes().is_empty());
 }
 
+/// The mount's writes go straight to the stat cache; an edit the agent makes
+/// the instant the mount returns — same size, same inode — must still
+/// change the cached stat and be uploaded.
+#[tokio::test]
+async fn an_edit_right_after_the_mount_is_synced_even_at_the_same_size() {
+    let h = H::new(
+        &[("s", RW, &[("a.md", "a1"), ("d/b.md", "b1")])],
+        DeleteMode::Enabled,
+    )
+    .await;
+    h.write("s", "a.md", "a2");
+    h.write("s", "d/b.md", "b2");
+    h.stores.sync_now().await;
+    assert_eq!(h.server("s"), map(&[("a.md", "a2"), ("d/b.md", "b2")]));
+    let writes = h.fake.take_writes();
+    assert!(
+        writes.contains(&Call::Update {
+            path: "/a.md".into(),
+            content: "a2".into(),
+            expected: sha("a1")
+        }),
+        "{writes:?}"
+    );
+}
+
 #[tokio::test]
 async fn local_deletions_reach_the_server_unless_it_changed() {
     let h = H::new(

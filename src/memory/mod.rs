@@ -200,7 +200,7 @@ impl SessionMemoryStores {
             }
             let store =
                 AttachedStore::new(id.clone(), resource.access() == Access::ReadOnly, folder);
-            match store.stamp_and_pull(self.api.as_ref()).await {
+            match store.mount(self.api.as_ref()).await {
                 Ok(count) => {
                     info!(
                         memory_store.id = %id,

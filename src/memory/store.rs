@@ -204,10 +204,21 @@ impl AttachedStore {
         }
     }
 
+    /// The first download, before the agent runs: nothing else writes to
+    /// the folder meanwhile, so the hashes of what it writes go straight to
+    /// the stat cache and the first sync need not read the files back.
+    pub async fn mount(&self, api: &dyn MemoryApi) -> Result<usize, PassError> {
+        let written = self.stamp_and_pull(api, true).await?;
+        let folder = self.folder.clone();
+        blocking(move || folder.trust_private_writes()).await??;
+        Ok(written)
+    }
+
     /// Write the marker, then every memory of the store; the baseline is
     /// rebuilt from successful writes only, so a failed write is pulled
-    /// again later, never read as a deletion.
-    pub async fn stamp_and_pull(&self, api: &dyn MemoryApi) -> Result<usize, PassError> {
+    /// again later, never read as a deletion. `private`: no one else writes
+    /// to the folder until the caller says so (see [`Folder::put_private`]).
+    async fn stamp_and_pull(&self, api: &dyn MemoryApi, private: bool) -> Result<usize, PassError> {
         {
             let mut state = self.state();
             let old = std::mem::take(&mut state.baseline);
@@ -218,7 +229,14 @@ impl AttachedStore {
         }
         let folder = self.folder.clone();
         let marker = marker_content(&self.id);
-        blocking(move || folder.put(MARKER_PATH, marker.as_bytes())).await??;
+        blocking(move || {
+            if private {
+                folder.put_private(MARKER_PATH, marker.as_bytes())
+            } else {
+                folder.put(MARKER_PATH, marker.as_bytes())
+            }
+        })
+        .await??;
         let mut page = None;
         let mut written = 0;
         let mut listed = HashSet::new();
@@ -247,7 +265,11 @@ impl AttachedStore {
                 items
                     .into_iter()
                     .map(|(rel, content, sha)| {
-                        let r = folder.put(&rel, content.as_bytes());
+                        let r = if private {
+                            folder.put_private(&rel, content.as_bytes())
+                        } else {
+                            folder.put(&rel, content.as_bytes())
+                        };
                         (rel, sha, r)
                     })
                     .collect::<Vec<_>>()
@@ -286,7 +308,7 @@ impl AttachedStore {
         );
         let folder = self.folder.clone();
         blocking(move || folder.create_root()).await??;
-        self.stamp_and_pull(api).await?;
+        self.stamp_and_pull(api, false).await?;
         Ok(())
     }
 
