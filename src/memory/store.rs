@@ -6,7 +6,7 @@
 //! good), `pending` (paths seen missing, since when) and `sent` (hashes of
 //! uploads whose answer never came, settled by the next listing).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
@@ -361,78 +361,95 @@ impl AttachedStore {
             return self.recover(api, "every memory file is gone at once").await;
         }
 
-        let now = Instant::now();
         let pass = PassFacts {
             read_only: self.read_only,
             deletions,
             final_sync,
-            now,
+            now: Instant::now(),
         };
-        let (baseline, tentative, refused, pending) = {
-            let s = self.state();
-            (
-                s.baseline.clone(),
-                s.tentative.clone(),
-                s.refused.clone(),
-                s.pending.clone(),
-            )
-        };
-        let paths: BTreeSet<&String> = remote
-            .keys()
-            .chain(scan.files.keys())
-            .chain(baseline.keys())
-            .chain(tentative.keys())
-            .collect();
-        let mut next_baseline = BTreeMap::new();
+        // Every path is planned under one lock, reading the state in place.
+        // The baseline only changes where a decision (or its I/O) moves it:
+        // `changes` holds those entries, applied in order once the I/O is
+        // done (`None` takes the path out of the baseline).
+        let mut changes: Vec<(String, Option<String>)> = Vec::new();
         let mut pulls = Vec::new();
         let mut uploads = Vec::new();
         let mut removals = Vec::new();
         let mut deletes = Vec::new();
         let mut suppressed = 0;
-        for rel in paths {
-            let confirmed = baseline.get(rel);
-            let facts = PathFacts {
-                local: scan.files.get(rel).map(String::as_str),
-                baseline: confirmed.or(tentative.get(rel)).map(String::as_str),
-                remote: remote.get(rel).map(|m| Listed {
-                    id: &m.id,
-                    sha: &m.content_sha256,
-                }),
-                refused: refused.get(rel).map(String::as_str),
-                missing_since: pending.get(rel).copied(),
-                tentative: confirmed.is_none() && tentative.contains_key(rel),
-            };
-            let p = plan(facts, pass);
-            self.record_pending(rel, p.pending);
-            if p.note == Some(Note::DeleteSuppressed) {
-                suppressed += 1;
-            } else if let Some(note) = p.note {
-                if note == Note::BothChanged {
-                    stats.conflicts += 1;
-                }
-                self.report(rel, note);
-            }
-            match p.decision {
-                Decision::Forget => {}
-                Decision::Keep(sha) | Decision::HoldDelete { base: sha } => {
-                    next_baseline.insert(rel.clone(), sha);
-                }
-                Decision::Pull { keep } => {
-                    if let Some(k) = keep {
-                        next_baseline.insert(rel.clone(), k);
+        let cap;
+        {
+            let mut guard = self.state();
+            let State {
+                baseline,
+                tentative,
+                refused,
+                pending,
+                ..
+            } = &mut *guard;
+            cap = delete_cap(baseline.len());
+            // Four sorted key runs: a stable sort merges them in linear time.
+            let mut paths: Vec<&String> = remote
+                .keys()
+                .chain(scan.files.keys())
+                .chain(baseline.keys())
+                .chain(tentative.keys())
+                .collect();
+            paths.sort();
+            paths.dedup();
+            for rel in paths {
+                let confirmed = baseline.get(rel);
+                let facts = PathFacts {
+                    local: scan.files.get(rel).map(String::as_str),
+                    baseline: confirmed.or(tentative.get(rel)).map(String::as_str),
+                    remote: remote.get(rel).map(|m| Listed {
+                        id: &m.id,
+                        sha: &m.content_sha256,
+                    }),
+                    refused: refused.get(rel).map(String::as_str),
+                    missing_since: pending.get(rel).copied(),
+                    tentative: confirmed.is_none() && tentative.contains_key(rel),
+                };
+                let p = plan(facts, pass);
+                match p.pending {
+                    Pending::Unchanged => {}
+                    Pending::Clear => {
+                        pending.remove(rel);
                     }
-                    pulls.push((rel.clone(), remote[rel].id.clone()));
+                    Pending::Since(t) => {
+                        pending.entry(rel.clone()).or_insert(t);
+                    }
                 }
-                Decision::Upload { update, fallback } => {
-                    uploads.push((
+                if p.note == Some(Note::DeleteSuppressed) {
+                    suppressed += 1;
+                } else if let Some(note) = p.note {
+                    if note == Note::BothChanged {
+                        stats.conflicts += 1;
+                    }
+                    self.report(rel, note);
+                }
+                let mut keep = |sha: Option<String>| {
+                    if confirmed != sha.as_ref() {
+                        changes.push((rel.clone(), sha));
+                    }
+                };
+                match p.decision {
+                    Decision::Forget => keep(None),
+                    Decision::Keep(sha) | Decision::HoldDelete { base: sha } => keep(Some(sha)),
+                    Decision::Pull { keep: k } => {
+                        keep(k);
+                        pulls.push((rel.clone(), remote[rel].id.clone()));
+                    }
+                    // These settle their baseline entry after their I/O.
+                    Decision::Upload { update, fallback } => uploads.push((
                         rel.clone(),
                         facts.local.map(str::to_string),
                         update,
                         fallback,
-                    ));
+                    )),
+                    Decision::RemoveLocal { base } => removals.push((rel.clone(), base)),
+                    Decision::Delete { id, base } => deletes.push((rel.clone(), id, base)),
                 }
-                Decision::RemoveLocal { base } => removals.push((rel.clone(), base)),
-                Decision::Delete { id, base } => deletes.push((rel.clone(), id, base)),
             }
         }
 
@@ -440,16 +457,15 @@ impl AttachedStore {
         // since the scan — then it is the only copy and is planned again.
         for (rel, base) in removals {
             match self.remove_local(&rel, &base).await {
-                Removal::Gone => {}
-                Removal::Kept => {
-                    next_baseline.insert(rel, base);
-                }
+                Removal::Gone => changes.push((rel, None)),
+                Removal::Kept => changes.push((rel, Some(base))),
                 Removal::Edited(fresh) => {
+                    let refused = self.state().refused.get(&rel).cloned();
                     let facts = PathFacts {
                         local: Some(&fresh),
                         baseline: Some(&base),
                         remote: None,
-                        refused: refused.get(&rel).map(String::as_str),
+                        refused: refused.as_deref(),
                         missing_since: None,
                         tentative: false,
                     };
@@ -457,6 +473,7 @@ impl AttachedStore {
                     if let Some(note) = p.note {
                         self.report(&rel, note);
                     }
+                    changes.push((rel.clone(), None));
                     if let Decision::Upload { update, fallback } = p.decision {
                         uploads.push((rel, Some(fresh), update, fallback));
                     }
@@ -475,9 +492,7 @@ impl AttachedStore {
             .await;
         for (rel, sha, ok) in uploaded {
             stats.uploads += ok as usize;
-            if let Some(sha) = sha {
-                next_baseline.insert(rel, sha);
-            }
+            changes.push((rel, sha));
         }
         {
             let mut state = self.state();
@@ -485,11 +500,10 @@ impl AttachedStore {
             stats.conflicts += std::mem::take(&mut state.lost_uploads);
         }
 
-        let cap = delete_cap(baseline.len());
         let mut attempted = 0;
         let mut capped = 0;
         for (rel, id, base) in deletes {
-            match self
+            let kept = self
                 .confirm_delete(
                     api,
                     &rel,
@@ -500,13 +514,11 @@ impl AttachedStore {
                     &mut attempted,
                     &mut capped,
                 )
-                .await
-            {
-                Some(sha) => {
-                    next_baseline.insert(rel, sha);
-                }
-                None => stats.deletes += 1,
+                .await;
+            if kept.is_none() {
+                stats.deletes += 1;
             }
+            changes.push((rel, kept));
         }
         if deletions == DeleteMode::LogOnly {
             stats.deletes_logged = attempted;
@@ -514,13 +526,24 @@ impl AttachedStore {
         stats.deletes_held = capped;
 
         {
-            let mut state = self.state();
+            let mut guard = self.state();
+            let state = &mut *guard;
+            for (rel, sha) in changes {
+                match sha {
+                    Some(sha) => {
+                        state.baseline.insert(rel, sha);
+                    }
+                    None => {
+                        state.baseline.remove(&rel);
+                    }
+                }
+            }
             // A tentative entry retires once the path has a real baseline,
             // or once the server no longer holds it.
+            let baseline = &state.baseline;
             state
                 .tentative
-                .retain(|rel, _| !next_baseline.contains_key(rel) && remote.contains_key(rel));
-            state.baseline = next_baseline;
+                .retain(|rel, _| !baseline.contains_key(rel) && remote.contains_key(rel));
         }
         stats.pulls = self.pull_all(api, pulls).await;
 
@@ -539,19 +562,6 @@ impl AttachedStore {
             );
         }
         Ok(())
-    }
-
-    fn record_pending(&self, rel: &str, pending: Pending) {
-        let mut state = self.state();
-        match pending {
-            Pending::Unchanged => {}
-            Pending::Clear => {
-                state.pending.remove(rel);
-            }
-            Pending::Since(t) => {
-                state.pending.entry(rel.to_string()).or_insert(t);
-            }
-        }
     }
 
     fn report(&self, rel: &str, note: Note) {
