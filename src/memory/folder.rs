@@ -24,7 +24,7 @@
 //!
 //! Everything here blocks; callers run it on a blocking thread.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::ffi::CStr;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -33,6 +33,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use foldhash::{HashMap, HashMapExt};
 use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use sha2::{Digest, Sha256};
@@ -116,6 +117,9 @@ pub struct Folder {
     /// this folder is ours, and `dispose` removes it.
     removed_on_dispose: bool,
     utf8_only: bool,
+    /// The stat cache: path → (stat, hash). Hashed with foldhash, not
+    /// SipHash: a scan looks up every file, and the keys are this folder's
+    /// own paths.
     cache: Mutex<HashMap<String, (StatKey, String)>>,
     /// Files [`Folder::put_private`] wrote: device, stat and hash, until
     /// [`Folder::trust_private_writes`] moves them into `cache`.
@@ -181,6 +185,116 @@ fn hash_fd(fd: OwnedFd) -> std::io::Result<String> {
         }
     })?;
     Ok(hex::encode(hasher.finalize()))
+}
+
+/// Read and hash the regular file `name` in `dir`. Returns the hash and,
+/// when the file may be cached, its stat: only a file whose newest timestamp
+/// is older than the trust margin before `scan_start_ns`, so a coarse
+/// timestamp cannot hide a rewrite. `Ok(None)` when it vanished or turned
+/// into something else.
+fn hash_fresh(
+    dir: &OwnedFd,
+    name: &str,
+    scan_start_ns: i128,
+) -> Result<Option<(String, Option<StatKey>)>, Errno> {
+    let fd = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) | Err(Errno::LOOP) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let fresh = rustix::fs::fstat(&fd)?;
+    if FileType::from_raw_mode(fresh.st_mode) != FileType::RegularFile {
+        return Ok(None);
+    }
+    let sha = hash_fd(fd).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+    let key = stat_key(&fresh);
+    let newest = key.mtime_ns.max(key.ctime_ns);
+    let trusted = newest < scan_start_ns - TIMESTAMP_TRUST_MARGIN.as_nanos() as i128;
+    Ok(Some((sha, trusted.then_some(key))))
+}
+
+/// One scan's walk: the stat cache it reads (`old`) and the one it leaves
+/// (`new`, holding only files it saw).
+struct Walk<'a> {
+    start: i128,
+    old: HashMap<String, (StatKey, String)>,
+    new: HashMap<String, (StatKey, String)>,
+    /// The files seen, in directory order; sorted into the scan at the end.
+    files: Vec<(String, String)>,
+    scan: &'a mut Scan,
+}
+
+impl Walk<'_> {
+    fn dir(&mut self, dir: &OwnedFd, prefix: &str) -> Result<(), FolderError> {
+        let shown = |name: &str| {
+            if prefix.is_empty() {
+                name.to_string()
+            } else {
+                let mut rel = String::with_capacity(prefix.len() + 1 + name.len());
+                rel.push_str(prefix);
+                rel.push('/');
+                rel.push_str(name);
+                rel
+            }
+        };
+        let entries = Dir::read_from(dir).map_err(|e| FolderError::io(prefix, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| FolderError::io(prefix, e))?;
+            let raw: &CStr = entry.file_name();
+            let bytes = raw.to_bytes();
+            if bytes == b"." || bytes == b".." {
+                continue;
+            }
+            let Ok(name) = std::str::from_utf8(bytes) else {
+                self.scan
+                    .unrepresentable
+                    .push(shown(&String::from_utf8_lossy(bytes)));
+                continue;
+            };
+            let rel = shown(name);
+            let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => continue, // a scan is a snapshot, not a lock
+                Err(e) => return Err(FolderError::io(&rel, e)),
+            };
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    let sub = match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
+                        Ok(fd) => fd,
+                        Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => continue,
+                        Err(e) => return Err(FolderError::io(&rel, e)),
+                    };
+                    self.dir(&sub, &rel)?;
+                }
+                FileType::RegularFile => {
+                    // A hit moves the entry from the old cache to the new one.
+                    if let Some((key, (stat, sha))) = self.old.remove_entry(&rel)
+                        && stat == stat_key(&st)
+                    {
+                        self.files.push((rel, sha.clone()));
+                        self.new.insert(key, (stat, sha));
+                        continue;
+                    }
+                    let hashed =
+                        hash_fresh(dir, name, self.start).map_err(|e| FolderError::io(&rel, e))?;
+                    if let Some((sha, cacheable)) = hashed {
+                        if let Some(stat) = cacheable {
+                            self.new.insert(rel.clone(), (stat, sha.clone()));
+                        }
+                        self.files.push((rel, sha));
+                    }
+                }
+                // Symlinks, FIFOs, sockets, devices: never opened, never synced.
+                _ => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 const DIR_FLAGS: OFlags = OFlags::RDONLY
@@ -511,54 +625,24 @@ impl Folder {
             _ => return Err(FolderError::NotAFile(rel.to_string())),
         }
         let key = comps.join("/");
-        self.hash_cached(&dir, leaf, &key, &st, now_ns())
-            .map_err(|e| FolderError::io(rel, e))
-    }
-
-    /// Hash the regular file `name` in `dir` (stat `st`), through the cache.
-    /// `Ok(None)` when it vanished or turned into something else meanwhile.
-    fn hash_cached(
-        &self,
-        dir: &OwnedFd,
-        name: &str,
-        rel: &str,
-        st: &rustix::fs::Stat,
-        scan_start_ns: i128,
-    ) -> Result<Option<String>, Errno> {
-        let key = stat_key(st);
-        if let Some((cached_key, sha)) = self
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(rel)
-            && *cached_key == key
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((stat, sha)) = cache.get(&key)
+            && *stat == stat_key(&st)
         {
             return Ok(Some(sha.clone()));
         }
-        let fd = match rustix::fs::openat(
-            dir,
-            name,
-            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) | Err(Errno::LOOP) => return Ok(None),
-            Err(e) => return Err(e),
-        };
-        let fresh = rustix::fs::fstat(&fd)?;
-        if FileType::from_raw_mode(fresh.st_mode) != FileType::RegularFile {
-            return Ok(None);
-        }
-        let sha = hash_fd(fd).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
-        let key = stat_key(&fresh);
-        let newest = key.mtime_ns.max(key.ctime_ns);
-        if newest < scan_start_ns - TIMESTAMP_TRUST_MARGIN.as_nanos() as i128 {
-            self.cache
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(rel.to_string(), (key, sha.clone()));
-        }
-        Ok(Some(sha))
+        let hashed = hash_fresh(&dir, leaf, now_ns()).map_err(|e| FolderError::io(rel, e))?;
+        Ok(hashed.map(|(sha, cacheable)| {
+            match cacheable {
+                Some(stat) => {
+                    cache.insert(key, (stat, sha.clone()));
+                }
+                None => {
+                    cache.remove(&key);
+                }
+            }
+            sha
+        }))
     }
 
     /// Hash every regular file below the root. Symlinks (and what they point
@@ -570,69 +654,23 @@ impl Folder {
         let Some(root) = self.root_fd()? else {
             return Ok(scan);
         };
-        self.walk(&root, "", start, &mut scan)?;
-        // Forget cache entries of files that are gone.
-        self.cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|rel, _| scan.files.contains_key(rel));
-        Ok(scan)
-    }
-
-    fn walk(
-        &self,
-        dir: &OwnedFd,
-        prefix: &str,
-        start: i128,
-        scan: &mut Scan,
-    ) -> Result<(), FolderError> {
-        let shown = |name: &str| {
-            if prefix.is_empty() {
-                name.to_string()
-            } else {
-                format!("{prefix}/{name}")
-            }
+        // The scan rebuilds the cache from what it sees, so entries of files
+        // that are gone drop out with the old map.
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::mem::take(&mut *cache);
+        let mut walk = Walk {
+            start,
+            new: HashMap::with_capacity(old.len()),
+            files: Vec::with_capacity(old.len()),
+            old,
+            scan: &mut scan,
         };
-        let entries = Dir::read_from(dir).map_err(|e| FolderError::io(prefix, e))?;
-        for entry in entries {
-            let entry = entry.map_err(|e| FolderError::io(prefix, e))?;
-            let raw: &CStr = entry.file_name();
-            let bytes = raw.to_bytes();
-            if bytes == b"." || bytes == b".." {
-                continue;
-            }
-            let Ok(name) = std::str::from_utf8(bytes) else {
-                scan.unrepresentable
-                    .push(shown(&String::from_utf8_lossy(bytes)));
-                continue;
-            };
-            let rel = shown(name);
-            let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
-                Err(Errno::NOENT) => continue, // a scan is a snapshot, not a lock
-                Err(e) => return Err(FolderError::io(&rel, e)),
-            };
-            match FileType::from_raw_mode(st.st_mode) {
-                FileType::Directory => {
-                    let sub = match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
-                        Ok(fd) => fd,
-                        Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => continue,
-                        Err(e) => return Err(FolderError::io(&rel, e)),
-                    };
-                    self.walk(&sub, &rel, start, scan)?;
-                }
-                FileType::RegularFile => match self.hash_cached(dir, name, &rel, &st, start) {
-                    Ok(Some(sha)) => {
-                        scan.files.insert(rel, sha);
-                    }
-                    Ok(None) => {}
-                    Err(e) => return Err(FolderError::io(&rel, e)),
-                },
-                // Symlinks, FIFOs, sockets, devices: never opened, never synced.
-                _ => {}
-            }
-        }
-        Ok(())
+        let walked = walk.dir(&root, "");
+        let (new, files) = (walk.new, walk.files);
+        *cache = new;
+        walked?;
+        scan.files = BTreeMap::from_iter(files);
+        Ok(scan)
     }
 
     /// Delete the file at `rel`; an absent file is fine.
@@ -923,7 +961,10 @@ mod tests {
                 Some(hex::encode(Sha256::digest(b"v1")).as_str())
             );
             assert!(!cache.contains_key("b.md"), "written in the probe's tick");
-            assert!(!cache.contains_key("plain.md"), "a plain put vouches nothing");
+            assert!(
+                !cache.contains_key("plain.md"),
+                "a plain put vouches nothing"
+            );
         }
         assert!(f.private_writes.lock().unwrap().is_empty());
         // The probe is gone; the scan sees exactly the three files.

@@ -157,24 +157,26 @@ impl AttachedStore {
         Ok(Marked { files, distrust })
     }
 
-    /// Every memory of the store as (id, hash) by relative path; prefixes,
-    /// unknown item types and the marker path are skipped. Uses the `basic`
+    /// Every memory of the store as (id, hash) by relative path (the entry's
+    /// own `path` is moved into the key); prefixes, unknown item types and
+    /// the marker path are skipped. Uses the `basic`
     /// view: a sync compares hashes and never needs the content here.
     async fn index(
         &self,
         api: &dyn MemoryApi,
     ) -> Result<BTreeMap<String, MemoryIndexEntry>, PassError> {
-        let mut out = BTreeMap::new();
+        // Collected, then built in one go: the server lists in path order,
+        // so the sort is a single pass and the tree is bulk-built.
+        let mut out = Vec::new();
         let mut page = None;
         loop {
             let got = api.list_index(&self.id, BASIC_PAGE, page.take()).await?;
             let next = got.next_cursor().map(str::to_string);
-            for entry in got.data {
+            for mut entry in got.data {
                 if !entry.is_memory() {
                     continue;
                 }
-                let rel = entry.path.trim_start_matches('/').to_string();
-                if rel == MARKER_PATH {
+                if entry.path.trim_start_matches('/') == MARKER_PATH {
                     warn!(
                         memory_store.id = %self.id,
                         memory.path = %entry.path,
@@ -182,11 +184,15 @@ impl AttachedStore {
                     );
                     continue;
                 }
-                out.insert(rel, entry);
+                // The path becomes the key (without its leading `/`), in place.
+                let mut rel = std::mem::take(&mut entry.path);
+                rel.drain(..rel.len() - rel.trim_start_matches('/').len());
+                out.push((rel, entry));
             }
             match next {
                 Some(n) => page = Some(n),
-                None => return Ok(out),
+                // A path listed twice keeps its last entry, as an insert would.
+                None => return Ok(BTreeMap::from_iter(out)),
             }
         }
     }
@@ -388,27 +394,36 @@ impl AttachedStore {
                 ..
             } = &mut *guard;
             cap = delete_cap(baseline.len());
-            // Four sorted key runs: a stable sort merges them in linear time.
-            let mut paths: Vec<&String> = remote
-                .keys()
-                .chain(scan.files.keys())
-                .chain(baseline.keys())
-                .chain(tentative.keys())
-                .collect();
-            paths.sort();
-            paths.dedup();
-            for rel in paths {
-                let confirmed = baseline.get(rel);
+            let mut remote_it = remote.iter().peekable();
+            let mut local_it = scan.files.iter().peekable();
+            let mut baseline_it = baseline.iter().peekable();
+            let mut tentative_it = tentative.iter().peekable();
+            // The four maps are sorted by path: walk them in step, so each
+            // path is visited once and looked up nowhere.
+            while let Some(rel) = [
+                remote_it.peek().map(|e| e.0),
+                local_it.peek().map(|e| e.0),
+                baseline_it.peek().map(|e| e.0),
+                tentative_it.peek().map(|e| e.0),
+            ]
+            .into_iter()
+            .flatten()
+            .min()
+            {
+                let listed = remote_it.next_if(|e| e.0 == rel).map(|e| e.1);
+                let local = local_it.next_if(|e| e.0 == rel).map(|e| e.1);
+                let confirmed = baseline_it.next_if(|e| e.0 == rel).map(|e| e.1);
+                let held = tentative_it.next_if(|e| e.0 == rel).map(|e| e.1);
                 let facts = PathFacts {
-                    local: scan.files.get(rel).map(String::as_str),
-                    baseline: confirmed.or(tentative.get(rel)).map(String::as_str),
-                    remote: remote.get(rel).map(|m| Listed {
+                    local: local.map(String::as_str),
+                    baseline: confirmed.or(held).map(String::as_str),
+                    remote: listed.map(|m| Listed {
                         id: &m.id,
                         sha: &m.content_sha256,
                     }),
                     refused: refused.get(rel).map(String::as_str),
                     missing_since: pending.get(rel).copied(),
-                    tentative: confirmed.is_none() && tentative.contains_key(rel),
+                    tentative: confirmed.is_none() && held.is_some(),
                 };
                 let p = plan(facts, pass);
                 match p.pending {
@@ -438,7 +453,10 @@ impl AttachedStore {
                     Decision::Keep(sha) | Decision::HoldDelete { base: sha } => keep(Some(sha)),
                     Decision::Pull { keep: k } => {
                         keep(k);
-                        pulls.push((rel.clone(), remote[rel].id.clone()));
+                        // The planner pulls only what the server listed.
+                        if let Some(m) = listed {
+                            pulls.push((rel.clone(), m.id.clone()));
+                        }
                     }
                     // These settle their baseline entry after their I/O.
                     Decision::Upload { update, fallback } => uploads.push((
