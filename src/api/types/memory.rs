@@ -124,7 +124,7 @@ impl<'de> Deserialize<'de> for MemoryListItem {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 pub struct MemoryIndexEntry {
     #[serde(rename = "type", default)]
-    pub kind: String,
+    pub kind: IndexKind,
     #[serde(default)]
     pub id: String,
     #[serde(default)]
@@ -133,17 +133,30 @@ pub struct MemoryIndexEntry {
     pub content_sha256: String,
 }
 
+/// The item types of a listing, as the index tells them apart (decoded
+/// without allocating: a sync lists every memory of the store).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum IndexKind {
+    Memory,
+    MemoryPrefix,
+    /// A type this client does not know (or none).
+    #[default]
+    #[serde(other)]
+    Other,
+}
+
 impl From<MemoryListItem> for MemoryIndexEntry {
     fn from(item: MemoryListItem) -> Self {
         match item {
             MemoryListItem::Memory(m) => MemoryIndexEntry {
-                kind: "memory".into(),
+                kind: IndexKind::Memory,
                 id: m.id,
                 path: m.path,
                 content_sha256: m.content_sha256,
             },
             MemoryListItem::Prefix(p) => MemoryIndexEntry {
-                kind: "memory_prefix".into(),
+                kind: IndexKind::MemoryPrefix,
                 id: String::new(),
                 path: p.path,
                 content_sha256: String::new(),
@@ -155,7 +168,7 @@ impl From<MemoryListItem> for MemoryIndexEntry {
 
 impl MemoryIndexEntry {
     pub fn is_memory(&self) -> bool {
-        self.kind == "memory"
+        self.kind == IndexKind::Memory
     }
 }
 
@@ -434,6 +447,39 @@ pub(crate) mod tag {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn index_entries_tell_memories_from_other_item_types() {
+        let page: Vec<MemoryIndexEntry> = serde_json::from_str(
+            r#"[
+              {"type":"memory","id":"mem_1","path":"/a.md","content":null,
+               "content_sha256":"00","content_size_bytes":0,"brand_new_field":{"x":1}},
+              {"type":"memory_prefix","path":"/dir/"},
+              {"type":"memory_hologram","path":"/h","id":"x"},
+              {"path":"/untyped"}
+            ]"#,
+        )
+        .unwrap();
+        let kinds: Vec<IndexKind> = page.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                IndexKind::Memory,
+                IndexKind::MemoryPrefix,
+                IndexKind::Other,
+                IndexKind::Other
+            ]
+        );
+        assert_eq!(
+            page.iter().filter(|e| e.is_memory()).count(),
+            1,
+            "only a memory is synced"
+        );
+        assert_eq!(
+            (page[0].id.as_str(), page[0].content_sha256.as_str()),
+            ("mem_1", "00")
+        );
+    }
 
     #[test]
     fn list_items_keep_unknown_types_and_ignore_unknown_fields() {
