@@ -1,9 +1,10 @@
 //! The memory engine next to the official Python SDK's `SessionMemoryStores`,
 //! on the same 2,000-memory store (2 KB each) of the same devserver, in the
 //! same run: mount (download), a no-op sync right after the mount
-//! (`noop_sync`), a no-op sync once the files are older than the 2 s
-//! timestamp trust margin and were seen once (`steady_sync`), and a flush of
-//! 2,000 changed files, each with 0 ms and 5 ms of injected server latency.
+//! (`noop_sync`), a no-op sync 2.1 s later after one earlier sync — past the
+//! stat cache's 2 s trust margin, the state of every periodic sync
+//! (`steady_sync`) — and a flush of 2,000 changed files, each with 0 ms and
+//! 5 ms of injected server latency.
 //!
 //! Every measured operation runs in a fresh child process (ours: this binary
 //! re-executed with `--child`; the SDK's: `benches/sdk_memory.py`), which
@@ -75,8 +76,8 @@ async fn child(args: &[String]) {
         stores.download(&session).await.unwrap();
         if op == "noop_sync" || op == "steady_sync" {
             if op == "steady_sync" {
-                // Files older than the 2 s trust margin, seen once: the
-                // state of every sync after the first few seconds.
+                // Past the 2 s trust margin, after one sync: the state of
+                // every periodic sync.
                 tokio::time::sleep(Duration::from_millis(2_100)).await;
                 stores.sync_now().await;
             }
