@@ -220,16 +220,16 @@ fn hash_fresh(
 
 /// One scan's walk: the stat cache it reads (`old`) and the one it leaves
 /// (`new`, holding only files it saw).
-struct Walk<'a> {
+struct Walk {
     start: i128,
     old: HashMap<String, (StatKey, String)>,
     new: HashMap<String, (StatKey, String)>,
     /// The files seen, in directory order; sorted into the scan at the end.
     files: Vec<(String, String)>,
-    scan: &'a mut Scan,
+    unrepresentable: Vec<String>,
 }
 
-impl Walk<'_> {
+impl Walk {
     fn dir(&mut self, dir: &OwnedFd, prefix: &str) -> Result<(), FolderError> {
         let shown = |name: &str| {
             if prefix.is_empty() {
@@ -251,8 +251,7 @@ impl Walk<'_> {
                 continue;
             }
             let Ok(name) = std::str::from_utf8(bytes) else {
-                self.scan
-                    .unrepresentable
+                self.unrepresentable
                     .push(shown(&String::from_utf8_lossy(bytes)));
                 continue;
             };
@@ -650,9 +649,8 @@ impl Folder {
     /// scan rather than reading as deletions. An absent root scans empty.
     pub fn scan(&self) -> Result<Scan, FolderError> {
         let start = now_ns();
-        let mut scan = Scan::default();
         let Some(root) = self.root_fd()? else {
-            return Ok(scan);
+            return Ok(Scan::default());
         };
         // The scan rebuilds the cache from what it sees, so entries of files
         // that are gone drop out with the old map.
@@ -662,15 +660,16 @@ impl Folder {
             start,
             new: HashMap::with_capacity(old.len()),
             files: Vec::with_capacity(old.len()),
+            unrepresentable: Vec::new(),
             old,
-            scan: &mut scan,
         };
         let walked = walk.dir(&root, "");
-        let (new, files) = (walk.new, walk.files);
-        *cache = new;
+        *cache = walk.new;
         walked?;
-        scan.files = BTreeMap::from_iter(files);
-        Ok(scan)
+        Ok(Scan {
+            files: BTreeMap::from_iter(walk.files),
+            unrepresentable: walk.unrepresentable,
+        })
     }
 
     /// Delete the file at `rel`; an absent file is fine.
