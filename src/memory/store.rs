@@ -43,6 +43,16 @@ fn marker_sha(store_id: &str) -> String {
     sha256_hex(marker_content(store_id).as_bytes())
 }
 
+/// A download's write: private while nothing else can write to the folder
+/// (see [`Folder::put_private`]).
+fn put(folder: &Folder, rel: &str, data: &[u8], private: bool) -> Result<(), FolderError> {
+    if private {
+        folder.put_private(rel, data)
+    } else {
+        folder.put(rel, data)
+    }
+}
+
 /// A sync failure that stops this store's pass (logged, never raised).
 #[derive(Debug, thiserror::Error)]
 pub enum PassError {
@@ -235,14 +245,7 @@ impl AttachedStore {
         }
         let folder = self.folder.clone();
         let marker = marker_content(&self.id);
-        blocking(move || {
-            if private {
-                folder.put_private(MARKER_PATH, marker.as_bytes())
-            } else {
-                folder.put(MARKER_PATH, marker.as_bytes())
-            }
-        })
-        .await??;
+        blocking(move || put(&folder, MARKER_PATH, marker.as_bytes(), private)).await??;
         let mut page = None;
         let mut written = 0;
         let mut listed = HashSet::new();
@@ -271,11 +274,7 @@ impl AttachedStore {
                 items
                     .into_iter()
                     .map(|(rel, content, sha)| {
-                        let r = if private {
-                            folder.put_private(&rel, content.as_bytes())
-                        } else {
-                            folder.put(&rel, content.as_bytes())
-                        };
+                        let r = put(&folder, &rel, content.as_bytes(), private);
                         (rel, sha, r)
                     })
                     .collect::<Vec<_>>()
