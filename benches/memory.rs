@@ -11,11 +11,13 @@
 //! reports the operation's wall and CPU time and the process's peak RSS.
 //! Prints medians and ratios. Run: `cargo bench --bench memory`.
 
+#[path = "../tests/common/process.rs"]
+#[allow(dead_code)]
+mod process;
 #[path = "../tests/common/sdk.rs"]
 #[allow(dead_code)]
 mod sdk;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -173,29 +175,16 @@ async fn main() {
     };
     let mount_root = mount_tmp.path().join("mnt");
     let data_dir = tmp.path().join("data");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_envworker"))
-        .args([
-            "devserver",
-            "--listen",
-            "127.0.0.1:0",
-            "--admin-key",
-            ADMIN_KEY,
-        ])
-        .args([
+    let server = process::DevserverProcess::start(
+        ADMIN_KEY,
+        &[
             "--data-dir",
             data_dir.to_str().unwrap(),
             "--mount-root",
             mount_root.to_str().unwrap(),
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line.trim().rsplit(' ').next().unwrap().to_string();
+        ],
+    );
+    let url = server.url.clone();
 
     // The store, its memories, and a session that attaches it.
     let admin = Client::builder(Credential::api_key(ADMIN_KEY))
@@ -347,6 +336,5 @@ async fn main() {
             );
         }
     }
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
 }

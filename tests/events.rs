@@ -169,29 +169,6 @@ async fn serve_app(key: SigningKey) -> App {
     }
 }
 
-impl App {
-    /// The state of `session`'s work item.
-    async fn work_state(&self, session: &str) -> String {
-        let work = self
-            .server
-            .agents(
-                Method::GET,
-                &format!("/v1/environments/{}/work?limit=100", self.env.0),
-                None,
-            )
-            .await
-            .ok();
-        work["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|w| w["data"]["id"] == session)
-            .and_then(|w| w["state"].as_str())
-            .unwrap_or_else(|| panic!("no work item for {session}: {work:#}"))
-            .to_string()
-    }
-}
-
 /// Hand `request` to the app; the status and the JSON body.
 async fn call(state: &AppState, request: Request<Body>) -> (StatusCode, Value) {
     let response = app(state.clone()).oneshot(request).await.unwrap();
@@ -352,7 +329,11 @@ async fn every_webhook_sample_gets_the_answer_its_type_calls_for() {
         } else {
             assert_eq!(status, StatusCode::OK, "{name}: {body}");
             assert_eq!(body, json!({"status": "ignored"}), "{name}");
-            assert_eq!(fx.work_state(&queued).await, "queued", "{name}: no drain");
+            assert_eq!(
+                fx.server.work_state(&fx.env.0, &queued).await,
+                "queued",
+                "{name}: no drain"
+            );
         }
     }
     assert!(accepted > 0);

@@ -190,22 +190,6 @@ impl Fixture {
             .collect::<serde_json::Map<_, _>>()
             .into()
     }
-
-    async fn work_state(&self) -> String {
-        let work = self
-            .server
-            .agents(
-                Method::GET,
-                &format!("/v1/environments/{}/work", self.env.0),
-                None,
-            )
-            .await
-            .ok();
-        work["data"][0]["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -266,7 +250,10 @@ async fn the_webhook_is_answered_first_and_the_flush_happens_inside_the_invocati
     // At the moment the invocation ends, everything is saved and the item stopped.
     let contents = fx.store_contents(&started.session_id).await;
     assert_eq!(contents["/b.md"], "from lambda\n", "{contents:#}");
-    assert_eq!(fx.work_state().await, "stopped");
+    assert_eq!(
+        fx.server.work_state(&fx.env.0, &started.session_id).await,
+        "stopped"
+    );
     let report = fx
         .server
         .final_report(&started.session_id, Duration::from_secs(30))
@@ -312,7 +299,7 @@ async fn started_bare_it_serves_and_claims_no_item_when_the_invocation_has_too_l
         )
         .await;
     assert_eq!(
-        fx.work_state().await,
+        fx.server.work_state(&fx.env.0, &started.session_id).await,
         "queued",
         "the item waits for an invocation with time to serve it"
     );
@@ -403,7 +390,10 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
         "{}",
         lambda.stderr.lock().unwrap()
     );
-    assert_eq!(fx.work_state().await, "stopped");
+    assert_eq!(
+        fx.server.work_state(&fx.env.0, &started.session_id).await,
+        "stopped"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -144,6 +144,15 @@ struct Answer {
 }
 
 impl Answer {
+    /// An accepted delivery: `202 {"status": "accepted"}`.
+    #[track_caller]
+    fn accepted(&self) {
+        assert_eq!(
+            (self.status, &self.body),
+            (StatusCode::ACCEPTED, &json!({"status": "accepted"}))
+        );
+    }
+
     /// A refusal: this status, and `{"error": …}` naming the problem.
     #[track_caller]
     fn refused(&self, status: StatusCode, error: &str) {
@@ -185,29 +194,8 @@ impl Fx {
         .await
     }
 
-    /// The state of `session`'s work item in `env_id`.
-    async fn work_state_in(&self, env_id: &str, session: &str) -> String {
-        let work = self
-            .server
-            .agents(
-                Method::GET,
-                &format!("/v1/environments/{env_id}/work?limit=100"),
-                None,
-            )
-            .await
-            .ok();
-        work["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|w| w["data"]["id"] == session)
-            .and_then(|w| w["state"].as_str())
-            .unwrap_or_else(|| panic!("no work item for {session}: {work:#}"))
-            .to_string()
-    }
-
     async fn work_state(&self, session: &str) -> String {
-        self.work_state_in(&self.env_id.clone(), session).await
+        self.server.work_state(&self.env_id, session).await
     }
 
     /// Every drain started so far is over, and `session`'s item was never claimed.
@@ -277,9 +265,9 @@ async fn a_delivery_signed_by_either_rotated_key_is_accepted() {
     let (old, new, stranger) = (key(), key(), key());
     let fx = fixture(vec![old.clone(), new.clone()]).await;
     for (id, by) in [("whe_old", &old), ("whe_new", &new)] {
-        let a = call(&fx.state, delivery(by, id, &run_started(id))).await;
-        assert_eq!(a.status, StatusCode::ACCEPTED, "{id}: {}", a.body);
-        assert_eq!(a.body, json!({"status": "accepted"}));
+        call(&fx.state, delivery(by, id, &run_started(id)))
+            .await
+            .accepted();
     }
     call(
         &fx.state,
@@ -302,7 +290,7 @@ async fn a_delivery_signed_by_either_rotated_key_is_accepted() {
         )
     };
     let body = run_started("whe_several");
-    let a = call(
+    call(
         &fx.state,
         several(
             "whe_several",
@@ -314,8 +302,8 @@ async fn a_delivery_signed_by_either_rotated_key_is_accepted() {
             ],
         ),
     )
-    .await;
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    .await
+    .accepted();
     // …but signatures of the endpoint's keys over something else do not.
     let body = run_started("whe_none");
     call(
@@ -386,8 +374,9 @@ async fn a_re_serialised_body_is_refused() {
         .refused(StatusCode::UNAUTHORIZED, "no signature matches");
     fx.assert_not_drained(&canary).await;
     // The bytes that were signed pass.
-    let a = call(&fx.state, post("/webhooks/default", &headers, body)).await;
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    call(&fx.state, post("/webhooks/default", &headers, body))
+        .await
+        .accepted();
     fx.assert_served(&canary).await;
 }
 
@@ -480,8 +469,9 @@ async fn malformed_headers_are_refused_with_an_error_naming_them() {
         ("webhook-timestamp", ts),
         ("webhook-signature", good),
     ];
-    let a = call(&fx.state, post("/webhooks/default", &headers, body)).await;
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    call(&fx.state, post("/webhooks/default", &headers, body))
+        .await
+        .accepted();
     fx.assert_served(&canary).await;
 }
 
@@ -600,7 +590,7 @@ async fn other_event_types_are_ignored_with_200() {
     }
     fx.assert_not_drained(&canary).await;
     // The control: the run-started event drains the queue.
-    let a = call(
+    call(
         &fx.state,
         delivery(
             &key,
@@ -608,8 +598,8 @@ async fn other_event_types_are_ignored_with_200() {
             &event("whe_run", "session.status_run_started", &canary),
         ),
     )
-    .await;
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    .await
+    .accepted();
     fx.assert_served(&canary).await;
 }
 
@@ -619,11 +609,9 @@ async fn the_same_webhook_id_twice_is_a_duplicate_and_starts_no_second_drain() {
     let fx = fixture(vec![key.clone()]).await;
     let first = fx.canary().await;
     let body = run_started("whe_twice");
-    let a = call(&fx.state, delivery(&key, "whe_twice", &body)).await;
-    assert_eq!(
-        (a.status, a.body),
-        (StatusCode::ACCEPTED, json!({"status": "accepted"}))
-    );
+    call(&fx.state, delivery(&key, "whe_twice", &body))
+        .await
+        .accepted();
     fx.assert_served(&first).await;
     // A second item waits; the sender retries the same event (same id, new
     // timestamp and signature).
@@ -636,12 +624,12 @@ async fn the_same_webhook_id_twice_is_a_duplicate_and_starts_no_second_drain() {
     );
     fx.assert_not_drained(&second).await;
     // A new event drains it.
-    let a = call(
+    call(
         &fx.state,
         delivery(&key, "whe_next", &run_started("whe_next")),
     )
-    .await;
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    .await
+    .accepted();
     fx.assert_served(&second).await;
 }
 
@@ -674,7 +662,7 @@ async fn a_webhook_id_seen_by_one_endpoint_is_no_duplicate_for_another() {
         );
     }
     assert!(fx.state.wait_for_work(DRAIN_BOUND).await);
-    assert_ne!(fx.work_state_in(&envs[1], &in_b).await, "queued");
+    assert_ne!(fx.server.work_state(&envs[1], &in_b).await, "queued");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -741,7 +729,7 @@ async fn an_accepted_delivery_is_answered_at_once_while_the_drain_goes_on() {
     )
     .await;
     let answered = t0.elapsed();
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    a.accepted();
     assert!(
         answered < Duration::from_secs(1),
         "answered after {answered:?}"
@@ -904,7 +892,7 @@ async fn metrics_report_each_endpoints_queue_depth_and_webhook_outcomes() {
         StatusCode::NOT_FOUND
     );
     let accepted = run_started("whe_m3");
-    let a = call(
+    call(
         &fx.state,
         post(
             "/webhooks/a",
@@ -912,8 +900,8 @@ async fn metrics_report_each_endpoints_queue_depth_and_webhook_outcomes() {
             accepted.clone(),
         ),
     )
-    .await;
-    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.body);
+    .await
+    .accepted();
     fx.assert_served(&first).await;
     let text = call(&fx.state, get("/metrics"))
         .await

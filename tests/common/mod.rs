@@ -123,6 +123,27 @@ impl TestServer {
         .await
     }
 
+    /// The state of `session`'s work item in `env_id` (`queued`, `claimed`,
+    /// `stopped`…); panics, showing the queue, when there is none.
+    pub async fn work_state(&self, env_id: &str, session: &str) -> String {
+        let work = self
+            .agents(
+                Method::GET,
+                &format!("/v1/environments/{env_id}/work?limit=100"),
+                None,
+            )
+            .await
+            .ok();
+        work["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["data"]["id"] == session)
+            .and_then(|w| w["state"].as_str())
+            .unwrap_or_else(|| panic!("no work item for {session}: {work:#}"))
+            .to_string()
+    }
+
     /// A request to the managed-agents endpoints with a worker credential.
     pub async fn worker(
         &self,

@@ -12,7 +12,8 @@ pub struct DevserverProcess {
 
 impl DevserverProcess {
     /// Start `envworker devserver --listen 127.0.0.1:0 --admin-key KEY EXTRA…`
-    /// and wait for the line that announces its URL.
+    /// (logging at `warn` unless `RUST_LOG` says otherwise) and wait for the
+    /// line that announces its URL.
     pub fn start(admin_key: &str, extra: &[&str]) -> DevserverProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_envworker"))
             .args([
@@ -23,6 +24,12 @@ impl DevserverProcess {
                 admin_key,
             ])
             .args(extra)
+            // Quiet unless the caller's RUST_LOG asks for more: its request
+            // log would bury a test's or a bench's own output.
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
