@@ -1020,9 +1020,10 @@ async fn the_worker_flushes_after_a_clean_final_sync_that_failed() {
     });
     let drained = tokio::spawn(async move { drain(&worker).await });
     // The download is done and the file written: the next listing is the final sync's.
+    // It fails on its first attempt and on both retries.
     wait_for_results(&env, &started, 1).await;
     env.fault(
-        json!({"method": "GET", "path": "/v1/memory_stores/*/memories", "status": 500, "times": 1}),
+        json!({"method": "GET", "path": "/v1/memory_stores/*/memories", "status": 500, "times": 3}),
     )
     .await;
     let items = tokio::time::timeout(Duration::from_secs(60), drained)
