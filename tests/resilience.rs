@@ -5,6 +5,8 @@
 //!
 //! - memory requests: a 500 on the listing at mount, two 500s on an upload at
 //!   teardown, a 429 whose `retry-after` is honoured;
+//! - tool results: three 500s on the post, a duplicate answered 409, and a
+//!   result that can never be delivered (the item ends and frees its slot).
 
 mod common;
 
@@ -322,4 +324,160 @@ async fn a_429_is_retried_after_the_wait_the_server_asks_for() {
         .unwrap_err();
     assert_eq!(err.status(), Some(409));
     assert!(began.elapsed() < Duration::from_millis(350), "no backoff");
+}
+
+#[tokio::test]
+async fn three_500s_on_a_tool_result_post_are_retried_until_it_is_delivered() {
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&json!({"name": "post-retry", "steps": [
+            {"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "hi"},
+             "timeout_ms": 15000}
+        ]}))
+        .await;
+    env.fault(
+        json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 500, "times": 3}),
+    )
+    .await;
+    let logs = Logs::capture();
+    let began = Instant::now();
+    let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
+    eprintln!("item served in {:?}", began.elapsed());
+    let report = env.report(&started).await;
+    assert_eq!(report["status"], "passed", "{report:#}");
+    assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
+    assert_eq!(
+        (items[0].stats.posted, items[0].stats.post_failures),
+        (1, 0)
+    );
+    assert!(env.faults_left().await.is_empty(), "three attempts failed");
+    assert_eq!(env.results(&started).await.len(), 1);
+    assert_eq!(logs.count("tool result send failed; retrying"), 3);
+    assert_eq!(logs.count(" ERROR "), 0, "{}", logs.text());
+}
+
+#[tokio::test]
+async fn the_devserver_answers_409_to_a_second_result_for_one_call() {
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&json!({"name": "dup", "steps": [
+            {"tool": "bash", "input": {"command": "echo hi"}}
+        ]}))
+        .await;
+    drain_within(&env.worker(&started), Duration::from_secs(60)).await;
+    let first = env.results(&started).await.remove(0);
+    let again = env
+        .server
+        .worker(
+            &started.environment_key,
+            Method::POST,
+            &format!("/v1/sessions/{}/events", started.session_id),
+            Some(json!({"events": [{"type": "user.tool_result",
+                "tool_use_id": first["tool_use_id"], "content": [], "is_error": false}]})),
+        )
+        .await;
+    let message = again.expect_error(409, "conflict_error");
+    assert!(message.contains("already has a result"), "{message}");
+}
+
+#[tokio::test]
+async fn a_duplicate_result_answered_409_counts_as_delivered() {
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&json!({"name": "lost-answer", "steps": [
+            {"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "hi"}}
+        ]}))
+        .await;
+    // The first post lands, its answer is lost: the retry meets the result.
+    env.fault(json!({"method": "POST", "path": "/v1/sessions/*/events", "drop_response": true, "times": 1}))
+        .await;
+    let logs = Logs::capture();
+    let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
+    assert_eq!(env.report(&started).await["status"], "passed");
+    assert!(env.faults_left().await.is_empty());
+    assert_eq!(env.results(&started).await.len(), 1);
+    assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
+    assert_eq!(
+        (items[0].stats.posted, items[0].stats.post_failures),
+        (1, 0),
+        "{}",
+        logs.text()
+    );
+    assert_eq!(logs.count(" ERROR "), 0, "{}", logs.text());
+    assert_eq!(logs.count("tool result was already delivered"), 1);
+}
+
+#[tokio::test]
+async fn a_result_that_can_never_be_delivered_ends_the_item_and_frees_the_slot() {
+    // A 2 s lease TTL makes the send window 2 s (the heartbeat sets it).
+    let env = Env::with_ttl(2).await;
+    let stuck = env
+        .server
+        .start_scenario(&notes_scenario(
+            json!([
+                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"},
+                 "timeout_ms": 60000}
+            ]),
+            json!({"/a.md": "alpha\n", "/b.md": "beta\n"}),
+        ))
+        .await;
+    let next = env
+        .server
+        .start_scenario(
+            &json!({"name": "next", "environment_id": stuck.environment_id,
+            "steps": [{"tool": "bash", "input": {"command": "echo next"},
+                       "expect": {"contains": "next"}}]}),
+        )
+        .await;
+    env.fault(
+        json!({"method": "POST", "path": format!("/v1/sessions/{}/events", stuck.session_id),
+                     "status": 500}),
+    )
+    .await;
+    let logs = Logs::capture();
+    let began = Instant::now();
+    let items = drain_within(&env.worker(&stuck), Duration::from_secs(30)).await;
+    eprintln!("both items served in {:?}", began.elapsed());
+    assert_eq!(items.len(), 2, "{items:#?}");
+    let first = items
+        .iter()
+        .find(|i| i.session_id == stuck.session_id)
+        .unwrap();
+    match &first.outcome {
+        ItemOutcome::Served(RunEnd::Undelivered { tool_use_id, error }) => {
+            assert!(!tool_use_id.is_empty());
+            assert!(error.contains("500"), "{error}");
+        }
+        other => panic!("expected an undelivered result, got {other:?}"),
+    }
+    assert!(first.stopped, "the stuck item was force-stopped");
+    assert_eq!(
+        env.server
+            .work_state(&stuck.environment_id, &stuck.session_id)
+            .await,
+        "stopped"
+    );
+    // The teardown ran its final sync: the edit made by the undelivered call is kept.
+    assert_eq!(
+        env.server_memories(&stuck)
+            .await
+            .get("/b.md")
+            .map(String::as_str),
+        Some("beta\n")
+    );
+    assert_eq!(
+        logs.count("failed to send tool result"),
+        1,
+        "{}",
+        logs.text()
+    );
+    // The slot went to the next item.
+    let report = env
+        .server
+        .final_report(&next.session_id, Duration::from_secs(10))
+        .await;
+    assert_eq!(report["status"], "passed", "{report:#}");
 }
