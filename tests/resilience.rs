@@ -4,7 +4,8 @@
 //! each test is about.
 //!
 //! - memory requests: a 500 on the listing at mount, two 500s on an upload at
-//!   teardown, a 429 whose `retry-after` is honoured;
+//!   teardown, a 429 whose `retry-after` is honoured, a dropped answer to an
+//!   update that landed, and retry waits cut by the teardown's bound;
 //! - tool results: three 500s on the post, a duplicate answered 409, and a
 //!   result that can never be delivered (the item ends and frees its slot).
 
@@ -55,12 +56,21 @@ impl Env {
     /// A worker whose periodic sync never comes due: the only syncs are the
     /// mount's download and the teardown's final sync and flush.
     fn worker(&self, started: &Started) -> EnvironmentWorker {
+        self.worker_with(started, |_| {})
+    }
+
+    fn worker_with(
+        &self,
+        started: &Started,
+        tweak: impl FnOnce(&mut WorkerOptions),
+    ) -> EnvironmentWorker {
         let mut o = WorkerOptions::new(&started.environment_id, self.server.url());
         o.environment_key = Some(Redacted::new(started.environment_key.clone()));
         o.workdir = self.work.path().to_path_buf();
         o.max_idle = Some(Duration::from_millis(500));
         o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
         o.worker_id = "test-worker".into();
+        tweak(&mut o);
         EnvironmentWorker::new(o).unwrap()
     }
 
@@ -324,6 +334,77 @@ async fn a_429_is_retried_after_the_wait_the_server_asks_for() {
         .unwrap_err();
     assert_eq!(err.status(), Some(409));
     assert!(began.elapsed() < Duration::from_millis(350), "no backoff");
+}
+
+#[tokio::test]
+async fn a_dropped_answer_is_retried_and_an_update_that_landed_answers_200() {
+    let server = TestServer::start().await;
+    let store = server.create_store("dropped").await;
+    let memory = server.create_memory(&store, "/a.md", "alpha").await;
+    let id = memory["id"].as_str().unwrap();
+    // The update commits, then its answer is cut off mid-body.
+    server
+        .dev(
+            Method::POST,
+            "/dev/faults",
+            Some(json!({"rules": [{"method": "POST", "path": format!("/v1/memory_stores/{store}/memories/{id}"),
+                                    "drop_response": true, "times": 1}]})),
+        )
+        .await
+        .ok();
+    let update = envworker::api::types::UpdateMemory {
+        content: Some("beta".into()),
+        path: None,
+        precondition: Some(envworker::api::types::Precondition::content_sha256(
+            common::sha256("alpha"),
+        )),
+    };
+    // The retry meets its own landed write: the content already matches, 200.
+    let updated = admin_client(&server)
+        .memories(&store)
+        .update(id, &update, None)
+        .await
+        .expect("the retry is answered");
+    assert_eq!(updated.content_sha256, common::sha256("beta"));
+}
+
+#[tokio::test]
+async fn a_retry_wait_never_outlasts_the_teardown_bound() {
+    let env = Env::new().await;
+    let started = env
+        .server
+        .start_scenario(&notes_scenario(
+            json!([
+                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}},
+                {"wait_ms": 1000}
+            ]),
+            json!({"/a.md": "alpha\n"}),
+        ))
+        .await;
+    let worker = env.worker_with(&started, |o| {
+        o.memory_teardown_bound = Duration::from_secs(2)
+    });
+    let drained = tokio::spawn(async move { drain_within(&worker, Duration::from_secs(60)).await });
+    wait_for_results(&env, &started, 1).await;
+    // Every upload is refused with a request to come back in 30 s.
+    env.fault(
+        json!({"method": "POST", "path": "/v1/memory_stores/*/memories*", "status": 503,
+                     "headers": {"retry-after": "30"}}),
+    )
+    .await;
+    let began = Instant::now();
+    let items = drained.await.unwrap();
+    let took = began.elapsed();
+    eprintln!("teardown with a 30 s retry-after and a 2 s bound took {took:?}");
+    // The final sync and the flush are each cut at their 2 s bound.
+    assert!(took < Duration::from_secs(9), "{took:?}");
+    assert!(
+        items[0].teardown.final_sync_cut_off,
+        "{:?}",
+        items[0].teardown
+    );
+    assert!(items[0].teardown.flush_cut_off, "{:?}", items[0].teardown);
+    assert!(items[0].stopped);
 }
 
 #[tokio::test]
