@@ -2,8 +2,8 @@
 //!
 //! It opens the event stream first, then reads the whole history (ascending)
 //! and reconciles: every tool call without a result is dispatched, so an
-//! event emitted between the two reads is never lost and a call whose result
-//! post failed is retried after a reconnect. Event ids are deduplicated
+//! event emitted between the two reads is never lost and a call left
+//! unanswered by an earlier run is answered now. Event ids are deduplicated
 //! across the two. On a disconnect it reconnects with jittered backoff
 //! (0.5 s doubling to 10 s, reset once a connection stayed up 5 s); a
 //! permanent 4xx ends the run.
