@@ -8,6 +8,12 @@
 //!   update that landed, and retry waits cut by the teardown's bound;
 //! - tool results: three 500s on the post, a duplicate answered 409, and a
 //!   result that can never be delivered (the item ends and frees its slot).
+//!
+//! Every test captures its logs from its first line, even those that count
+//! none: `tracing` caches whether a log line is wanted when the line first
+//! runs, judged by the thread it first runs on while only one capture is
+//! alive — a line first logged by a test without a capture would stay
+//! unwanted for the test that counts it.
 
 mod common;
 
@@ -194,6 +200,7 @@ fn admin_client(server: &TestServer) -> Client {
 
 #[tokio::test]
 async fn a_500_on_the_memory_listing_at_mount_is_retried_and_the_item_mounts() {
+    let logs = Logs::capture();
     let env = Env::new().await;
     let started = env
         .server
@@ -207,7 +214,6 @@ async fn a_500_on_the_memory_listing_at_mount_is_retried_and_the_item_mounts() {
         json!({"method": "GET", "path": "/v1/memory_stores/*/memories", "status": 500, "times": 1}),
     )
     .await;
-    let logs = Logs::capture();
     let began = Instant::now();
     let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
     eprintln!("item served in {:?}", began.elapsed());
@@ -224,6 +230,7 @@ async fn a_500_on_the_memory_listing_at_mount_is_retried_and_the_item_mounts() {
 
 #[tokio::test]
 async fn two_500s_on_an_upload_at_teardown_do_not_lose_the_last_edit() {
+    let _logs = Logs::capture();
     let env = Env::new().await;
     let started = env
         .server
@@ -261,6 +268,7 @@ async fn two_500s_on_an_upload_at_teardown_do_not_lose_the_last_edit() {
 
 #[tokio::test]
 async fn a_429_is_retried_after_the_wait_the_server_asks_for() {
+    let _logs = Logs::capture();
     let server = TestServer::start().await;
     let store = server.create_store("limits").await;
     server.create_memory(&store, "/a.md", "alpha").await;
@@ -338,6 +346,7 @@ async fn a_429_is_retried_after_the_wait_the_server_asks_for() {
 
 #[tokio::test]
 async fn a_dropped_answer_is_retried_and_an_update_that_landed_answers_200() {
+    let _logs = Logs::capture();
     let server = TestServer::start().await;
     let store = server.create_store("dropped").await;
     let memory = server.create_memory(&store, "/a.md", "alpha").await;
@@ -370,6 +379,7 @@ async fn a_dropped_answer_is_retried_and_an_update_that_landed_answers_200() {
 
 #[tokio::test]
 async fn a_retry_wait_never_outlasts_the_teardown_bound() {
+    let _logs = Logs::capture();
     let env = Env::new().await;
     let started = env
         .server
@@ -409,6 +419,7 @@ async fn a_retry_wait_never_outlasts_the_teardown_bound() {
 
 #[tokio::test]
 async fn three_500s_on_a_tool_result_post_are_retried_until_it_is_delivered() {
+    let logs = Logs::capture();
     let env = Env::new().await;
     let started = env
         .server
@@ -421,7 +432,6 @@ async fn three_500s_on_a_tool_result_post_are_retried_until_it_is_delivered() {
         json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 500, "times": 3}),
     )
     .await;
-    let logs = Logs::capture();
     let began = Instant::now();
     let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
     eprintln!("item served in {:?}", began.elapsed());
@@ -440,6 +450,7 @@ async fn three_500s_on_a_tool_result_post_are_retried_until_it_is_delivered() {
 
 #[tokio::test]
 async fn the_devserver_answers_409_to_a_second_result_for_one_call() {
+    let _logs = Logs::capture();
     let env = Env::new().await;
     let started = env
         .server
@@ -465,6 +476,7 @@ async fn the_devserver_answers_409_to_a_second_result_for_one_call() {
 
 #[tokio::test]
 async fn a_duplicate_result_answered_409_counts_as_delivered() {
+    let logs = Logs::capture();
     let env = Env::new().await;
     let started = env
         .server
@@ -475,7 +487,6 @@ async fn a_duplicate_result_answered_409_counts_as_delivered() {
     // The first post lands, its answer is lost: the retry meets the result.
     env.fault(json!({"method": "POST", "path": "/v1/sessions/*/events", "drop_response": true, "times": 1}))
         .await;
-    let logs = Logs::capture();
     let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
     assert_eq!(env.report(&started).await["status"], "passed");
     assert!(env.faults_left().await.is_empty());
@@ -493,6 +504,7 @@ async fn a_duplicate_result_answered_409_counts_as_delivered() {
 
 #[tokio::test]
 async fn a_result_that_can_never_be_delivered_ends_the_item_and_frees_the_slot() {
+    let logs = Logs::capture();
     // A 2 s lease TTL makes the send window 2 s (the heartbeat sets it).
     let env = Env::with_ttl(2).await;
     let stuck = env
@@ -518,7 +530,6 @@ async fn a_result_that_can_never_be_delivered_ends_the_item_and_frees_the_slot()
                      "status": 500}),
     )
     .await;
-    let logs = Logs::capture();
     let began = Instant::now();
     let items = drain_within(&env.worker(&stuck), Duration::from_secs(30)).await;
     eprintln!("both items served in {:?}", began.elapsed());
