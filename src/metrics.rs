@@ -259,6 +259,7 @@ impl Metrics {
                     ItemOutcome::Served(RunEnd::Terminated | RunEnd::Idle) => "served",
                     ItemOutcome::Served(RunEnd::Cancelled) => "cancelled",
                     ItemOutcome::Served(RunEnd::Fatal(_)) => "fatal",
+                    ItemOutcome::Served(RunEnd::Undelivered { .. }) => "undelivered",
                     ItemOutcome::NotASession => "not_a_session",
                     ItemOutcome::AlreadyTerminated => "already_terminated",
                     ItemOutcome::Failed(_) => "failed",

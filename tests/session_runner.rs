@@ -437,6 +437,38 @@ async fn a_failed_result_post_is_retried_and_lands_once() {
 }
 
 #[tokio::test]
+async fn a_result_post_keeps_retrying_for_the_send_window_not_a_fixed_count() {
+    // Eight failures in a row, with the backoff shrunk to milliseconds: the
+    // old cap of three attempts would have dropped the result.
+    let server = TestServer::start().await;
+    server
+        .dev(
+            Method::POST,
+            "/dev/faults",
+            Some(json!({"rules": [{"method": "POST", "path": "/v1/sessions/*/events", "status": 500, "times": 8}]})),
+        )
+        .await
+        .ok();
+    let served = serve(
+        &server,
+        json!({"name": "persistent", "steps": [{"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "hi"}}]}),
+        RunnerOptions {
+            post_backoff_start: Duration::from_millis(20),
+            post_backoff_cap: Duration::from_millis(100),
+            ..quick()
+        },
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.run.end, RunEnd::Idle);
+    assert_eq!(
+        (served.run.stats.posted, served.run.stats.post_failures),
+        (1, 0)
+    );
+    assert_eq!(served.results_for(&served.step_id(0)).len(), 1);
+}
+
+#[tokio::test]
 async fn a_permanent_post_error_is_not_retried() {
     let server = TestServer::start().await;
     server
@@ -463,8 +495,7 @@ async fn a_permanent_post_error_is_not_retried() {
             ..quick()
         },
     );
-    let cancel = CancellationToken::new();
-    let run = tokio::spawn(runner.run(cancel.clone()));
+    let run = tokio::spawn(runner.run(CancellationToken::new()));
     let began = std::time::Instant::now();
     while attempts.lock().unwrap().is_empty() {
         assert!(began.elapsed() < Duration::from_secs(10));
@@ -483,8 +514,18 @@ async fn a_permanent_post_error_is_not_retried() {
             posted: false
         }
     );
-    cancel.cancel();
-    assert_eq!(run.await.unwrap().end, RunEnd::Cancelled);
+    // The agent would wait for that result forever: the run ends by itself.
+    let report = tokio::time::timeout(Duration::from_secs(5), run)
+        .await
+        .expect("the run ends")
+        .unwrap();
+    match report.end {
+        RunEnd::Undelivered { tool_use_id, error } => {
+            assert_eq!(tool_use_id, attempts.lock().unwrap()[0].tool_use_id);
+            assert!(error.contains("400"), "{error}");
+        }
+        other => panic!("expected an undelivered result, got {other:?}"),
+    }
 }
 
 /// A tool handler that sleeps past its deadline, and records the order of calls and hooks.

@@ -4,13 +4,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::Stream;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use secrecy::{ExposeSecret, SecretString};
 use serde::de::DeserializeOwned;
+use tracing::warn;
 
 use super::error::{ApiError, Error};
+use super::retry::{RetryHints, RetryPolicy, is_retryable_status};
 use super::types::Page;
 
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
@@ -87,6 +90,7 @@ struct Inner {
     extra_headers: HeaderMap,
     helper: Option<&'static str>,
     request_timeout: Duration,
+    memory_retry: RetryPolicy,
 }
 
 /// Builds a [`Client`].
@@ -98,6 +102,7 @@ pub struct ClientBuilder {
     request_timeout: Duration,
     connect_timeout: Duration,
     http: Option<reqwest::Client>,
+    memory_retry: RetryPolicy,
 }
 
 impl ClientBuilder {
@@ -130,6 +135,13 @@ impl ClientBuilder {
         self
     }
 
+    /// How memory requests retry a transient failure; default
+    /// [`RetryPolicy::default`] (the official SDK's: two retries).
+    pub fn memory_retry(mut self, policy: RetryPolicy) -> Self {
+        self.memory_retry = policy;
+        self
+    }
+
     pub fn build(self) -> Result<Client, Error> {
         let base_url = self.base_url.trim_end_matches('/').to_string();
         let parsed = url::Url::parse(&base_url)
@@ -155,6 +167,7 @@ impl ClientBuilder {
                 extra_headers: self.extra_headers,
                 helper: None,
                 request_timeout: self.request_timeout,
+                memory_retry: self.memory_retry,
             }),
         })
     }
@@ -169,6 +182,7 @@ impl Client {
             request_timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
             http: None,
+            memory_retry: RetryPolicy::default(),
         }
     }
 
@@ -193,6 +207,11 @@ impl Client {
         self.derive(|inner| inner.helper = Some(helper))
     }
 
+    /// The same client with other retry rules for memory requests.
+    pub fn with_memory_retry(&self, policy: RetryPolicy) -> Client {
+        self.derive(|inner| inner.memory_retry = policy)
+    }
+
     fn derive(&self, change: impl FnOnce(&mut Inner)) -> Client {
         let mut inner = Inner {
             http: self.inner.http.clone(),
@@ -201,6 +220,7 @@ impl Client {
             extra_headers: self.inner.extra_headers.clone(),
             helper: self.inner.helper,
             request_timeout: self.inner.request_timeout,
+            memory_retry: self.inner.memory_retry,
         };
         change(&mut inner);
         Client {
@@ -263,14 +283,7 @@ impl Client {
         if response.status().is_success() {
             return Ok(response);
         }
-        let status = response.status().as_u16();
-        let request_id = response
-            .headers()
-            .get("request-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let body = response.bytes().await.unwrap_or_default();
-        Err(Error::Api(ApiError::from_parts(status, request_id, &body)))
+        Err(api_error(response).await)
     }
 
     /// Send and decode a JSON body.
@@ -303,6 +316,98 @@ impl Client {
         response.bytes().await.map_err(Error::Transport)?;
         Ok(())
     }
+
+    /// A memory request: sent, retried per the memory retry policy (see
+    /// [`super::retry`]), and its JSON body decoded.
+    ///
+    /// Safe for uploads and deletes: a retry of an attempt that did land is
+    /// answered 200 (an update whose content already matches) or 409 / 404,
+    /// which the sync's lost-response rules settle. Cancellation-safe: the
+    /// caller's timeout drops this future mid-wait or mid-attempt, and no
+    /// state survives it.
+    pub(crate) async fn memory_json<T: DeserializeOwned>(
+        &self,
+        rb: RequestBuilder,
+    ) -> Result<T, Error> {
+        let body = self.send_retrying(rb, &self.inner.memory_retry).await?;
+        serde_json::from_str(utf8(&body)?).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// Send until a success, a failure not worth retrying, or the policy's
+    /// last retry; the whole body of the success. Each attempt reads the body
+    /// too, so an answer cut short is retried like a dropped connection.
+    async fn send_retrying(
+        &self,
+        rb: RequestBuilder,
+        policy: &RetryPolicy,
+    ) -> Result<Bytes, Error> {
+        let mut retries = 0u32;
+        loop {
+            // The last attempt sends the original; so does a streamed body,
+            // which cannot be sent twice.
+            let copy = if retries < policy.max_retries {
+                rb.try_clone()
+            } else {
+                None
+            };
+            let Some(copy) = copy else {
+                return attempt(rb, retries).await.map_err(|(e, _)| e);
+            };
+            let (error, hints) = match attempt(copy, retries).await {
+                Ok(body) => return Ok(body),
+                Err(failed) => failed,
+            };
+            let retryable = match &error {
+                Error::Api(e) => is_retryable_status(e.status, &e.kind, &hints),
+                Error::Transport(_) => hints.should_retry != Some(false),
+                Error::Decode(_) | Error::Config(_) => false,
+            };
+            if !retryable {
+                return Err(error);
+            }
+            let wait = policy.delay(retries, hints.retry_after);
+            retries += 1;
+            warn!(
+                attempt = retries,
+                max_retries = policy.max_retries,
+                backoff_ms = wait.as_millis() as u64,
+                server_asked_ms = hints.retry_after.map(|d| d.as_millis() as u64),
+                error = %error,
+                "memory request failed; retrying"
+            );
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// One attempt, body included; a failure comes with what its answer said
+/// about retrying.
+async fn attempt(rb: RequestBuilder, retries: u32) -> Result<Bytes, (Error, RetryHints)> {
+    let response = rb
+        .header("x-stainless-retry-count", retries)
+        .send()
+        .await
+        .map_err(|e| (Error::Transport(e), RetryHints::default()))?;
+    if response.status().is_success() {
+        return response
+            .bytes()
+            .await
+            .map_err(|e| (Error::Transport(e), RetryHints::default()));
+    }
+    let hints = RetryHints::from_headers(response.headers());
+    Err((api_error(response).await, hints))
+}
+
+/// The error of a non-success answer.
+async fn api_error(response: reqwest::Response) -> Error {
+    let status = response.status().as_u16();
+    let request_id = response
+        .headers()
+        .get("request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = response.bytes().await.unwrap_or_default();
+    Error::Api(ApiError::from_parts(status, request_id, &body))
 }
 
 /// A response body as text. Validating the UTF-8 once, up front, spares the

@@ -1,4 +1,8 @@
 //! Memory store endpoints: stores, memories, memory versions.
+//!
+//! Every call but a store's creation retries a transient failure (5xx,
+//! 408, 409 lock, 429, a dropped connection) with the client's memory retry
+//! policy, as the official SDK's client does: see [`super::retry`].
 
 use futures::Stream;
 use reqwest::Method;
@@ -54,6 +58,7 @@ impl MemoryStores<'_> {
         format!("/v1/memory_stores/{}", seg(id))
     }
 
+    /// Sent once: a retry after a lost answer would make a second store.
     pub async fn create(&self, params: &CreateMemoryStore) -> Result<MemoryStore, Error> {
         let rb = self
             .client
@@ -66,7 +71,7 @@ impl MemoryStores<'_> {
         let rb = self
             .client
             .request(Method::GET, ApiFamily::Memory, &Self::path(id));
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     pub async fn update(&self, id: &str, params: &UpdateMemoryStore) -> Result<MemoryStore, Error> {
@@ -74,20 +79,20 @@ impl MemoryStores<'_> {
             .client
             .request(Method::POST, ApiFamily::Memory, &Self::path(id))
             .json(params);
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     pub async fn archive(&self, id: &str) -> Result<MemoryStore, Error> {
         let path = format!("{}/archive", Self::path(id));
         let rb = self.client.request(Method::POST, ApiFamily::Memory, &path);
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     pub async fn delete(&self, id: &str) -> Result<DeletedMemoryStore, Error> {
         let rb = self
             .client
             .request(Method::DELETE, ApiFamily::Memory, &Self::path(id));
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     pub async fn list(&self, params: &ListMemoryStores) -> Result<Page<MemoryStore>, Error> {
@@ -101,7 +106,7 @@ impl MemoryStores<'_> {
             .client
             .request(Method::GET, ApiFamily::Memory, "/v1/memory_stores")
             .query(query.pairs());
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     /// Every store matching `params`, page after page.
@@ -136,7 +141,7 @@ impl Memories<'_> {
             .request(Method::POST, ApiFamily::Memory, &self.base())
             .query(query.pairs())
             .json(params);
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     /// Retrieve a memory, with content unless `view` is `basic`.
@@ -146,7 +151,7 @@ impl Memories<'_> {
             .client
             .request(Method::GET, ApiFamily::Memory, &self.one(id))
             .query(query.pairs());
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     /// Update content and/or path, optionally guarded by a precondition.
@@ -162,7 +167,7 @@ impl Memories<'_> {
             .request(Method::POST, ApiFamily::Memory, &self.one(id))
             .query(query.pairs())
             .json(params);
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     /// Delete a memory, only if its content still hashes to `expected_content_sha256`.
@@ -176,7 +181,7 @@ impl Memories<'_> {
             .client
             .request(Method::DELETE, ApiFamily::Memory, &self.one(id))
             .query(query.pairs());
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     pub async fn list(&self, params: &ListMemories) -> Result<Page<MemoryListItem>, Error> {
@@ -190,7 +195,7 @@ impl Memories<'_> {
             .client
             .request(Method::GET, ApiFamily::Memory, &self.base())
             .query(query.pairs());
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     /// One `basic` page decoded as an index (id, path, hash) — what a sync needs.
@@ -207,7 +212,7 @@ impl Memories<'_> {
             .client
             .request(Method::GET, ApiFamily::Memory, &self.base())
             .query(query.pairs());
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     /// Every item of the listing, page after page.
@@ -246,7 +251,7 @@ impl MemoryVersions<'_> {
             .client
             .request(Method::GET, ApiFamily::Memory, &self.base())
             .query(query.pairs());
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     /// Every version matching `params`, newest first, page after page.
@@ -270,12 +275,12 @@ impl MemoryVersions<'_> {
             .client
             .request(Method::GET, ApiFamily::Memory, &path)
             .query(query.pairs());
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 
     pub async fn redact(&self, id: &str) -> Result<MemoryVersion, Error> {
         let path = format!("{}/{}/redact", self.base(), seg(id));
         let rb = self.client.request(Method::POST, ApiFamily::Memory, &path);
-        self.client.json(rb).await
+        self.client.memory_json(rb).await
     }
 }

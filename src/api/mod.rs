@@ -12,6 +12,7 @@
 mod client;
 pub mod error;
 mod memory;
+pub mod retry;
 mod sessions;
 mod skills;
 pub mod types;
@@ -23,6 +24,7 @@ pub use client::{
 };
 pub use error::{ApiError, Error, is_permanent_status};
 pub use memory::{Memories, MemoryStores, MemoryVersions};
+pub use retry::RetryPolicy;
 pub use sessions::Sessions;
 pub use skills::{DownloadError, Skills};
 pub use work::{NO_HEARTBEAT, WorkQueue};

@@ -8,15 +8,18 @@
 //! `latency_ms`, `status`, `rate` (0–1, default 1), `drop` (`true`) and
 //! `times` (apply to this many matching requests, then stop). For example
 //! `POST /v1/memory_stores/*/memories/*:status=503,rate=0.5` or
-//! `*:latency_ms=5`.
+//! `*:latency_ms=5`. Through `POST /dev/faults` a rule may also carry
+//! `headers` (e.g. `{"retry-after-ms": "1500"}`) added to its injected error
+//! answer, to exercise a client's `retry-after` and `x-should-retry` handling.
 
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use rand::RngExt;
@@ -50,6 +53,9 @@ pub struct FaultRule {
     /// Matching requests left before the rule retires; unlimited when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub times: Option<u64>,
+    /// Headers added to the injected error answer (`retry-after`, `x-should-retry`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
 }
 
 fn one() -> f64 {
@@ -76,6 +82,7 @@ impl FaultRule {
             drop_response: false,
             rate: 1.0,
             times: None,
+            headers: BTreeMap::new(),
         };
         for option in options.split(',').filter(|o| !o.trim().is_empty()) {
             let (key, value) = option
@@ -106,6 +113,16 @@ impl FaultRule {
         }
         if !self.path.starts_with('/') && self.path != "*" {
             return Err("path must start with / (or be *)".into());
+        }
+        if !self.headers.is_empty() && self.status.is_none() {
+            return Err("headers go with an injected status".into());
+        }
+        for (name, value) in &self.headers {
+            if HeaderName::from_bytes(name.as_bytes()).is_err()
+                || HeaderValue::from_str(value).is_err()
+            {
+                return Err(format!("header {name:?} is not a valid HTTP header"));
+            }
         }
         Ok(())
     }
@@ -152,6 +169,8 @@ pub struct Faults {
 struct Decision {
     latency: Duration,
     status: Option<u16>,
+    /// The headers of the rule whose status applies.
+    headers: BTreeMap<String, String>,
     drop_response: bool,
 }
 
@@ -191,6 +210,9 @@ impl Faults {
             decision.latency += Duration::from_millis(rule.latency_ms);
             let hit = rule.rate >= 1.0 || rng.random::<f64>() < rule.rate;
             if hit {
+                if decision.status.is_none() && rule.status.is_some() {
+                    decision.headers = rule.headers.clone();
+                }
                 decision.status = decision.status.or(rule.status);
                 decision.drop_response |= rule.drop_response;
             }
@@ -226,8 +248,18 @@ pub async fn inject(State(state): State<AppState>, request: Request, next: Next)
     }
     if let Some(status) = decision.status {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return HttpError::new(status, error_kind(status.as_u16()), "injected fault")
-            .into_response();
+        let mut response =
+            HttpError::new(status, error_kind(status.as_u16()), "injected fault").into_response();
+        for (name, value) in decision.headers {
+            // Checked when the rule was added.
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(&value),
+            ) {
+                response.headers_mut().insert(name, value);
+            }
+        }
+        return response;
     }
     let response = next.run(request).await;
     if decision.drop_response {
@@ -331,5 +363,29 @@ mod tests {
         assert_eq!(second.status, None);
         assert_eq!(faults.rules().len(), 2);
         assert_eq!(faults.decide("POST", "/b").status, None);
+    }
+
+    #[test]
+    fn headers_ride_on_the_injected_status_only() {
+        let rule = |v: Value| serde_json::from_value::<FaultRule>(v).unwrap();
+        let faults = Faults::new(vec![rule(json!({
+            "method": "GET", "path": "/a", "status": 429, "times": 1,
+            "headers": {"retry-after-ms": "1500"}
+        }))]);
+        let first = faults.decide("GET", "/a");
+        assert_eq!(first.status, Some(429));
+        assert_eq!(first.headers["retry-after-ms"], "1500");
+        assert!(faults.decide("GET", "/a").headers.is_empty());
+        assert!(
+            rule(json!({"path": "/a", "latency_ms": 1, "headers": {"retry-after": "1"}}))
+                .check()
+                .is_err(),
+            "headers without a status"
+        );
+        assert!(
+            rule(json!({"path": "/a", "status": 500, "headers": {"bad name": "1"}}))
+                .check()
+                .is_err()
+        );
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! It opens the event stream first, then reads the whole history (ascending)
 //! and reconciles: every tool call without a result is dispatched, so an
-//! event emitted between the two reads is never lost and a call whose result
-//! post failed is retried after a reconnect. Event ids are deduplicated
+//! event emitted between the two reads is never lost and a call left
+//! unanswered by an earlier run is answered now. Event ids are deduplicated
 //! across the two. On a disconnect it reconnects with jittered backoff
 //! (0.5 s doubling to 10 s, reset once a connection stayed up 5 s); a
 //! permanent 4xx ends the run.
@@ -14,14 +14,18 @@
 //! server already denied) never runs and nothing is posted. A tool this
 //! worker does not serve is left unanswered for its owner. The answer is a
 //! `user.tool_result` (`user.custom_tool_result` for a custom tool), posted
-//! with retries; then the caller's hook runs (the memory sync), and only
-//! then the next call — so a call never sees files older than the previous
-//! call's sync.
+//! with retries for as long as the send window allows (the lease's TTL, set
+//! on every heartbeat); then the caller's hook runs (the memory sync), and
+//! only then the next call — so a call never sees files older than the
+//! previous call's sync. A `409` saying the call already has a result (the
+//! answer to an attempt that landed was lost) counts as delivered.
 //!
 //! The run ends on `session.status_terminated` / `session.deleted`, after
-//! `max_idle` of idle following a turn that ended, on a permanent error, or
-//! when the caller cancels (lease lost, stop, shutdown) — which drops the
-//! call in flight (the shell is killed) and returns at once.
+//! `max_idle` of idle following a turn that ended, on a permanent error, when
+//! a result cannot be delivered (refused, or the window ran out: the agent
+//! would wait for it forever, so the slot is given back), or when the caller
+//! cancels (lease lost, stop, shutdown) — which drops the call in flight (the
+//! shell is killed) and returns at once.
 
 pub mod idle;
 
@@ -55,7 +59,10 @@ pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_MAX_IDLE: Duration = Duration::from_secs(60);
 /// How long a failing result post keeps retrying when the worker gives no lease TTL.
 pub const DEFAULT_SEND_WINDOW: Duration = Duration::from_secs(300);
-pub const POST_ATTEMPTS: u32 = 3;
+/// The wait after a result post's first failed attempt; it doubles each time.
+pub const POST_BACKOFF_START: Duration = Duration::from_secs(1);
+/// The longest wait between two result post attempts.
+pub const POST_BACKOFF_CAP: Duration = Duration::from_secs(30);
 pub const POST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long an ending run waits for the call in flight.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -94,8 +101,11 @@ pub struct RunnerOptions {
     pub max_idle: Option<Duration>,
     /// The bound of one tool call; an error result says it timed out.
     pub tool_timeout: Duration,
+    /// How long a failing result post keeps retrying (the worker keeps it at the lease TTL).
     pub send_window: SendWindow,
-    pub post_attempts: u32,
+    /// The first wait between result post attempts (doubling, up to `post_backoff_cap`).
+    pub post_backoff_start: Duration,
+    pub post_backoff_cap: Duration,
     pub after_call: Option<AfterCall>,
     pub observer: Option<Observer>,
 }
@@ -106,7 +116,8 @@ impl Default for RunnerOptions {
             max_idle: Some(DEFAULT_MAX_IDLE),
             tool_timeout: DEFAULT_TOOL_TIMEOUT,
             send_window: SendWindow::default(),
-            post_attempts: POST_ATTEMPTS,
+            post_backoff_start: POST_BACKOFF_START,
+            post_backoff_cap: POST_BACKOFF_CAP,
             after_call: None,
             observer: None,
         }
@@ -124,12 +135,21 @@ pub enum RunEnd {
     Cancelled,
     /// A permanent error (401, 403, 404 …) on the event stream.
     Fatal(String),
+    /// A tool result could not be delivered: the API refused it for good, or
+    /// it kept failing for the whole send window. The agent would wait for
+    /// it forever, so the run ends and the worker lets the item go (final
+    /// sync, flush, stop) instead of holding its slot.
+    Undelivered { tool_use_id: String, error: String },
 }
 
 impl RunEnd {
-    /// A clean end: the session is done with this worker for now.
+    /// A clean end: the session is done with this worker for now, and its
+    /// memory gets a final sync.
     pub fn is_clean(&self) -> bool {
-        matches!(self, RunEnd::Terminated | RunEnd::Idle)
+        matches!(
+            self,
+            RunEnd::Terminated | RunEnd::Idle | RunEnd::Undelivered { .. }
+        )
     }
 }
 
@@ -297,7 +317,9 @@ struct State {
     stats: RunStats,
 }
 
-type InFlight = BoxFuture<'static, (Call, bool, CallRecord)>;
+/// One call run, answered and synced; the error when its result could not be delivered.
+type Done = (Call, bool, CallRecord, Option<String>);
+type InFlight = BoxFuture<'static, Done>;
 
 impl SessionRunner {
     /// `client` carries the credential for the session's endpoints (the
@@ -345,7 +367,9 @@ impl SessionRunner {
                 _ = cancel.cancelled() => break RunEnd::Cancelled,
                 done = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
                     in_flight = None;
-                    self.finish_call(&mut st, done);
+                    if let Some(end) = self.finish_call(&mut st, done) {
+                        break end;
+                    }
                 }
                 msg = feed.recv() => match msg {
                     None => break RunEnd::Fatal("the event stream task ended".into()),
@@ -381,7 +405,10 @@ impl SessionRunner {
         if let Some(call) = in_flight.take() {
             if matches!(end, RunEnd::Idle | RunEnd::Fatal(_)) {
                 match tokio::time::timeout(DRAIN_TIMEOUT, call).await {
-                    Ok(done) => self.finish_call(&mut st, done),
+                    Ok(done) => {
+                        // Ending anyway: an undelivered result changes nothing.
+                        let _ = self.finish_call(&mut st, done);
+                    }
                     Err(_) => {
                         warn!(session_id = %self.session_id, "the tool call in flight did not finish within {}s; dropping it", DRAIN_TIMEOUT.as_secs())
                     }
@@ -636,7 +663,10 @@ impl SessionRunner {
         let session_id = self.session_id.clone();
         let timeout = self.options.tool_timeout;
         let window = self.options.send_window.clone();
-        let attempts = self.options.post_attempts.max(1);
+        let backoff = (
+            self.options.post_backoff_start,
+            self.options.post_backoff_cap,
+        );
         let hook = self.options.after_call.clone();
         let observer = self.options.observer.clone();
         async move {
@@ -682,7 +712,8 @@ impl SessionRunner {
                 "tool call finished"
             );
             let event = call.result(content, is_error);
-            let posted = post_result(&client, &session_id, &call.id, event, attempts, &window).await;
+            let delivery = post_result(&client, &session_id, &call.id, event, backoff, &window).await;
+            let posted = delivery.is_ok();
             let record = CallRecord {
                 tool_use_id: call.id.clone(),
                 name: call.name.clone(),
@@ -698,12 +729,17 @@ impl SessionRunner {
             if let Some(hook) = hook {
                 hook().await;
             }
-            (call, allowed, record)
+            (call, allowed, record, delivery.err())
         }
         .boxed()
     }
 
-    fn finish_call(&self, st: &mut State, (call, allowed, record): (Call, bool, CallRecord)) {
+    /// Count a finished call; the run's end when its result was not delivered.
+    fn finish_call(
+        &self,
+        st: &mut State,
+        (call, allowed, record, undelivered): Done,
+    ) -> Option<RunEnd> {
         if let CallOutcome::Answered { is_error, posted } = record.outcome {
             st.stats.executed += 1;
             st.stats.errors += is_error as usize;
@@ -717,6 +753,10 @@ impl SessionRunner {
         if allowed {
             st.clock.release();
         }
+        undelivered.map(|error| RunEnd::Undelivered {
+            tool_use_id: call.id,
+            error,
+        })
     }
 }
 
@@ -727,20 +767,25 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Post one result: up to `attempts` tries, each bounded, with 1 s, 2 s, …
-/// (jittered) between them, never past the send window; a permanent 4xx
-/// stops at once. `true` once the session has it.
+/// Post one result, retrying every failure but a permanent refusal with
+/// jittered backoff (`start` doubling to `cap`) for as long as the send
+/// window allows; each attempt is bounded. `Ok` once the session has the
+/// result — including a `409` saying it already had it, the answer to a
+/// retry of an attempt that landed. `Err` (logged here, once) when it cannot
+/// be delivered.
 async fn post_result(
     client: &Client,
     session_id: &str,
     tool_use_id: &str,
     event: SessionEvent,
-    attempts: u32,
+    (start, cap): (Duration, Duration),
     window: &SendWindow,
-) -> bool {
+) -> Result<(), String> {
     let started = Instant::now();
-    let mut last: Option<String> = None;
-    for attempt in 1..=attempts {
+    let mut backoff = start;
+    let mut attempt = 0u32;
+    let failure = loop {
+        attempt += 1;
         let sent = tokio::time::timeout(
             POST_ATTEMPT_TIMEOUT,
             client
@@ -749,39 +794,43 @@ async fn post_result(
         )
         .await;
         let err = match sent {
-            Ok(Ok(_)) => return true,
-            Ok(Err(e)) => {
-                let permanent = e.is_permanent();
-                last = Some(e.to_string());
-                if permanent {
-                    break;
-                }
-                e.to_string()
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) if already_answered(&e) => {
+                info!(session_id = %session_id, tool_use_id = %tool_use_id, attempt, "tool result was already delivered (409: the call has a result); counting it as delivered");
+                return Ok(());
             }
-            Err(_) => {
-                last = Some(format!(
-                    "no answer within {}s",
-                    POST_ATTEMPT_TIMEOUT.as_secs()
-                ));
-                last.clone().unwrap_or_default()
-            }
+            Ok(Err(e)) if e.is_permanent() && !is_conflict(&e) => break e.to_string(),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer within {}s", POST_ATTEMPT_TIMEOUT.as_secs()),
         };
-        if attempt == attempts {
-            break;
-        }
         let remaining = window.get().saturating_sub(started.elapsed());
         if remaining.is_zero() {
-            break;
+            break format!(
+                "{err} (still failing after {attempt} attempts over {:.1}s, the send window)",
+                started.elapsed().as_secs_f64()
+            );
         }
-        let base = Duration::from_secs(1 << (attempt - 1).min(5)).min(Duration::from_secs(30));
-        let wait = base
+        let wait = backoff
             .mul_f64(rand::rng().random_range(0.5..=1.0))
             .min(remaining);
         warn!(session_id = %session_id, tool_use_id = %tool_use_id, attempt, backoff_ms = wait.as_millis() as u64, error = %err, "tool result send failed; retrying");
         tokio::time::sleep(wait).await;
-    }
-    error!(session_id = %session_id, tool_use_id = %tool_use_id, error = last.as_deref().unwrap_or("unknown"), "failed to send tool result");
-    false
+        backoff = backoff.saturating_mul(2).min(cap);
+    };
+    error!(session_id = %session_id, tool_use_id = %tool_use_id, attempts = attempt, error = %failure, "failed to send tool result; ending the session's work item so its slot is not held");
+    Err(failure)
+}
+
+fn is_conflict(e: &Error) -> bool {
+    e.status() == Some(409)
+}
+
+/// A `409` on a result post that says the call already has a result.
+/// Another `409` (a lock timeout) is retried like a transient failure.
+fn already_answered(e: &Error) -> bool {
+    e.api().is_some_and(|api| {
+        api.status == 409 && api.message.to_ascii_lowercase().contains("already")
+    })
 }
 
 /// Keep the event stream open: connect, read the history, forward live
