@@ -100,7 +100,11 @@ pub fn open_beneath<Fd: AsFd>(dirfd: Fd, comps: &[&str], flags: OFlags) -> Resul
 
 /// The fallback: each directory opened `O_NOFOLLOW | O_DIRECTORY` from its
 /// parent's fd, then the leaf with `O_NOFOLLOW`.
-fn walk(dirfd: std::os::fd::BorrowedFd<'_>, comps: &[&str], flags: OFlags) -> Result<OwnedFd, Errno> {
+fn walk(
+    dirfd: std::os::fd::BorrowedFd<'_>,
+    comps: &[&str],
+    flags: OFlags,
+) -> Result<OwnedFd, Errno> {
     let (last, dirs) = comps.split_last().ok_or(Errno::INVAL)?;
     let mut current: Option<OwnedFd> = None;
     for dir in dirs {
@@ -111,14 +115,16 @@ fn walk(dirfd: std::os::fd::BorrowedFd<'_>, comps: &[&str], flags: OFlags) -> Re
         current = Some(next);
     }
     let parent = current.as_ref().map_or(dirfd, |fd| fd.as_fd());
-    rustix::fs::openat(parent, *last, flags, Mode::empty()).map_err(|e| symlink_errno(parent, last, e))
+    rustix::fs::openat(parent, *last, flags, Mode::empty())
+        .map_err(|e| symlink_errno(parent, last, e))
 }
 
 /// Open the directory `name` in `parent`, never through a symlink: a
 /// symlink answers `ELOOP` (whatever `O_DIRECTORY` said first).
 pub fn open_dir_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<OwnedFd, Errno> {
     let parent = parent.as_fd();
-    rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty()).map_err(|e| symlink_errno(parent, name, e))
+    rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty())
+        .map_err(|e| symlink_errno(parent, name, e))
 }
 
 /// `ENOTDIR` from a no-follow open of a symlink reads as `ELOOP`, so every
@@ -214,7 +220,12 @@ mod tests {
         symlink("/proc/self", t.path().join("in/proc")).unwrap();
         let fd = root(&t.path().join("in"));
         // The walk, forced, and the kernel's own resolution (when present).
-        for comps in [&["link", "s"][..], &["leaf"], &["proc", "environ"], &["link"]] {
+        for comps in [
+            &["link", "s"][..],
+            &["leaf"],
+            &["proc", "environ"],
+            &["link"],
+        ] {
             assert_eq!(
                 walk(fd.as_fd(), comps, OFlags::RDONLY | OFlags::NOFOLLOW).unwrap_err(),
                 Errno::LOOP,

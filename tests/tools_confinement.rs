@@ -111,7 +111,8 @@ async fn a_store_folder_replaced_by_a_symlink_to_proc_self_leaks_no_environment(
     // The agent's shell: rm -rf the store folder, ln -s /proc/self in its place.
     t.replace_with_symlink("mem", Path::new("/proc/self"));
     let environ = std::fs::read("/proc/self/environ").unwrap();
-    let first_var = String::from_utf8_lossy(environ.split(|b| *b == 0).next().unwrap()).into_owned();
+    let first_var =
+        String::from_utf8_lossy(environ.split(|b| *b == 0).next().unwrap()).into_owned();
     assert!(!first_var.is_empty(), "the test process has an environment");
     for (tool, input) in [
         ("read", json!({"file_path": t.s("mem/environ")})),
@@ -225,7 +226,10 @@ async fn a_root_renamed_away_and_recreated_answers_a_clear_error() {
         )
     );
     let err = t
-        .call("write", json!({"file_path": t.s("mem/n.md"), "content": "x"}))
+        .call(
+            "write",
+            json!({"file_path": t.s("mem/n.md"), "content": "x"}),
+        )
         .await
         .unwrap_err();
     assert!(err.starts_with("write: the directory"), "{err}");
@@ -317,7 +321,8 @@ async fn race(attempts: u64) -> u64 {
             Ok(t) | Err(t) => t,
         };
         // glob lists names only: a listing of `outside` lacks `inside.txt`.
-        let leaked = text.contains(SECRET) || (tool == "glob" && answer.is_ok() && !text.contains("inside.txt"));
+        let leaked = text.contains(SECRET)
+            || (tool == "glob" && answer.is_ok() && !text.contains("inside.txt"));
         if leaked {
             leaks += 1;
         }

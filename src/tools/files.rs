@@ -74,7 +74,11 @@ fn read_capped(file: &mut File, size_hint: u64, limit: u64) -> io::Result<Result
     let mut bytes = Vec::with_capacity(size_hint.min(limit) as usize + 1);
     file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
     let got = bytes.len() as u64;
-    Ok(if got > limit { Err(got.max(size_hint)) } else { Ok(bytes) })
+    Ok(if got > limit {
+        Err(got.max(size_hint))
+    } else {
+        Ok(bytes)
+    })
 }
 
 #[derive(Deserialize)]
@@ -152,18 +156,18 @@ pub fn read(
     }
     let bytes = match max_bytes {
         // Bounded even if the file grew since `fstat`.
-        Some(limit) => match read_capped(&mut file, size, limit)
-            .map_err(|e| fs_error("read", p, &e))?
-        {
-            Ok(bytes) => bytes,
-            Err(grown) => {
-                let Some((start, end)) = range else {
-                    return Err(too_large(grown, limit));
-                };
-                let (file, _) = open_regular("read", &target, p)?;
-                return read_line_range(file, p, start, end, limit);
+        Some(limit) => {
+            match read_capped(&mut file, size, limit).map_err(|e| fs_error("read", p, &e))? {
+                Ok(bytes) => bytes,
+                Err(grown) => {
+                    let Some((start, end)) = range else {
+                        return Err(too_large(grown, limit));
+                    };
+                    let (file, _) = open_regular("read", &target, p)?;
+                    return read_line_range(file, p, start, end, limit);
+                }
             }
-        },
+        }
         None => {
             let mut bytes = Vec::with_capacity(size as usize);
             file.read_to_end(&mut bytes)

@@ -183,7 +183,11 @@ impl PathPolicy {
         };
         let workdir = absolute(workdir);
         let mut roots = vec![Root::open(workdir.clone(), true)];
-        roots.extend(keep(allowed_roots).into_iter().map(|r| Root::open(r, false)));
+        roots.extend(
+            keep(allowed_roots)
+                .into_iter()
+                .map(|r| Root::open(r, false)),
+        );
         // Longest first; the workdir wins a tie (it is listed first).
         roots.sort_by_key(|r| std::cmp::Reverse(r.path.components().count()));
         let read_only = keep(read_only_roots)
@@ -335,13 +339,17 @@ impl Target<'_> {
         let Some((leaf, dirs)) = self.comps.split_last() else {
             return Err(self.error(op, Errno::ISDIR));
         };
-        let mut current =
-            fsx::open_beneath(&self.opened.base, &[], fsx::DIR_FLAGS).map_err(|e| self.error(op, e))?;
+        let mut current = fsx::open_beneath(&self.opened.base, &[], fsx::DIR_FLAGS)
+            .map_err(|e| self.error(op, e))?;
         self.refuse_read_only(op, self.opened.id)?;
         for dir in dirs {
             let next = match fsx::open_dir_at(&current, dir) {
                 Err(Errno::NOENT) if create => {
-                    match rustix::fs::mkdirat(&current, dir.as_str(), Mode::from_raw_mode(NEW_DIR_MODE)) {
+                    match rustix::fs::mkdirat(
+                        &current,
+                        dir.as_str(),
+                        Mode::from_raw_mode(NEW_DIR_MODE),
+                    ) {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(self.error(op, e)),
                     }

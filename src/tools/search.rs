@@ -54,7 +54,11 @@ struct Pending {
 /// Walk the directory `root` depth-first in name order without following
 /// symlinks, calling `visit` for every non-directory entry until it returns
 /// `false`, the entry budget is spent or the deadline passes (`Err(())`).
-fn walk(root: OwnedFd, deadline: Instant, mut visit: impl FnMut(Entry<'_>) -> bool) -> Result<(), ()> {
+fn walk(
+    root: OwnedFd,
+    deadline: Instant,
+    mut visit: impl FnMut(Entry<'_>) -> bool,
+) -> Result<(), ()> {
     let mut stack: Vec<Pending> = Vec::new();
     let mut seen = 0usize;
     let mut next: Option<(OwnedFd, PathBuf)> = Some((root, PathBuf::new()));
@@ -64,7 +68,12 @@ fn walk(root: OwnedFd, deadline: Instant, mut visit: impl FnMut(Entry<'_>) -> bo
             None => {
                 let Some(p) = stack.pop() else { return Ok(()) };
                 // A directory swapped for a symlink (or removed) since it was listed: skipped.
-                match rustix::fs::openat(&*p.parent, p.name.as_c_str(), fsx::DIR_FLAGS, Mode::empty()) {
+                match rustix::fs::openat(
+                    &*p.parent,
+                    p.name.as_c_str(),
+                    fsx::DIR_FLAGS,
+                    Mode::empty(),
+                ) {
                     Ok(fd) => (fd, p.rel),
                     Err(_) => continue,
                 }
@@ -90,7 +99,8 @@ fn walk(root: OwnedFd, deadline: Instant, mut visit: impl FnMut(Entry<'_>) -> bo
             if seen.is_multiple_of(256) && Instant::now() >= deadline {
                 return Err(());
             }
-            let Ok(stat) = rustix::fs::statat(&*dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) else {
+            let Ok(stat) = rustix::fs::statat(&*dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            else {
                 continue;
             };
             let rel = rel_dir.join(OsStr::from_bytes(name.as_bytes()));
@@ -243,7 +253,9 @@ fn grep_at(rx: &regex::Regex, dir: &OwnedFd, name: &CStr, shown: &Path, hits: &m
 
 /// Search an open file, if it is a regular one.
 fn grep_fd(rx: &regex::Regex, fd: OwnedFd, path: &Path, hits: &mut Hits) -> bool {
-    if !rustix::fs::fstat(&fd).is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile) {
+    if !rustix::fs::fstat(&fd)
+        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+    {
         return true;
     }
     let mut file = std::fs::File::from(fd);
