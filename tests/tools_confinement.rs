@@ -354,3 +354,29 @@ async fn race_a_rename_exchange_loop_never_yields_an_outside_byte() {
         "leaks out of {attempts} attempts (openat2, walk)"
     );
 }
+
+#[tokio::test]
+async fn skill_cleanup_never_follows_a_skills_dir_replaced_by_a_symlink() {
+    let t = Tree::new();
+    // What download_session_skills installed, then the agent's shell:
+    // mv skills away, ln -s <outside> skills, where outside/pdf is not ours.
+    std::fs::create_dir_all(t.p("work/skills/pdf/scripts")).unwrap();
+    std::fs::write(t.p("work/skills/pdf/scripts/run.sh"), "x").unwrap();
+    std::fs::create_dir_all(t.p("outside/pdf")).unwrap();
+    std::fs::write(t.p("outside/pdf/keep.txt"), SECRET).unwrap();
+    let installed = vec![t.p("work/skills/pdf")];
+    std::fs::rename(t.p("work/skills"), t.p("work/skills-moved")).unwrap();
+    symlink(t.p("outside"), t.p("work/skills")).unwrap();
+    envworker::tools::skills::remove_skills(&installed).await;
+    assert!(
+        t.p("outside/pdf/keep.txt").exists(),
+        "removed outside files"
+    );
+    // Without the swap, the skill goes (symlinks inside it are unlinked, not followed).
+    std::fs::remove_file(t.p("work/skills")).unwrap();
+    std::fs::rename(t.p("work/skills-moved"), t.p("work/skills")).unwrap();
+    symlink(t.p("outside"), t.p("work/skills/pdf/escape")).unwrap();
+    envworker::tools::skills::remove_skills(&installed).await;
+    assert!(!t.p("work/skills/pdf").exists());
+    assert!(t.p("outside/pdf/keep.txt").exists());
+}
