@@ -30,7 +30,8 @@ fn exchange(a: &str, b: &str, forever: bool) -> String {
     } else {
         316
     };
-    let body = format!("syscall({nr}, -100, $ARGV[0], -100, $ARGV[1], 2) == 0 or die \"renameat2: $!\"");
+    let body =
+        format!("syscall({nr}, -100, $ARGV[0], -100, $ARGV[1], 2) == 0 or die \"renameat2: $!\"");
     let body = if forever {
         format!("while (1) {{ {body} }}")
     } else {
@@ -70,6 +71,20 @@ fn scenario(outside: &str, ctl: &str, steps: usize) -> Value {
     })
 }
 
+/// The `poll` child, stopped (SIGTERM, then waited) however the test ends.
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rename_exchange_loop_in_the_agents_shell_leaks_nothing_through_the_real_binary() {
     let steps = std::env::var("ENVWORKER_E2E_RACE_STEPS")
@@ -94,7 +109,7 @@ async fn a_rename_exchange_loop_in_the_agents_shell_leaks_nothing_through_the_re
         ))
         .await;
     let command = format!(
-        "exec {bin} run --max-idle 1s --memory-sync-interval 1s --workdir {d}",
+        "exec {bin} run --max-idle 1s --memory-sync-interval 5s --workdir {d}",
         d = work.path().display(),
         bin = env!("CARGO_BIN_EXE_envworker"),
     );
@@ -113,16 +128,13 @@ async fn a_rename_exchange_loop_in_the_agents_shell_leaks_nothing_through_the_re
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut poll = KillOnDrop(Some(poll));
+    let logs = common::process::collect_stderr(poll.0.as_mut().unwrap());
     let report = server
         .final_report(&started.session_id, Duration::from_secs(120))
         .await;
-    let _ = Command::new("kill")
-        .args(["-TERM", &poll.id().to_string()])
-        .status();
-    let out = tokio::task::spawn_blocking(move || poll.wait_with_output().unwrap())
-        .await
-        .unwrap();
-    let logs = String::from_utf8_lossy(&out.stderr).into_owned();
+    drop(poll);
+    let logs = logs.lock().unwrap().clone();
 
     let results = report["steps"].as_array().expect("steps in the report");
     let racing = &results[1..results.len() - 1];
