@@ -2,67 +2,16 @@
 //! the official SDKs have them, the path policy (the Go SDK's tests by
 //! name), and the shell's lifecycle.
 
+mod common;
+
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use envworker::tools::{ToolContext, ToolError, ToolOutput, Toolset, scrub};
-use serde_json::{Value, json};
+use common::toolbox::{T, write};
+use envworker::tools::{ToolError, ToolOutput, scrub};
+use serde_json::json;
 use tokio::time::Instant;
-
-struct T {
-    dir: tempfile::TempDir,
-    tools: Toolset,
-}
-
-impl T {
-    fn new() -> T {
-        T::with(|_| {})
-    }
-
-    /// A toolset over `<tmp>/work`, with `<tmp>/mem` (read-write) and
-    /// `<tmp>/kb` (read-only) as extra roots, after `tweak`.
-    fn with(tweak: impl FnOnce(&mut ToolContext)) -> T {
-        let dir = tempfile::tempdir().unwrap();
-        for d in ["work", "mem", "kb", "outside"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        let mut ctx = ToolContext::new(dir.path().join("work"));
-        ctx.allowed_roots = vec![dir.path().join("mem"), dir.path().join("kb")];
-        ctx.read_only_roots = vec![dir.path().join("kb")];
-        ctx.bash_env = vec![("PATH".into(), "/usr/bin:/bin".into())];
-        tweak(&mut ctx);
-        T {
-            tools: Toolset::new(ctx),
-            dir,
-        }
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn s(&self, rel: &str) -> String {
-        self.p(rel).display().to_string()
-    }
-
-    async fn call(&self, name: &str, input: Value) -> Result<String, String> {
-        self.call_for(name, input, Duration::from_secs(30)).await
-    }
-
-    async fn call_for(&self, name: &str, input: Value, bound: Duration) -> Result<String, String> {
-        self.tools
-            .run(name, input, Instant::now() + bound)
-            .await
-            .map(|o| o.text())
-            .map_err(|ToolError { message }| message)
-    }
-}
-
-fn write(path: &Path, content: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, content).unwrap();
-}
 
 // ---- path policy (Go SDK: tools/agenttoolset tests) ----
 

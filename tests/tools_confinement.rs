@@ -10,77 +10,44 @@
 //! tools_confinement race -- --nocapture`). It runs once with `openat2` and
 //! once with the per-component walk the tools fall back to without it.
 
+mod common;
+
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
-use envworker::tools::{ToolContext, ToolError, Toolset};
-use serde_json::{Value, json};
-use tokio::time::Instant;
+use common::toolbox::T;
+use serde_json::json;
 
 /// The marker only files outside the roots hold.
 const SECRET: &str = "SECRET-OUTSIDE-7f3a";
 /// Race attempts per mode when `ENVWORKER_RACE_ATTEMPTS` is unset.
 const DEFAULT_RACE_ATTEMPTS: u64 = 2_000;
 
-/// `<tmp>/work` (the workdir), `<tmp>/mem` (an allowed root) and
-/// `<tmp>/outside` holding `secret.txt`; the toolset is built once, as at
-/// session start, before the agent touches anything.
-struct Tree {
-    dir: tempfile::TempDir,
-    tools: Toolset,
+/// The shared toolset tree (`work`, `mem`, read-only `kb`, `outside`) with
+/// the secret outside; built once, as at session start, before the agent
+/// touches anything.
+fn tree() -> T {
+    let t = T::new();
+    std::fs::write(t.p("outside/secret.txt"), SECRET).unwrap();
+    t
 }
 
-impl Tree {
-    fn new() -> Tree {
-        let dir = tempfile::tempdir().unwrap();
-        for d in ["work", "mem", "outside"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        std::fs::write(dir.path().join("outside/secret.txt"), SECRET).unwrap();
-        let mut ctx = ToolContext::new(dir.path().join("work"));
-        ctx.allowed_roots = vec![dir.path().join("mem")];
-        ctx.bash_env = vec![("PATH".into(), "/usr/bin:/bin".into())];
-        Tree {
-            tools: Toolset::new(ctx),
-            dir,
-        }
-    }
+/// Replace `rel` (a directory) by a symlink to `target`, as the agent's shell can.
+fn replace_with_symlink(t: &T, rel: &str, target: &Path) {
+    std::fs::remove_dir_all(t.p(rel)).unwrap();
+    symlink(target, t.p(rel)).unwrap();
+}
 
-    fn p(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn s(&self, rel: &str) -> String {
-        self.p(rel).display().to_string()
-    }
-
-    /// The tool's answer, error or not, as the agent reads it.
-    async fn call(&self, name: &str, input: Value) -> Result<String, String> {
-        self.tools
-            .run(name, input, Instant::now() + Duration::from_secs(30))
-            .await
-            .map(|o| o.text())
-            .map_err(|ToolError { message }| message)
-    }
-
-    /// Replace `rel` (a directory) by a symlink to `target`.
-    fn replace_with_symlink(&self, rel: &str, target: &Path) {
-        std::fs::remove_dir_all(self.p(rel)).unwrap();
-        symlink(target, self.p(rel)).unwrap();
-    }
-
-    /// The names in `<tmp>/outside`: nothing the tools do may add one.
-    fn outside_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(self.p("outside"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
+/// The names in `<tmp>/outside`: nothing the tools do may add one.
+fn outside_names(t: &T) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(t.p("outside"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 fn set_openat2(on: bool) {
@@ -106,10 +73,10 @@ fn assert_no_leak(what: &str, answer: &Result<String, String>, leak: &str) {
 
 #[tokio::test]
 async fn a_store_folder_replaced_by_a_symlink_to_proc_self_leaks_no_environment() {
-    let t = Tree::new();
+    let t = tree();
     std::fs::write(t.p("mem/note.md"), "note").unwrap();
     // The agent's shell: rm -rf the store folder, ln -s /proc/self in its place.
-    t.replace_with_symlink("mem", Path::new("/proc/self"));
+    replace_with_symlink(&t, "mem", Path::new("/proc/self"));
     let environ = std::fs::read("/proc/self/environ").unwrap();
     let first_var =
         String::from_utf8_lossy(environ.split(|b| *b == 0).next().unwrap()).into_owned();
@@ -136,8 +103,8 @@ async fn a_store_folder_replaced_by_a_symlink_to_proc_self_leaks_no_environment(
 
 #[tokio::test]
 async fn a_store_folder_replaced_by_a_symlink_to_an_outside_dir_is_neither_read_nor_written() {
-    let t = Tree::new();
-    t.replace_with_symlink("mem", &t.p("outside"));
+    let t = tree();
+    replace_with_symlink(&t, "mem", &t.p("outside"));
     for (tool, input) in [
         ("read", json!({"file_path": t.s("mem/secret.txt")})),
         ("grep", json!({"pattern": "SECRET", "path": t.s("mem")})),
@@ -162,7 +129,7 @@ async fn a_store_folder_replaced_by_a_symlink_to_an_outside_dir_is_neither_read_
             "{tool}: {err}"
         );
     }
-    assert_eq!(t.outside_names(), vec!["secret.txt"]);
+    assert_eq!(outside_names(&t), vec!["secret.txt"]);
     assert_eq!(
         std::fs::read_to_string(t.p("outside/secret.txt")).unwrap(),
         SECRET
@@ -171,10 +138,10 @@ async fn a_store_folder_replaced_by_a_symlink_to_an_outside_dir_is_neither_read_
 
 #[tokio::test]
 async fn a_directory_on_the_way_replaced_by_a_symlink_is_refused_by_every_tool() {
-    let t = Tree::new();
+    let t = tree();
     for root in ["work", "mem"] {
         std::fs::create_dir_all(t.p(&format!("{root}/sub"))).unwrap();
-        t.replace_with_symlink(&format!("{root}/sub"), &t.p("outside"));
+        replace_with_symlink(&t, &format!("{root}/sub"), &t.p("outside"));
         let sub = t.s(&format!("{root}/sub"));
         for (tool, input) in [
             ("read", json!({"file_path": format!("{sub}/secret.txt")})),
@@ -203,12 +170,12 @@ async fn a_directory_on_the_way_replaced_by_a_symlink_is_refused_by_every_tool()
             .unwrap_err();
         assert!(err.contains("symbolic link"), "{err}");
     }
-    assert_eq!(t.outside_names(), vec!["secret.txt"]);
+    assert_eq!(outside_names(&t), vec!["secret.txt"]);
 }
 
 #[tokio::test]
 async fn a_root_renamed_away_and_recreated_answers_a_clear_error() {
-    let t = Tree::new();
+    let t = tree();
     std::fs::write(t.p("mem/n.md"), "old").unwrap();
     std::fs::write(t.p("work/a.txt"), "old").unwrap();
     std::fs::rename(t.p("mem"), t.p("mem-old")).unwrap();
@@ -278,7 +245,7 @@ fn exchange_loop(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>, swaps: Arc<Atomi
 /// `attempts` tool calls through `work/d` and `mem`, each of which a thread
 /// keeps exchanging with a symlink to `outside`; returns the leaks.
 async fn race(attempts: u64) -> u64 {
-    let t = Tree::new();
+    let t = tree();
     // work/d and mem hold `inside.txt`; outside holds `secret.txt`.
     std::fs::create_dir(t.p("work/d")).unwrap();
     for dir in ["work/d", "mem"] {
@@ -331,7 +298,7 @@ async fn race(attempts: u64) -> u64 {
     for th in threads {
         th.join().unwrap();
     }
-    let planted = t.outside_names().len() as u64 - 1;
+    let planted = outside_names(&t).len() as u64 - 1;
     eprintln!(
         "race [{}]: {leaks} leaks and {planted} files written outside in {attempts} attempts ({} exchanges)",
         kernel_path(),
@@ -357,7 +324,7 @@ async fn race_a_rename_exchange_loop_never_yields_an_outside_byte() {
 
 #[tokio::test]
 async fn skill_cleanup_never_follows_a_skills_dir_replaced_by_a_symlink() {
-    let t = Tree::new();
+    let t = tree();
     // What download_session_skills installed, then the agent's shell:
     // mv skills away, ln -s <outside> skills, where outside/pdf is not ours.
     std::fs::create_dir_all(t.p("work/skills/pdf/scripts")).unwrap();

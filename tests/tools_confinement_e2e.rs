@@ -11,7 +11,7 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use common::{ADMIN_KEY, TestServer};
@@ -113,21 +113,7 @@ async fn a_rename_exchange_loop_in_the_agents_shell_leaks_nothing_through_the_re
         d = work.path().display(),
         bin = env!("CARGO_BIN_EXE_envworker"),
     );
-    let poll = Command::new(env!("CARGO_BIN_EXE_envworker"))
-        .args(["poll", "--on-work", &command])
-        .env_remove("ANTHROPIC_WORK_SECRET")
-        .envs([
-            ("ANTHROPIC_BASE_URL", server.url().as_str()),
-            ("ANTHROPIC_ENVIRONMENT_ID", started.environment_id.as_str()),
-            (
-                "ANTHROPIC_ENVIRONMENT_KEY",
-                started.environment_key.as_str(),
-            ),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let poll = common::toolbox::spawn_poll(&server.url(), &started, &command);
     let mut poll = KillOnDrop(Some(poll));
     let logs = common::process::collect_stderr(poll.0.as_mut().unwrap());
     let report = server

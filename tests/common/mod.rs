@@ -8,6 +8,7 @@ pub mod lambda;
 pub mod process;
 pub mod sdk;
 pub mod served;
+pub mod toolbox;
 
 use envworker::devserver::{Devserver, DevserverConfig, RunningDevserver};
 use reqwest::{Method, StatusCode};
