@@ -9,7 +9,8 @@
 //!   directory fds, and their (device, inode) remembered;
 //! - a tool path is made absolute and normalised **lexically** (`.` and `..`
 //!   collapsed, nothing on disk consulted), then matched component-wise to
-//!   the longest root it lies under — `/mnt/memory/notes-old` is not inside
+//!   the longest root it lies under, as configured or as the root's
+//!   canonical path at the start — `/mnt/memory/notes-old` is not inside
 //!   `/mnt/memory/notes`;
 //! - it is then opened *from that root's fd* with [`crate::fsx::open_beneath`]
 //!   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`
@@ -60,6 +61,10 @@ struct Roots {
 struct Root {
     /// Absolute and lexically normalised, as configured.
     path: PathBuf,
+    /// `path` and, when it differs, its canonical form at the start (the
+    /// operator's symlinks above a root resolved once): a tool path under
+    /// either spelling belongs to this root.
+    spellings: Vec<PathBuf>,
     is_workdir: bool,
     /// What was opened, or why nothing could be.
     opened: Result<Opened, Errno>,
@@ -96,8 +101,15 @@ impl Root {
             Errno::NOTDIR => Self::open_file(&path),
             e => Err(e),
         });
+        let mut spellings = vec![path.clone()];
+        if let Ok(real) = std::fs::canonicalize(&path)
+            && real != path
+        {
+            spellings.push(real);
+        }
         Root {
             path,
+            spellings,
             is_workdir,
             opened,
         }
@@ -188,8 +200,6 @@ impl PathPolicy {
                 .into_iter()
                 .map(|r| Root::open(r, false)),
         );
-        // Longest first; the workdir wins a tie (it is listed first).
-        roots.sort_by_key(|r| std::cmp::Reverse(r.path.components().count()));
         let read_only = keep(read_only_roots)
             .into_iter()
             .filter_map(|r| Some((identity_of(&r).ok()?, r)))
@@ -218,14 +228,25 @@ impl PathPolicy {
         } else {
             normalize(&self.inner.workdir.join(candidate))
         };
+        // The most specific root: the longest spelling `full` lies under (the
+        // workdir wins a tie: it is listed first).
+        let mut best: Option<(&Root, &Path, usize)> = None;
         for root in &self.inner.roots {
-            let Ok(rest) = full.strip_prefix(&root.path) else {
-                continue;
-            };
             let single_file = matches!(&root.opened, Ok(Opened { file: Some(_), .. }));
-            if single_file && !rest.as_os_str().is_empty() {
-                continue;
+            for spelling in &root.spellings {
+                let Ok(rest) = full.strip_prefix(spelling) else {
+                    continue;
+                };
+                if single_file && !rest.as_os_str().is_empty() {
+                    continue;
+                }
+                let depth = spelling.components().count();
+                if best.is_none_or(|(_, _, d)| depth > d) {
+                    best = Some((root, rest, depth));
+                }
             }
+        }
+        if let Some((root, rest, _)) = best {
             let mut comps = Vec::new();
             for c in rest.components() {
                 match c.as_os_str().to_str() {
@@ -460,6 +481,19 @@ mod tests {
         assert!(target.parent_for_write("write", true).is_ok());
         let outside = t.path().join("notes-old/a").display().to_string();
         assert!(policy.locate("read", &outside).is_err());
+        // A root configured through a symlink answers to both spellings.
+        std::os::unix::fs::symlink(t.path().join("work"), t.path().join("work-link")).unwrap();
+        std::fs::write(t.path().join("work/f"), "f").unwrap();
+        let aliased = PathPolicy::new(&t.path().join("work-link"), vec![], vec![]);
+        for p in ["f", &t.path().join("work/f").display().to_string()] {
+            assert!(
+                aliased
+                    .locate("read", p)
+                    .unwrap()
+                    .open("read", OFlags::RDONLY)
+                    .is_ok()
+            );
+        }
         let up = "../notes/../notes/x";
         assert_eq!(
             policy.locate("read", up).unwrap().shown(),
