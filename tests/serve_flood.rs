@@ -249,7 +249,10 @@ async fn a_slowloris_header_and_an_idle_keep_alive_connection_are_cut_off() {
     .unwrap();
     eprintln!("slowloris closed after {slow:?} s; idle keep-alive closed after {idle:?} s");
     let slow = slow.expect("a slowloris header is never cut off");
-    assert!((4.0..9.0).contains(&slow), "slowloris cut off after {slow} s");
+    assert!(
+        (4.0..9.0).contains(&slow),
+        "slowloris cut off after {slow} s"
+    );
     let idle = idle.expect("an idle keep-alive connection is never closed");
     assert!(idle < 20.0, "idle connection closed after {idle} s");
 }
@@ -263,6 +266,19 @@ async fn the_agents_bash_keeps_the_descriptor_limit_serve_was_started_with() {
         },
     )
     .await;
+    // serve itself raised its soft limit to the hard one…
+    let limits =
+        std::fs::read_to_string(format!("/proc/{}/limits", stack.serve.child.id())).unwrap();
+    let open_files = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .skip(3)
+        .take(2)
+        .collect::<Vec<_>>();
+    assert_eq!(open_files, ["4096", "4096"], "{limits}");
+    // …and its agent's shell gets the original back.
     let started = stack
         .start(json!({
             "name": "ulimit",
