@@ -27,7 +27,7 @@ pub struct Raised {
 /// the soft limit at `fs.nr_open` and refuses infinity).
 pub fn raise_to_hard() -> std::io::Result<Raised> {
     let original = getrlimit(Resource::Nofile);
-    let _ = ORIGINAL.set(original.clone());
+    let _ = ORIGINAL.set(original);
     let before = original.current;
     let Some(hard) = original.maximum else {
         return Ok(Raised {
@@ -61,12 +61,12 @@ pub fn soft_limit() -> Option<u64> {
 
 /// The limit the process started with, if [`raise_to_hard`] changed it.
 pub fn original() -> Option<Rlimit> {
-    let original = ORIGINAL.get()?.clone();
+    let original = *ORIGINAL.get()?;
     (original.current != soft_limit()).then_some(original)
 }
 
 /// Put the original limit back; for `pre_exec` (async-signal-safe: one
 /// syscall, no allocation). Lowering a soft limit never needs privileges.
 pub fn restore_in_child(original: &Rlimit) -> std::io::Result<()> {
-    setrlimit(Resource::Nofile, original.clone()).map_err(std::io::Error::from)
+    setrlimit(Resource::Nofile, *original).map_err(std::io::Error::from)
 }
