@@ -99,21 +99,6 @@ async fn served() -> Served {
     }
 }
 
-async fn server(s: &TestServer, store: &str) -> std::collections::BTreeMap<String, String> {
-    let (items, _) = s
-        .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
-        .await;
-    items
-        .iter()
-        .map(|m| {
-            (
-                m["path"].as_str().unwrap().to_string(),
-                m["content"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn download_sync_and_finish_over_http_with_a_sessions_token() {
     let t = served().await;
@@ -159,7 +144,7 @@ async fn download_sync_and_finish_over_http_with_a_sessions_token() {
     );
     t.stores.finish().await.unwrap();
     assert_eq!(
-        server(&t.s, &t.notes).await,
+        t.s.store_memories(&t.notes).await,
         [
             ("/a.md", "a2 from the agent"),
             ("/dir/b.md", "b2 remote"),
@@ -170,7 +155,10 @@ async fn download_sync_and_finish_over_http_with_a_sessions_token() {
         .collect()
     );
     assert_eq!(
-        server(&t.s, &t.kb).await.get("/faq.md").map(String::as_str),
+        t.s.store_memories(&t.kb)
+            .await
+            .get("/faq.md")
+            .map(String::as_str),
         Some("f1"),
         "read-only: never pushed"
     );
@@ -216,7 +204,7 @@ async fn the_devservers_refusals_are_remembered_and_warned_once() {
     for _ in 0..3 {
         t.stores.sync_now().await;
     }
-    let held = server(&t.s, &t.notes).await;
+    let held = t.s.store_memories(&t.notes).await;
     assert_eq!(held.get("/fine.md").map(String::as_str), Some("fine"));
     assert!(!held.contains_key("/huge.md"));
     assert!(!held.keys().any(|k| k.contains("name.md")));

@@ -56,21 +56,7 @@ async fn sigterm_mid_session_refuses_new_webhooks_and_loses_no_edit() {
         .await;
     // Wait until both edits are on disk (their results were posted).
     loop {
-        let events = stack
-            .server
-            .agents(
-                Method::GET,
-                &format!("/v1/sessions/{}/events?limit=1000", started.session_id),
-                None,
-            )
-            .await
-            .ok();
-        let results = events["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["type"] == "user.tool_result")
-            .count();
+        let results = stack.server.tool_results(&started.session_id).await.len();
         if results >= 2 {
             break;
         }
@@ -109,36 +95,15 @@ async fn sigterm_mid_session_refuses_new_webhooks_and_loses_no_edit() {
         "exit status {status}: {}",
         stack.serve.logs()
     );
-    let session = stack
-        .server
-        .agents(
-            Method::GET,
-            &format!("/v1/sessions/{}", started.session_id),
-            None,
-        )
-        .await
-        .ok();
-    let store = session["resources"][0]["memory_store_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (memories, _) = stack
-        .server
-        .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
-        .await;
-    let content = |path: &str| {
-        memories
-            .iter()
-            .find(|m| m["path"] == path)
-            .map(|m| m["content"].clone())
-    };
+    let memories = stack.server.session_memories(&started.session_id).await;
+    let content = |path: &str| memories.get(path).map(String::as_str);
     assert_eq!(
         content("/draft.md"),
-        Some(json!("unsaved work\n")),
+        Some("unsaved work\n"),
         "{}",
         stack.serve.logs()
     );
-    assert_eq!(content("/a.md"), Some(json!("omega\n")));
+    assert_eq!(content("/a.md"), Some("omega\n"));
     let logs = stack.serve.logs();
     assert!(logs.contains("shutting down"), "{logs}");
 }

@@ -286,6 +286,88 @@ impl TestServer {
         (items, pages)
     }
 
+    /// A session's events, oldest first (up to 1,000).
+    pub async fn events(&self, session_id: &str) -> Vec<Value> {
+        self.agents(
+            Method::GET,
+            &format!("/v1/sessions/{session_id}/events?limit=1000"),
+            None,
+        )
+        .await
+        .ok()["data"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// A session's `user.tool_result` events, oldest first.
+    pub async fn tool_results(&self, session_id: &str) -> Vec<Value> {
+        self.events(session_id)
+            .await
+            .into_iter()
+            .filter(|e| e["type"] == "user.tool_result")
+            .collect()
+    }
+
+    /// Add fault rules to the devserver's (`POST /dev/faults`).
+    pub async fn add_faults(&self, rules: Vec<Value>) {
+        self.dev(Method::POST, "/dev/faults", Some(json!({ "rules": rules })))
+            .await
+            .ok();
+    }
+
+    /// Clear every fault rule (`DELETE /dev/faults`).
+    pub async fn clear_faults(&self) {
+        self.dev(Method::DELETE, "/dev/faults", None).await.ok();
+    }
+
+    /// The fault rules still active (a rule with `times` retires once used up).
+    pub async fn faults(&self) -> Vec<Value> {
+        self.dev(Method::GET, "/dev/faults", None).await.ok()["rules"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// The id of the session's first memory store resource.
+    pub async fn session_store(&self, session_id: &str) -> String {
+        let session = self
+            .agents(Method::GET, &format!("/v1/sessions/{session_id}"), None)
+            .await
+            .ok();
+        session["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["type"] == "memory_store")
+            .and_then(|r| r["memory_store_id"].as_str())
+            .unwrap_or_else(|| panic!("no memory store in {session:#}"))
+            .to_string()
+    }
+
+    /// A store's memories as path → content.
+    pub async fn store_memories(&self, store: &str) -> std::collections::BTreeMap<String, String> {
+        let (memories, _) = self
+            .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
+            .await;
+        memories
+            .iter()
+            .map(|m| {
+                let content = m["content"].as_str().unwrap_or_default();
+                (m["path"].as_str().unwrap().to_string(), content.to_string())
+            })
+            .collect()
+    }
+
+    /// The memories of the session's first store, as path → content.
+    pub async fn session_memories(
+        &self,
+        session_id: &str,
+    ) -> std::collections::BTreeMap<String, String> {
+        let store = self.session_store(session_id).await;
+        self.store_memories(&store).await
+    }
+
     /// Everything the server holds: every store (archived too), with its full
     /// memories and its full version history. Equal snapshots = nothing changed.
     pub async fn snapshot(&self) -> Value {
