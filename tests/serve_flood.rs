@@ -18,7 +18,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::serve_stack::{ServeLimits, Stack, stack, stack_limited};
-use reqwest::Method;
 use serde_json::json;
 
 /// The child's descriptor limit, soft and hard.
@@ -157,22 +156,13 @@ async fn a_flood_of_idle_connections_starves_neither_a_signed_delivery_nor_a_ses
     let answer = answer.unwrap_or_else(|e| {
         panic!(
             "no answer to a signed delivery within 10 s ({e}): {}",
-            tail(&stack.serve.logs())
+            stack.serve.logs_tail(40)
         )
     });
     assert_eq!(answer.status(), 202);
     assert!(elapsed_ms < 3000, "answered only after {elapsed_ms} ms");
     // The session served alongside flushes and disposes of its folder.
-    let report = stack
-        .server
-        .final_report(&started.session_id, Duration::from_secs(60))
-        .await;
-    assert_eq!(
-        report["status"],
-        "passed",
-        "{report:#}\n{}",
-        tail(&stack.serve.logs())
-    );
+    let report = stack.passed_report(&started.session_id).await;
     assert_eq!(
         report["final_contents"]["notes"]["/draft.md"],
         "written under a flood\n"
@@ -183,18 +173,16 @@ async fn a_flood_of_idle_connections_starves_neither_a_signed_delivery_nor_a_ses
         assert!(
             Instant::now() < deadline,
             "the mount folder stayed behind: {}",
-            tail(&stack.serve.logs())
+            stack.serve.logs_tail(40)
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(flood);
-    let logs = stack.serve.logs();
-    assert!(!logs.contains("Too many open files"), "{}", tail(&logs));
-}
-
-fn tail(logs: &str) -> String {
-    let lines: Vec<&str> = logs.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+    assert!(
+        !stack.serve.logs().contains("Too many open files"),
+        "{}",
+        stack.serve.logs_tail(40)
+    );
 }
 
 /// Seconds until the server closes `stream` (or answers it), feeding it
@@ -288,18 +276,5 @@ async fn the_agents_bash_keeps_the_descriptor_limit_serve_was_started_with() {
             ]
         }))
         .await;
-    let report = stack
-        .server
-        .final_report(&started.session_id, Duration::from_secs(60))
-        .await;
-    let events = stack
-        .server
-        .agents(
-            Method::GET,
-            &format!("/v1/sessions/{}/events?limit=1000", started.session_id),
-            None,
-        )
-        .await
-        .ok();
-    assert_eq!(report["status"], "passed", "{report:#}\n{events:#}");
+    stack.passed_report(&started.session_id).await;
 }

@@ -2,7 +2,6 @@
 //! devserver that signs its webhooks (shared by `serve_process.rs`,
 //! `serve_flood.rs` and `bounds.rs`).
 
-use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,23 +65,20 @@ impl Serve {
         }
         let mut child = command.spawn().expect("envworker serve starts");
         let stderr = super::process::collect_stderr(&mut child);
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("envworker serve listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
-            }
-        });
-        let url = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("serve did not start: {}", stderr.lock().unwrap()));
+        let url = super::process::announced_url(&mut child, "envworker serve listening on ")
+            .unwrap_or_else(|| panic!("serve did not start: {}", stderr.lock().unwrap()));
         Serve { child, url, stderr }
     }
 
     pub fn logs(&self) -> String {
         self.stderr.lock().unwrap().clone()
+    }
+
+    /// The last `lines` lines of the logs.
+    pub fn logs_tail(&self, lines: usize) -> String {
+        let logs = self.logs();
+        let all: Vec<&str> = logs.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
     }
 
     pub fn terminate(&mut self) {
@@ -175,6 +171,20 @@ impl Stack {
     pub async fn start(&self, mut doc: Value) -> Started {
         doc["environment_id"] = json!(self.started_env.0);
         self.server.start_scenario(&doc).await
+    }
+
+    /// The scenario's final report, asserted `passed` (else the report, the
+    /// session's events and the tail of serve's logs are shown).
+    pub async fn passed_report(&self, session_id: &str) -> Value {
+        let report = self
+            .server
+            .final_report(session_id, Duration::from_secs(60))
+            .await;
+        if report["status"] != "passed" {
+            let events = self.server.events(session_id).await;
+            panic!("{report:#}\n{events:#?}\n{}", self.serve.logs_tail(60));
+        }
+        report
     }
 
     /// POST a signed `session.status_run_started` for `session_id` (webhook-id
