@@ -127,6 +127,22 @@ async fn a_flood_of_idle_connections_starves_neither_a_signed_delivery_nor_a_ses
     )
     .await;
     let flood = Flood::start(serve_addr(&stack), count);
+    // How many descriptors serve holds at most, sampled through the run.
+    let pid = stack.serve.child.id();
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = std::thread::spawn({
+        let sampling = sampling.clone();
+        move || {
+            let mut most = 0;
+            while sampling.load(Ordering::SeqCst) {
+                if let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) {
+                    most = most.max(fds.count());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            most
+        }
+    });
     let started = stack
         .start(json!({
             "name": "flooded",
@@ -178,6 +194,15 @@ async fn a_flood_of_idle_connections_starves_neither_a_signed_delivery_nor_a_ses
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(flood);
+    sampling.store(false, Ordering::SeqCst);
+    let most_fds = sampler.join().unwrap();
+    eprintln!("serve held at most {most_fds} of its {CHILD_NOFILE} descriptors");
+    // Connections stop at the cap (limit - 256 here), so the session's own
+    // descriptors always fit: the process never comes near its limit.
+    assert!(
+        most_fds as u64 + 64 <= CHILD_NOFILE,
+        "serve held {most_fds} descriptors"
+    );
     assert!(
         !stack.serve.logs().contains("Too many open files"),
         "{}",

@@ -16,8 +16,11 @@
 //!   connection idle the longest (no request in the router: a half-sent
 //!   header, a quiet keep-alive) is closed to make room, so a new delivery
 //!   still gets in; only when every connection is busy is the new one
-//!   refused (closed at once, the sender retries). An `accept` that fails
-//!   for want of descriptors also frees the longest-idle connection.
+//!   refused (closed at once, the sender retries). The loop waits for an
+//!   evicted connection's descriptor to be closed before it accepts the
+//!   next, so a storm of connects never pushes the open count past the cap.
+//!   An `accept` that fails for want of descriptors also frees the
+//!   longest-idle connection.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -92,7 +95,8 @@ struct Conn {
 struct Tracker {
     conns: Mutex<HashMap<u64, Conn>>,
     next_id: AtomicU64,
-    emptied: tokio::sync::Notify,
+    /// Fires whenever a connection's task ends (its descriptor is closed).
+    closed: tokio::sync::Notify,
 }
 
 impl Tracker {
@@ -116,16 +120,21 @@ impl Tracker {
     }
 
     fn closed(&self, id: u64) {
-        let mut conns = self.lock();
-        conns.remove(&id);
-        if conns.is_empty() {
-            self.emptied.notify_waiters();
-        }
+        self.lock().remove(&id);
+        self.closed.notify_waiters();
     }
 
-    /// Connections counted against the cap.
-    fn live(&self) -> usize {
-        self.lock().values().filter(|c| !c.closing).count()
+    /// Open connections (each holds a descriptor until its task ends), and
+    /// how many of them are already told to close.
+    fn counts(&self) -> (usize, usize) {
+        let conns = self.lock();
+        (conns.len(), conns.values().filter(|c| c.closing).count())
+    }
+
+    /// Wait until a connection closes (or `at_most` passes).
+    async fn wait_for_a_close(&self, at_most: Duration) {
+        let closed = self.closed.notified();
+        let _ = tokio::time::timeout(at_most, closed).await;
     }
 
     fn is_empty(&self) -> bool {
@@ -222,6 +231,39 @@ pub async fn serve(
         skipped: 0,
     };
     loop {
+        // Make room before accepting: an evicted connection's descriptor is
+        // freed only when its task ends, so wait for that (briefly) instead
+        // of accepting past the cap. If every connection is busy, accept
+        // anyway and refuse the newcomer at once.
+        let mut all_busy = false;
+        loop {
+            let (open, closing) = tracker.counts();
+            if open < limits.max_connections {
+                break;
+            }
+            if closing == 0 {
+                let evicted = tracker.evict_longest_idle();
+                if let Some(skipped) = full.ready() {
+                    warn!(
+                        connections.max = limits.max_connections,
+                        evicted_idle_connection = evicted,
+                        warnings_skipped = skipped,
+                        "connection cap reached; closing the longest-idle connection"
+                    );
+                }
+                if !evicted {
+                    all_busy = true;
+                    break;
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = tracker.wait_for_a_close(Duration::from_millis(50)) => {}
+            }
+        }
+        if stop.is_cancelled() {
+            break;
+        }
         let accepted = tokio::select! {
             _ = stop.cancelled() => break,
             accepted = listener.accept() => accepted,
@@ -239,21 +281,10 @@ pub async fn serve(
                 continue;
             }
         };
-        if tracker.live() >= limits.max_connections {
-            let evicted = tracker.evict_longest_idle();
-            if let Some(skipped) = full.ready() {
-                warn!(
-                    connections.max = limits.max_connections,
-                    evicted_idle_connection = evicted,
-                    warnings_skipped = skipped,
-                    "connection cap reached; closing the longest-idle connection"
-                );
-            }
-            if !evicted {
-                // Every connection is busy: refuse this one now (the sender retries).
-                drop(stream);
-                continue;
-            }
+        if all_busy && tracker.counts().0 >= limits.max_connections {
+            // Every connection is busy: refuse this one now (the sender retries).
+            drop(stream);
+            continue;
         }
         let _ = stream.set_nodelay(true);
         tokio::spawn(serve_connection(
@@ -268,12 +299,8 @@ pub async fn serve(
     graceful.cancel();
     let drained = async {
         while !tracker.is_empty() {
-            let emptied = tracker.emptied.notified();
-            if tracker.is_empty() {
-                break;
-            }
-            // Re-check now and then: a notification may slip between the checks.
-            let _ = tokio::time::timeout(Duration::from_millis(100), emptied).await;
+            // Re-checked now and then: a close may slip between the check and the wait.
+            tracker.wait_for_a_close(Duration::from_millis(100)).await;
         }
     };
     if tokio::time::timeout(SHUTDOWN_GRACE, drained).await.is_err() {
@@ -369,14 +396,15 @@ mod tests {
         let (old, old_close) = tracker.open();
         std::thread::sleep(Duration::from_millis(5));
         let (_new, new_close) = tracker.open();
-        assert_eq!(tracker.live(), 3);
+        assert_eq!(tracker.counts(), (3, 0));
         assert!(tracker.evict_longest_idle());
         assert!(old_close.is_cancelled() && !new_close.is_cancelled());
         assert!(!busy_close.is_cancelled());
-        assert_eq!(tracker.live(), 2);
+        assert_eq!(tracker.counts(), (3, 1), "open until its task ends");
         assert!(tracker.evict_longest_idle());
         assert!(!tracker.evict_longest_idle(), "only the busy one is left");
         tracker.closed(old);
+        assert_eq!(tracker.counts(), (2, 1));
         assert_eq!(tracker.idle_deadline(busy, IDLE_TIMEOUT), None);
     }
 }
