@@ -7,6 +7,7 @@ pub mod harness;
 pub mod lambda;
 pub mod process;
 pub mod sdk;
+pub mod serve_stack;
 pub mod served;
 
 use envworker::devserver::{Devserver, DevserverConfig, RunningDevserver};
