@@ -1265,6 +1265,121 @@ mod tests {
     }
 
     #[test]
+    fn oversized_files_are_decided_by_stat_and_never_read_whole() {
+        let (_t, f) = folder();
+        let path = f.root().join("big.md");
+        // Sparse: no disk, and a read of it would show in the test's memory.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(64 << 30)
+            .unwrap();
+        let scan = f.scan().unwrap();
+        assert!(is_oversized(&scan.files["big.md"]), "{scan:?}");
+        assert!(is_oversized(&f.hash_file("big.md").unwrap().unwrap()));
+        assert!(matches!(
+            f.get("big.md"),
+            Err(FolderError::TooLarge { size, .. }) if size == 64 << 30
+        ));
+        assert!(f.get("big.md").unwrap_err().is_refusal());
+        // The stand-in changes with the file; at the limit a file is hashed.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(MAX_FILE_BYTES + 1)
+            .unwrap();
+        let again = f.scan().unwrap().files["big.md"].clone();
+        assert!(is_oversized(&again) && again != scan.files["big.md"]);
+        std::fs::write(&path, "x".repeat(MAX_FILE_BYTES as usize)).unwrap();
+        assert_eq!(
+            f.scan().unwrap().files["big.md"],
+            hex::encode(Sha256::digest("x".repeat(MAX_FILE_BYTES as usize)))
+        );
+        assert_eq!(
+            f.get("big.md").unwrap().unwrap().len() as u64,
+            MAX_FILE_BYTES
+        );
+    }
+
+    #[test]
+    fn a_read_stops_one_byte_past_the_limit_whatever_the_file_grows_to() {
+        let (_t, f) = folder();
+        // A file that grew past the limit after its fstat: the reader stops
+        // at limit + 1 bytes and says so.
+        let fd = rustix::fs::open(
+            f.root().join("g.md").as_path(),
+            OFlags::RDWR | OFlags::CREATE,
+            Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        std::fs::File::from(fd.try_clone().unwrap())
+            .write_all(&vec![b'y'; MAX_FILE_BYTES as usize + 4096])
+            .unwrap();
+        rustix::fs::seek(&fd, rustix::fs::SeekFrom::Start(0)).unwrap();
+        assert_eq!(hash_fd(&fd).unwrap(), None, "over the limit while read");
+        rustix::fs::seek(&fd, rustix::fs::SeekFrom::Start(0)).unwrap();
+        rustix::fs::ftruncate(&fd, 10).unwrap();
+        assert!(hash_fd(&fd).unwrap().is_some());
+    }
+
+    #[test]
+    fn unreadable_entries_are_listed_and_the_rest_still_scans() {
+        let (_t, f) = folder();
+        f.put("ok.md", b"ok").unwrap();
+        f.put("dir/in.md", b"in").unwrap();
+        f.put("locked.md", b"l").unwrap();
+        std::fs::set_permissions(f.root().join("dir"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
+        std::fs::set_permissions(
+            f.root().join("locked.md"),
+            std::fs::Permissions::from_mode(0o000),
+        )
+        .unwrap();
+        let scan = f.scan().unwrap();
+        if rustix::process::geteuid().is_root() {
+            // Root reads everything: nothing is unreadable.
+            assert!(scan.unreadable.is_empty());
+        } else {
+            assert_eq!(scan.files.keys().collect::<Vec<_>>(), ["ok.md"]);
+            assert_eq!(scan.unreadable, ["dir", "locked.md"]);
+            assert!(scan.is_unknown("dir/in.md") && scan.is_unknown("locked.md"));
+            assert!(!scan.is_unknown("dirt.md") && !scan.is_unknown("ok.md"));
+        }
+        // Dispose removes it all anyway: the folder is the worker's own.
+        f.dispose().unwrap();
+        assert!(!f.root().exists());
+    }
+
+    #[test]
+    fn a_root_swapped_for_a_symlink_is_reported_and_never_followed() {
+        let (t, f) = folder();
+        f.put("a.md", b"a").unwrap();
+        let elsewhere = t.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("secret.md"), "secret").unwrap();
+        std::fs::rename(f.root(), t.path().join("moved")).unwrap();
+        symlink(&elsewhere, f.root()).unwrap();
+        for err in [
+            f.scan().unwrap_err(),
+            f.get("secret.md").unwrap_err(),
+            f.put("planted.md", b"x").unwrap_err(),
+            f.dispose().unwrap_err(),
+        ] {
+            assert!(matches!(err, FolderError::Replaced(_)), "{err}");
+            assert!(!err.is_refusal());
+        }
+        assert!(elsewhere.join("secret.md").exists());
+        assert!(!elsewhere.join("planted.md").exists());
+        assert!(f.root().is_symlink(), "left alone");
+        // Another directory put in its place is taken as the folder (the
+        // marker check decides whether it is trusted).
+        std::fs::remove_file(f.root()).unwrap();
+        std::fs::create_dir(f.root()).unwrap();
+        std::fs::write(f.root().join("b.md"), "b").unwrap();
+        assert_eq!(f.scan().unwrap().files.keys().collect::<Vec<_>>(), ["b.md"]);
+        f.dispose().unwrap();
+        assert!(!f.root().exists());
+    }
+
+    #[test]
     fn clean_absolute_paths() {
         for ok in ["/mnt/memory/notes", "/a", "/a/./b"] {
             assert!(is_clean_absolute(ok), "{ok}");
