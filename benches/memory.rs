@@ -139,7 +139,7 @@ fn edit_all(root: &std::path::Path, nonce: &str) {
     }
 }
 
-fn run_child(program: &std::path::Path, prefix: &[&str], args: &[&str]) -> Sample {
+fn run_child(program: &std::path::Path, prefix: &[&str], args: &[String]) -> Sample {
     let out = Command::new(program)
         .args(prefix)
         .args(args)
@@ -300,7 +300,19 @@ async fn main() {
             "mem×"
         );
     }
-    let mut nonce = 0;
+    // A child's arguments: `OP URL KEY SESSION_ID WORKDIR NONCE`, a fresh nonce each time.
+    let nonce = std::cell::Cell::new(0u64);
+    let child_args = |op: &str| -> Vec<String> {
+        nonce.set(nonce.get() + 1);
+        vec![
+            op.to_string(),
+            url.clone(),
+            ADMIN_KEY.to_string(),
+            session_id.clone(),
+            workdir.to_str().unwrap().to_string(),
+            nonce.get().to_string(),
+        ]
+    };
     for latency in [0u64, 5] {
         let Some(python) = &python else {
             break;
@@ -328,28 +340,12 @@ async fn main() {
             };
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             for _ in 0..runs {
-                nonce += 1;
-                let n = nonce.to_string();
-                let a = [
-                    op,
-                    url.as_str(),
-                    ADMIN_KEY,
-                    session_id.as_str(),
-                    workdir.to_str().unwrap(),
-                    n.as_str(),
-                ];
-                ours.push(run_child(&me, &["--child"], &a));
-                nonce += 1;
-                let n = nonce.to_string();
-                let a = [
-                    op,
-                    url.as_str(),
-                    ADMIN_KEY,
-                    session_id.as_str(),
-                    workdir.to_str().unwrap(),
-                    n.as_str(),
-                ];
-                theirs.push(run_child(python, &[script.to_str().unwrap()], &a));
+                ours.push(run_child(&me, &["--child"], &child_args(op)));
+                theirs.push(run_child(
+                    python,
+                    &[script.to_str().unwrap()],
+                    &child_args(op),
+                ));
             }
             let (o, t) = (medians(&ours), medians(&theirs));
             println!(
@@ -375,21 +371,9 @@ async fn main() {
             .send()
             .await
             .unwrap();
-        let mut measure = |op: &str| {
+        let measure = |op: &str| {
             let samples: Vec<Sample> = (0..3)
-                .map(|_| {
-                    nonce += 1;
-                    let n = nonce.to_string();
-                    let a = [
-                        op,
-                        url.as_str(),
-                        ADMIN_KEY,
-                        session_id.as_str(),
-                        workdir.to_str().unwrap(),
-                        n.as_str(),
-                    ];
-                    run_child(&me, &["--child"], &a)
-                })
+                .map(|_| run_child(&me, &["--child"], &child_args(op)))
                 .collect();
             medians(&samples)
         };

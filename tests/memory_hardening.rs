@@ -30,13 +30,6 @@ async fn notes(extra: serde_json::Value) -> Served {
     served_with(json!([{"key": "notes", "name": "Notes", "memories": memories}])).await
 }
 
-fn strings(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(a, b)| (a.to_string(), b.to_string()))
-        .collect()
-}
-
 /// Item 2. Before the fix: every sync and the flush failed on the first
 /// unreadable entry, so the edits to `a.md` and `new.md` were lost (2 of 2),
 /// and the folder stayed behind, so the next session could not mount.
@@ -68,7 +61,7 @@ async fn an_unreadable_file_and_folder_never_block_the_other_edits() {
     let report = t.stores.teardown(true, Duration::from_secs(10)).await;
     assert_eq!(
         t.s.store_memories(&store).await,
-        strings(&[
+        common::contents(&[
             ("/a.md", "a2, the agent's edit"),
             ("/dir/b.md", "b2, remote"),
             ("/dir/c.md", "c1"),

@@ -392,6 +392,14 @@ impl TestServer {
     }
 }
 
+/// A store's expected contents: path → content.
+pub fn contents(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// Lowercase hex SHA-256.
 pub fn sha256(content: &str) -> String {
     use sha2::Digest;
