@@ -87,6 +87,43 @@ async fn an_unreadable_file_and_folder_never_block_the_other_edits() {
     );
 }
 
+/// Item 2, the store's own entries. Before the fix: a `chmod 000` marker
+/// made the folder untrusted (the edit was never pushed), and a `chmod 000`
+/// root failed every pass and kept the folder on disk.
+#[tokio::test]
+async fn an_unreadable_marker_or_root_is_still_ours_to_sync_and_remove() {
+    if !common::runs_as_nobody("an_unreadable_marker_or_root_is_still_ours_to_sync_and_remove") {
+        return;
+    }
+    let logs = Logs::capture();
+    let t = notes(json!({})).await;
+    let store = t.ids[0].clone();
+    let root = t.mounts[0].clone();
+    std::fs::write(root.join("a.md"), "a2, the agent's edit").unwrap();
+    chmod(&root.join(".anthropic-memory-store"), 0o000);
+    t.stores.sync_now().await;
+    assert_eq!(
+        t.s.store_memories(&store)
+            .await
+            .get("/a.md")
+            .map(String::as_str),
+        Some("a2, the agent's edit"),
+        "{}",
+        logs.text()
+    );
+    chmod(&root, 0o000);
+    t.stores.sync_now().await;
+    let report = t.stores.teardown(true, Duration::from_secs(10)).await;
+    assert_eq!(
+        t.s.store_memories(&store).await.len(),
+        4,
+        "nothing deleted ({report:?}): {}",
+        logs.text()
+    );
+    assert_eq!(logs.count("re-downloading"), 0, "{}", logs.text());
+    assert!(!root.exists(), "removed: {}", logs.text());
+}
+
 /// Item 3. Before the fix, `ENVWORKER_SPARSE_MIB=256`: the worker read the
 /// file whole and JSON-encoded it — peak RSS 1,823 MiB (see the commit).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -166,6 +166,8 @@ struct RootFds {
     root: Arc<OwnedFd>,
     dev: u64,
     ino: u64,
+    /// The identity of the directory `create_root` made (or found) there.
+    original: (u64, u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -535,6 +537,7 @@ impl Folder {
             root: Arc::new(root),
             dev: st.st_dev,
             ino: st.st_ino,
+            original: (st.st_dev, st.st_ino),
         });
         *self.resolved.lock().unwrap_or_else(|e| e.into_inner()) = resolved;
         Ok(())
@@ -580,6 +583,18 @@ impl Folder {
         held.root = Arc::new(root);
         (held.dev, held.ino) = (st.st_dev, st.st_ino);
         Ok(Some(held.root.clone()))
+    }
+
+    /// Is the root still the very directory `create_root` opened (not
+    /// another one put in its place)?
+    pub fn is_original_root(&self) -> bool {
+        matches!(self.root_fd(), Ok(Some(_)))
+            && self
+                .fds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|h| (h.dev, h.ino) == h.original)
     }
 
     fn require_root(&self) -> Result<Arc<OwnedFd>, FolderError> {

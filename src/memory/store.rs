@@ -198,11 +198,20 @@ impl AttachedStore {
                 }
             }
         }
-        let distrust = match files.remove(MARKER_PATH) {
+        let mut distrust = match files.remove(MARKER_PATH) {
             Some(sha) if sha == marker_sha(&self.id) => None,
             Some(_) => Some("the marker file does not match this store"),
             None => Some("the marker file is gone"),
         };
+        // A marker made unreadable in the very directory the mount created
+        // is still ours: stamp it again rather than distrust the folder.
+        if unreadable.iter().any(|u| u == MARKER_PATH) && self.folder.is_original_root() {
+            let folder = self.folder.clone();
+            let marker = marker_content(&self.id);
+            if let Ok(Ok(())) = blocking(move || folder.put(MARKER_PATH, marker.as_bytes())).await {
+                distrust = None;
+            }
+        }
         Ok(Marked {
             files,
             distrust,
@@ -394,6 +403,11 @@ impl AttachedStore {
         stats: &mut PassStats,
     ) -> Result<(), PassError> {
         let scan = self.scan().await?;
+        if scan.unknown.is_unknown("") {
+            // The root itself cannot be read (warned once by the scan):
+            // nothing can be told, so nothing is done — no recovery either.
+            return Ok(());
+        }
         if let Some(reason) = scan.distrust {
             if !scan.files.is_empty() {
                 warn!(
