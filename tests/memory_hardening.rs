@@ -19,15 +19,18 @@ fn chmod(path: &std::path::Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// A store of a few memories, with `extra` more.
-async fn notes(extra: serde_json::Value) -> Served {
+/// A store of a few memories, with `extra` more: the session, the store's
+/// id and its folder.
+async fn notes(extra: serde_json::Value) -> (Served, String, std::path::PathBuf) {
     let mut memories =
         json!({"/a.md": "a1", "/dir/b.md": "b1", "/dir/c.md": "c1", "/locked.md": "l1"});
     memories
         .as_object_mut()
         .unwrap()
         .extend(extra.as_object().unwrap().clone());
-    served_with(json!([{"key": "notes", "name": "Notes", "memories": memories}])).await
+    let t = served_with(json!([{"key": "notes", "name": "Notes", "memories": memories}])).await;
+    let (store, root) = (t.ids[0].clone(), t.mounts[0].clone());
+    (t, store, root)
 }
 
 /// Item 2. Before the fix: every sync and the flush failed on the first
@@ -39,9 +42,7 @@ async fn an_unreadable_file_and_folder_never_block_the_other_edits() {
         return;
     }
     let logs = Logs::capture();
-    let t = notes(json!({})).await;
-    let store = t.ids[0].clone();
-    let root = t.mounts[0].clone();
+    let (t, store, root) = notes(json!({})).await;
     std::fs::write(root.join("a.md"), "a2, the agent's edit").unwrap();
     std::fs::write(root.join("new.md"), "a new note").unwrap();
     chmod(&root.join("locked.md"), 0o000);
@@ -96,9 +97,7 @@ async fn an_unreadable_marker_or_root_is_still_ours_to_sync_and_remove() {
         return;
     }
     let logs = Logs::capture();
-    let t = notes(json!({})).await;
-    let store = t.ids[0].clone();
-    let root = t.mounts[0].clone();
+    let (t, store, root) = notes(json!({})).await;
     std::fs::write(root.join("a.md"), "a2, the agent's edit").unwrap();
     chmod(&root.join(".anthropic-memory-store"), 0o000);
     t.stores.sync_now().await;
@@ -135,9 +134,7 @@ async fn an_oversized_sparse_file_never_drives_memory_use() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(512);
-    let t = notes(json!({"/big.md": "small once"})).await;
-    let store = t.ids[0].clone();
-    let root = t.mounts[0].clone();
+    let (t, store, root) = notes(json!({"/big.md": "small once"})).await;
     let before = common::peak_rss_kib();
     std::fs::File::create(root.join("big.md"))
         .unwrap()
@@ -177,9 +174,7 @@ async fn an_oversized_sparse_file_never_drives_memory_use() {
 #[tokio::test]
 async fn an_edit_after_a_cut_off_pass_is_kept_not_overwritten() {
     let logs = Logs::capture();
-    let t = notes(json!({})).await;
-    let store = t.ids[0].clone();
-    let root = t.mounts[0].clone();
+    let (t, store, root) = notes(json!({})).await;
     let b = t.memory_id(&store, "/dir/b.md").await;
     // b.md's upload hangs past the bound; a.md's lands at once.
     t.s.add_faults(vec![json!({"method": "POST", "path": format!("/v1/memory_stores/{store}/memories/{b}"), "latency_ms": 3000})])
@@ -225,9 +220,7 @@ async fn an_edit_after_a_cut_off_pass_is_kept_not_overwritten() {
 #[tokio::test]
 async fn a_failed_final_sync_still_flushes_every_edit() {
     let logs = Logs::capture();
-    let t = notes(json!({})).await;
-    let store = t.ids[0].clone();
-    let root = t.mounts[0].clone();
+    let (t, store, root) = notes(json!({})).await;
     std::fs::write(root.join("a.md"), "a2, before the end").unwrap();
     std::fs::write(root.join("new.md"), "new, before the end").unwrap();
     t.s.add_faults(vec![
