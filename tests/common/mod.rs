@@ -5,6 +5,7 @@
 pub mod fake_memory;
 pub mod harness;
 pub mod lambda;
+pub mod memory_served;
 pub mod process;
 pub mod sdk;
 pub mod serve_stack;
@@ -391,6 +392,14 @@ impl TestServer {
     }
 }
 
+/// A store's expected contents: path → content.
+pub fn contents(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// Lowercase hex SHA-256.
 pub fn sha256(content: &str) -> String {
     use sha2::Digest;
@@ -405,27 +414,55 @@ pub fn runs_as_nobody(test: &str) -> bool {
     if !rustix::process::geteuid().is_root() {
         return true;
     }
+    rerun(test, true);
+    false
+}
+
+/// A check that measures the whole process (its peak RSS) re-runs itself
+/// alone in a child process, so no other test thread counts. Returns `true`
+/// in the child, which runs the check; `false` after the child passed.
+pub fn runs_alone(test: &str) -> bool {
+    if std::env::var_os(ALONE).is_some() {
+        return true;
+    }
+    rerun(test, false);
+    false
+}
+
+/// Set in the environment of a test re-run alone by [`runs_alone`].
+const ALONE: &str = "ENVWORKER_TEST_ALONE";
+
+/// Run this binary's `test` alone in a child (as `nobody` when asked) and
+/// assert that it passed.
+fn rerun(test: &str, as_nobody: bool) {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let dir = tempfile::Builder::new()
-        .prefix("envworker-nobody-")
+        .prefix("envworker-rerun-")
         .tempdir_in("/tmp")
         .unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let exe = dir.path().join("test-binary");
-    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = if as_nobody {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let exe = dir.path().join("test-binary");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        exe
+    } else {
+        std::env::current_exe().unwrap()
+    };
     // Another test thread forking while the copy's write handle was open
     // makes exec fail with ETXTBSY for a moment: retry that.
     let mut attempts = 0;
     let status = loop {
-        match std::process::Command::new(&exe)
+        let mut command = std::process::Command::new(&exe);
+        command
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .env("TMPDIR", "/tmp")
-            .uid(65534)
-            .gid(65534)
-            .status()
-        {
+            .env(ALONE, "1");
+        if as_nobody {
+            command.uid(65534).gid(65534);
+        }
+        match command.status() {
             Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 50 => {
                 attempts += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20));
@@ -433,6 +470,16 @@ pub fn runs_as_nobody(test: &str) -> bool {
             other => break other.unwrap(),
         }
     };
-    assert!(status.success(), "{test} failed as nobody: {status}");
-    false
+    let who = if as_nobody { "as nobody" } else { "alone" };
+    assert!(status.success(), "{test} failed {who}: {status}");
+}
+
+/// This process's peak resident set size (`VmHWM`), in KiB.
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }
