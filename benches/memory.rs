@@ -10,6 +10,12 @@
 //! re-executed with `--child`; the SDK's: `benches/sdk_memory.py`), which
 //! reports the operation's wall and CPU time and the process's peak RSS.
 //! Prints medians and ratios. Run: `cargo bench --bench memory`.
+//!
+//! The `sparse` row (ours only) puts a 2 GiB sparse file next to the 2,000
+//! memories, runs two syncs and a flush, and compares the peak RSS with the
+//! same store without it: a file's size must not drive memory use (target:
+//! within 1.2×). `ENVWORKER_BENCH_ROWS` picks rows by name, comma-separated
+//! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`); all by default.
 
 #[path = "../tests/common/process.rs"]
 #[allow(dead_code)]
@@ -30,6 +36,8 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 
 const MEMORIES: usize = 2_000;
+/// The sparse file of the `sparse` row: it costs no disk.
+const SPARSE_BYTES: u64 = 2 << 30;
 const CONTENT_BYTES: usize = 2_048;
 const ADMIN_KEY: &str = "bench-admin";
 
@@ -70,7 +78,21 @@ async fn child(args: &[String]) {
         DeleteMode::Enabled,
     );
     let (wall, cpu);
-    if op == "mount" {
+    if let Some(with) = op.strip_prefix("sparse_") {
+        stores.download(&session).await.unwrap();
+        let root = stores.roots()[0].clone();
+        if with == "with" {
+            std::fs::File::create(root.join("sparse.md"))
+                .unwrap()
+                .set_len(SPARSE_BYTES)
+                .unwrap();
+        }
+        let (w, c) = (Instant::now(), cpu_ms());
+        stores.sync_now().await;
+        stores.sync_now().await;
+        stores.flush_writes().await;
+        (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
+    } else if op == "mount" {
         let (w, c) = (Instant::now(), cpu_ms());
         stores.download(&session).await.unwrap();
         (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
@@ -117,7 +139,7 @@ fn edit_all(root: &std::path::Path, nonce: &str) {
     }
 }
 
-fn run_child(program: &std::path::Path, prefix: &[&str], args: &[&str]) -> Sample {
+fn run_child(program: &std::path::Path, prefix: &[&str], args: &[String]) -> Sample {
     let out = Command::new(program)
         .args(prefix)
         .args(args)
@@ -162,7 +184,13 @@ async fn main() {
         child(&args[at + 1..]).await;
         return;
     }
-    let python = sdk::python();
+    let rows = std::env::var("ENVWORKER_BENCH_ROWS").ok();
+    let wanted = |row: &str| {
+        rows.as_deref()
+            .is_none_or(|r| r.split(',').any(|w| w.trim() == row))
+    };
+    let sdk_rows = ["mount", "noop_sync", "steady_sync", "flush"];
+    let python = sdk_rows.iter().any(|r| wanted(r)).then(sdk::python);
     let tmp = tempfile::tempdir().unwrap();
     // Mount on tmpfs when there is one: on a busy ext4, inode allocation
     // (`ext4_create → recently_deleted`) dominates both sides and buries the
@@ -255,23 +283,40 @@ async fn main() {
         "store: {MEMORIES} memories of {CONTENT_BYTES} B, mounted under {}; each figure is the median of the runs shown",
         mount_root.display()
     );
-    println!(
-        "{:<10} {:>7} {:>5} | {:>12} {:>12} {:>12} | {:>12} {:>12} {:>12} | {:>6} {:>6} {:>6}",
-        "operation",
-        "latency",
-        "runs",
-        "ours wall",
-        "ours cpu",
-        "ours peak",
-        "sdk wall",
-        "sdk cpu",
-        "sdk peak",
-        "wall×",
-        "cpu×",
-        "mem×"
-    );
-    let mut nonce = 0;
+    if python.is_some() {
+        println!(
+            "{:<10} {:>7} {:>5} | {:>12} {:>12} {:>12} | {:>12} {:>12} {:>12} | {:>6} {:>6} {:>6}",
+            "operation",
+            "latency",
+            "runs",
+            "ours wall",
+            "ours cpu",
+            "ours peak",
+            "sdk wall",
+            "sdk cpu",
+            "sdk peak",
+            "wall×",
+            "cpu×",
+            "mem×"
+        );
+    }
+    // A child's arguments: `OP URL KEY SESSION_ID WORKDIR NONCE`, a fresh nonce each time.
+    let nonce = std::cell::Cell::new(0u64);
+    let child_args = |op: &str| -> Vec<String> {
+        nonce.set(nonce.get() + 1);
+        vec![
+            op.to_string(),
+            url.clone(),
+            ADMIN_KEY.to_string(),
+            session_id.clone(),
+            workdir.to_str().unwrap().to_string(),
+            nonce.get().to_string(),
+        ]
+    };
     for latency in [0u64, 5] {
+        let Some(python) = &python else {
+            break;
+        };
         http.delete(format!("{url}/dev/faults"))
             .header("x-api-key", ADMIN_KEY)
             .send()
@@ -285,7 +330,7 @@ async fn main() {
                 .await
                 .unwrap();
         }
-        for op in ["mount", "noop_sync", "steady_sync", "flush"] {
+        for op in sdk_rows.into_iter().filter(|r| wanted(r)) {
             // A no-op sync is a few milliseconds of CPU on our side, so
             // scheduler noise moves single runs by a third: more runs.
             let runs = match (op, latency) {
@@ -295,28 +340,12 @@ async fn main() {
             };
             let (mut ours, mut theirs) = (Vec::new(), Vec::new());
             for _ in 0..runs {
-                nonce += 1;
-                let n = nonce.to_string();
-                let a = [
-                    op,
-                    url.as_str(),
-                    ADMIN_KEY,
-                    session_id.as_str(),
-                    workdir.to_str().unwrap(),
-                    n.as_str(),
-                ];
-                ours.push(run_child(&me, &["--child"], &a));
-                nonce += 1;
-                let n = nonce.to_string();
-                let a = [
-                    op,
-                    url.as_str(),
-                    ADMIN_KEY,
-                    session_id.as_str(),
-                    workdir.to_str().unwrap(),
-                    n.as_str(),
-                ];
-                theirs.push(run_child(&python, &[script.to_str().unwrap()], &a));
+                ours.push(run_child(&me, &["--child"], &child_args(op)));
+                theirs.push(run_child(
+                    python,
+                    &[script.to_str().unwrap()],
+                    &child_args(op),
+                ));
             }
             let (o, t) = (medians(&ours), medians(&theirs));
             println!(
@@ -335,6 +364,29 @@ async fn main() {
                 o.peak_rss_kb / t.peak_rss_kb
             );
         }
+    }
+    if wanted("sparse") {
+        http.delete(format!("{url}/dev/faults"))
+            .header("x-api-key", ADMIN_KEY)
+            .send()
+            .await
+            .unwrap();
+        let measure = |op: &str| {
+            let samples: Vec<Sample> = (0..3)
+                .map(|_| run_child(&me, &["--child"], &child_args(op)))
+                .collect();
+            medians(&samples)
+        };
+        let (without, with) = (measure("sparse_without"), measure("sparse_with"));
+        println!(
+            "sparse: two syncs and a flush of the {MEMORIES}-memory store, 3 runs each: peak RSS {:.1} MiB without, {:.1} MiB with a {} GiB sparse file beside it ({:.2}×, target ≤ 1.20×); wall {:.1} ms vs {:.1} ms",
+            without.peak_rss_kb / 1024.0,
+            with.peak_rss_kb / 1024.0,
+            SPARSE_BYTES >> 30,
+            with.peak_rss_kb / without.peak_rss_kb,
+            without.wall_ms,
+            with.wall_ms
+        );
     }
     drop(server);
 }

@@ -75,11 +75,11 @@ pub struct WorkerArgs {
     #[arg(long, env = "ENVWORKER_WORKDIR")]
     pub workdir: Option<PathBuf>,
 
-    /// Stop serving a session this long after its turn ended with no new event (`off` never stops).
+    /// Stop serving a session this long after its turn ended with no new event, at most 24h (`off` never stops).
     #[arg(long, env = "ENVWORKER_MAX_IDLE", default_value = "60s")]
     pub max_idle: crate::config::MaxIdle,
 
-    /// How often memory stores sync while the agent works: `15s`, `5`, `1m`, or `off` (no memory). At least 5s.
+    /// How often memory stores sync while the agent works: `15s`, `5`, `1m`, or `off` (no memory). 5s–24h.
     #[arg(long, env = "ENVWORKER_MEMORY_SYNC_INTERVAL", default_value = "15s")]
     pub memory_sync_interval: SyncInterval,
 
@@ -91,12 +91,12 @@ pub struct WorkerArgs {
     )]
     pub memory_sync_deletions: DeleteMode,
 
-    /// The bound of the final memory sync, and separately of the flush, when a session ends.
-    #[arg(long, env = "ENVWORKER_MEMORY_TEARDOWN_BOUND", default_value = "30s", value_parser = crate::config::parse_duration)]
+    /// The bound of the final memory sync, and separately of the flush, when a session ends (1s–1h).
+    #[arg(long, env = "ENVWORKER_MEMORY_TEARDOWN_BOUND", default_value = "30s", value_parser = crate::config::parse_memory_teardown_bound)]
     pub memory_teardown_bound: Duration,
 
-    /// The bound of one tool call.
-    #[arg(long, env = "ENVWORKER_TOOL_TIMEOUT", default_value = "120s", value_parser = crate::config::parse_duration)]
+    /// The bound of one tool call (1s–24h).
+    #[arg(long, env = "ENVWORKER_TOOL_TIMEOUT", default_value = "120s", value_parser = crate::config::parse_tool_timeout)]
     pub tool_timeout: Duration,
 
     /// Sent as Anthropic-Worker-ID on polls (default: <hostname>-<random>).
@@ -147,17 +147,17 @@ pub struct ServeArgs {
     #[arg(long, env = "ANTHROPIC_WEBHOOK_SIGNING_KEY", hide_env_values = true)]
     pub signing_key: Option<String>,
 
-    /// Work items served at once per endpoint (default endpoint; the file sets its own).
-    #[arg(long, env = "ENVWORKER_MAX_CONCURRENT_ITEMS", default_value_t = 1)]
+    /// Work items served at once per endpoint, 1–64 (default endpoint; the file sets its own).
+    #[arg(long, env = "ENVWORKER_MAX_CONCURRENT_ITEMS", default_value = "1", value_parser = crate::config::parse_max_concurrent_items)]
     pub max_concurrent_items: usize,
 
     /// On Lambda: claim no item unless this much time is left beyond the teardown reserve
-    /// (twice the memory teardown bound, plus 10s for the force-stop and 5s).
-    #[arg(long, env = "ENVWORKER_MIN_SERVING_TIME", default_value = "60s", value_parser = crate::config::parse_duration)]
+    /// (twice the memory teardown bound, plus 10s for the force-stop and 5s). 0s–15m.
+    #[arg(long, env = "ENVWORKER_MIN_SERVING_TIME", default_value = "60s", value_parser = crate::config::parse_min_serving_time)]
     pub min_serving_time: Duration,
 
-    /// After SIGTERM, how long running items get to end and flush before the process exits.
-    #[arg(long, env = "ENVWORKER_STOP_GRACE", default_value = "75s", value_parser = crate::config::parse_duration)]
+    /// After SIGTERM, how long running items get to end and flush before the process exits (1s–1h).
+    #[arg(long, env = "ENVWORKER_STOP_GRACE", default_value = "75s", value_parser = crate::config::parse_stop_grace)]
     pub stop_grace: Duration,
 
     #[command(flatten)]
@@ -263,11 +263,11 @@ pub struct DevserverArgs {
     )]
     pub webhook_secret: Option<String>,
 
-    /// A fault to inject, e.g. 'POST /v1/memory_stores/*/memories/*:status=503,rate=0.5' (repeatable).
+    /// A fault to inject, e.g. 'POST /v1/memory_stores/*/memories/*:status=503,rate=0.5' (repeatable, at most 100).
     #[arg(long = "fault", value_name = "RULE")]
     pub faults: Vec<String>,
 
-    /// Lease TTL of a work item in seconds, unless a heartbeat asks for another.
+    /// Lease TTL of a work item in seconds (1–3600), unless a heartbeat asks for another.
     #[arg(long, env = "ENVWORKER_DEVSERVER_LEASE_TTL", default_value_t = 30)]
     pub lease_ttl: i64,
 }

@@ -74,6 +74,97 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 /// arithmetic (`Instant + d`) could overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
 
+/// Bounds of the numeric options (README, "Bounds"). Each is checked where
+/// the value is parsed, so a bad value stops the process at start with a
+/// message naming the option and its range, never a panic or an overflow.
+pub mod bounds {
+    use std::time::Duration;
+
+    /// Work items per endpoint at once (`--max-concurrent-items`, `max_concurrent_items`).
+    pub const MAX_CONCURRENT_ITEMS: usize = 64;
+    /// `--max-idle` / `max_idle` (`off` disables it).
+    pub const MAX_IDLE: Duration = Duration::from_secs(24 * 3600);
+    /// `--tool-timeout`.
+    pub const TOOL_TIMEOUT: (Duration, Duration) =
+        (Duration::from_secs(1), Duration::from_secs(24 * 3600));
+    /// `--stop-grace`.
+    pub const STOP_GRACE: (Duration, Duration) =
+        (Duration::from_secs(1), Duration::from_secs(3600));
+    /// `--min-serving-time` (a Lambda invocation lasts at most 15 minutes).
+    pub const MIN_SERVING_TIME: (Duration, Duration) =
+        (Duration::ZERO, Duration::from_secs(15 * 60));
+    /// `--memory-teardown-bound` (also checked by the worker's options).
+    pub const MEMORY_TEARDOWN_BOUND: (Duration, Duration) =
+        (Duration::from_secs(1), crate::worker::MAX_TEARDOWN_BOUND);
+    /// The endpoint file's size.
+    pub const ENDPOINT_FILE_BYTES: u64 = 1024 * 1024;
+    /// Endpoints in the endpoint file.
+    pub const ENDPOINTS: usize = 64;
+}
+
+/// A duration within `[min, max]`, refused with both ends named.
+pub fn parse_duration_within(
+    text: &str,
+    (min, max): (Duration, Duration),
+) -> Result<Duration, String> {
+    let d = parse_duration(text)?;
+    if d < min || d > max {
+        return Err(format!(
+            "{text:?} is out of range: it must be between {} and {}",
+            show_duration(min),
+            show_duration(max)
+        ));
+    }
+    Ok(d)
+}
+
+/// `90s`, `15m`, `1h`, `250ms`: a bound as a user would write it.
+pub fn show_duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        0 => "0s".into(),
+        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        ms => format!("{ms}ms"),
+    }
+}
+
+pub fn parse_tool_timeout(text: &str) -> Result<Duration, String> {
+    parse_duration_within(text, bounds::TOOL_TIMEOUT)
+}
+
+pub fn parse_stop_grace(text: &str) -> Result<Duration, String> {
+    parse_duration_within(text, bounds::STOP_GRACE)
+}
+
+pub fn parse_min_serving_time(text: &str) -> Result<Duration, String> {
+    parse_duration_within(text, bounds::MIN_SERVING_TIME)
+}
+
+pub fn parse_memory_teardown_bound(text: &str) -> Result<Duration, String> {
+    parse_duration_within(text, bounds::MEMORY_TEARDOWN_BOUND)
+}
+
+/// Work items at once: 1 to [`bounds::MAX_CONCURRENT_ITEMS`].
+pub fn parse_max_concurrent_items(text: &str) -> Result<usize, String> {
+    let n: usize = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a whole number"))?;
+    check_max_concurrent_items(n)
+}
+
+pub fn check_max_concurrent_items(n: usize) -> Result<usize, String> {
+    if !(1..=bounds::MAX_CONCURRENT_ITEMS).contains(&n) {
+        return Err(format!(
+            "{n} is out of range: it must be between 1 and {}",
+            bounds::MAX_CONCURRENT_ITEMS
+        ));
+    }
+    Ok(n)
+}
+
 /// The endpoint file could not be used; the message names the key at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -85,6 +176,8 @@ pub enum ConfigError {
     },
     #[error("{path}: {message}")]
     Parse { path: String, message: String },
+    #[error("{path}: the endpoint file is larger than {max} bytes", max = bounds::ENDPOINT_FILE_BYTES)]
+    TooLarge { path: String },
     #[error("endpoint {endpoint:?}: {message}")]
     Endpoint { endpoint: String, message: String },
 }
@@ -172,6 +265,12 @@ pub fn parse_max_idle(text: &str) -> Result<Option<Duration>, String> {
         "off" | "none" | "disabled" => Ok(None),
         other => {
             let d = parse_duration(other)?;
+            if d > bounds::MAX_IDLE {
+                return Err(format!(
+                    "{other:?} is out of range: it must be at most {} (or off)",
+                    show_duration(bounds::MAX_IDLE)
+                ));
+            }
             Ok((!d.is_zero()).then_some(d))
         }
     }
@@ -196,9 +295,24 @@ impl ServeFile {
 
     pub fn load(path: &std::path::Path) -> Result<ServeFile, ConfigError> {
         let shown = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let read = |source| ConfigError::Read {
             path: shown.clone(),
             source,
+        };
+        // Read at most the bound plus one byte, whatever the file's size.
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        std::fs::File::open(path)
+            .map_err(read)?
+            .take(bounds::ENDPOINT_FILE_BYTES + 1)
+            .read_to_end(&mut bytes)
+            .map_err(read)?;
+        if bytes.len() as u64 > bounds::ENDPOINT_FILE_BYTES {
+            return Err(ConfigError::TooLarge { path: shown });
+        }
+        let text = String::from_utf8(bytes).map_err(|_| ConfigError::Parse {
+            path: shown.clone(),
+            message: "the endpoint file is not UTF-8".into(),
         })?;
         ServeFile::parse(&shown, &text)
     }
@@ -208,6 +322,16 @@ impl ServeFile {
         &self,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Vec<Endpoint>, ConfigError> {
+        if self.endpoints.len() > bounds::ENDPOINTS {
+            return Err(ConfigError::Parse {
+                path: "the endpoint file".into(),
+                message: format!(
+                    "it defines {} endpoints; at most {} are served",
+                    self.endpoints.len(),
+                    bounds::ENDPOINTS
+                ),
+            });
+        }
         let mut seen = std::collections::BTreeSet::new();
         let mut out = Vec::new();
         for file in &self.endpoints {
@@ -271,10 +395,9 @@ impl ServeFile {
                     dir.display()
                 )));
             }
-            let max_concurrent_items = file.max_concurrent_items.unwrap_or(1);
-            if max_concurrent_items == 0 {
-                return Err(fail("max_concurrent_items must be at least 1".into()));
-            }
+            let max_concurrent_items =
+                check_max_concurrent_items(file.max_concurrent_items.unwrap_or(1))
+                    .map_err(|e| fail(format!("max_concurrent_items: {e}")))?;
             let mut secret_env_vars = file.signing_keys_env.clone();
             secret_env_vars.push(file.environment_key_env.clone());
             out.push(Endpoint {

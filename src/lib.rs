@@ -29,12 +29,14 @@
 //! - [`cli`] — the command line: subcommands and flags (each flag also reads
 //!   its `ENVWORKER_*` / `ANTHROPIC_*` variable).
 //! - [`logging`] — tracing setup, text or JSON lines.
+//! - [`fdlimit`] — the descriptor limit: raised at start, restored for the agent.
 
 pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod devserver;
+pub mod fdlimit;
 pub mod fsx;
 pub mod logging;
 pub mod memory;

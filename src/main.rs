@@ -30,6 +30,17 @@ async fn main() -> ExitCode {
         _ => "info",
     };
     logging::init(cli.log_format, default_filter);
+    // Connections and open files get every descriptor the hard limit allows;
+    // the agent's shell gets the original limit back (see `fdlimit`).
+    match envworker::fdlimit::raise_to_hard() {
+        Ok(r) if r.before != r.after => tracing::debug!(
+            fd_limit.before = ?r.before,
+            fd_limit.after = ?r.after,
+            "raised the descriptor limit to the hard limit"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
+    }
     let result = match cli.command {
         Command::Dev(args) => commands::dev::run(args).await,
         Command::Serve(args) => commands::serve::run(args).await,

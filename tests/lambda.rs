@@ -164,32 +164,6 @@ impl Fixture {
         ];
         function_url_event("/webhooks/default", &headers, &body)
     }
-
-    async fn store_contents(&self, session_id: &str) -> Value {
-        let session = self
-            .server
-            .agents(Method::GET, &format!("/v1/sessions/{session_id}"), None)
-            .await
-            .ok();
-        let store = session["resources"][0]["memory_store_id"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let (memories, _) = self
-            .server
-            .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
-            .await;
-        memories
-            .iter()
-            .map(|m| {
-                (
-                    m["path"].as_str().unwrap().to_string(),
-                    m["content"].clone(),
-                )
-            })
-            .collect::<serde_json::Map<_, _>>()
-            .into()
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -248,8 +222,8 @@ async fn the_webhook_is_answered_first_and_the_flush_happens_inside_the_invocati
         "the work ran after the answer"
     );
     // At the moment the invocation ends, everything is saved and the item stopped.
-    let contents = fx.store_contents(&started.session_id).await;
-    assert_eq!(contents["/b.md"], "from lambda\n", "{contents:#}");
+    let contents = fx.server.session_memories(&started.session_id).await;
+    assert_eq!(contents["/b.md"], "from lambda\n", "{contents:#?}");
     assert_eq!(
         fx.server.work_state(&fx.env.0, &started.session_id).await,
         "stopped"
@@ -383,7 +357,7 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
         done.duration_since(t0) >= Duration::from_secs(10),
         "the session was served until the reserve"
     );
-    let contents = fx.store_contents(&started.session_id).await;
+    let contents = fx.server.session_memories(&started.session_id).await;
     assert_eq!(
         contents["/late.md"],
         "keep me\n",

@@ -185,9 +185,9 @@ async fn a_folder_destroyed_mid_sync_sends_no_deletes() {
 }
 
 #[tokio::test]
-async fn an_unreadable_subdirectory_fails_the_pass_instead_of_reading_as_deletions() {
+async fn an_unreadable_subdirectory_is_skipped_instead_of_reading_as_deletions() {
     if !common::runs_as_nobody(
-        "an_unreadable_subdirectory_fails_the_pass_instead_of_reading_as_deletions",
+        "an_unreadable_subdirectory_is_skipped_instead_of_reading_as_deletions",
     ) {
         return;
     }
@@ -208,7 +208,9 @@ async fn an_unreadable_subdirectory_fails_the_pass_instead_of_reading_as_deletio
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
     assert!(deletes(h.fake.take_calls()).is_empty());
     assert_eq!(h.server("s").len(), 3);
-    assert_eq!(logs.count("memory sync failed"), 1, "{}", logs.text());
+    // Skipped with one warning (issue 12 item 2); the rest of the pass runs.
+    assert_eq!(logs.count("memory sync failed"), 0, "{}", logs.text());
+    assert_eq!(logs.count("cannot be read"), 1, "{}", logs.text());
 }
 
 #[tokio::test(start_paused = true)]

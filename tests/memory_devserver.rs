@@ -4,115 +4,10 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use base64::Engine;
-use common::TestServer;
 use common::harness::Logs;
-use envworker::api::types::{PollWork, SessionResource};
-use envworker::api::{Client, Credential};
-use envworker::devserver::DevserverConfig;
-use envworker::memory::SessionMemoryStores;
-use envworker::memory::options::{DeleteMode, SyncInterval};
+use common::memory_served::served;
 use reqwest::Method;
-use serde_json::{Value, json};
-
-struct Served {
-    s: TestServer,
-    _mnt: tempfile::TempDir,
-    stores: SessionMemoryStores,
-    mounts: Vec<std::path::PathBuf>,
-    notes: String,
-    kb: String,
-    session: String,
-}
-
-/// A scenario-made session with a writable and a read-only store, claimed
-/// like a worker claims it, its stores downloaded with the sessions token.
-async fn served() -> Served {
-    let mnt = tempfile::tempdir().unwrap();
-    let s = TestServer::start_with(
-        DevserverConfig::new(common::ADMIN_KEY)
-            .mount_root(mnt.path().join("memory").to_str().unwrap()),
-    )
-    .await;
-    let started = s
-        .start_scenario(&json!({"name": "engine", "memory_stores": [
-            {"key": "notes", "name": "Notes", "memories": {"/a.md": "a1", "/dir/b.md": "b1", "/gone.md": "g"}},
-            {"key": "kb", "name": "KB", "access": "read_only", "memories": {"/faq.md": "f1"}}
-        ]}))
-        .await;
-    let env_client = Client::builder(Credential::bearer(&started.environment_key))
-        .base_url(s.url())
-        .build()
-        .unwrap();
-    let work = env_client
-        .work(&started.environment_id)
-        .poll(&PollWork::default(), Some("engine-test"))
-        .await
-        .unwrap()
-        .unwrap();
-    let secret = work.secret.unwrap();
-    let payload: Value = serde_json::from_slice(
-        &base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(secret.expose())
-            .unwrap(),
-    )
-    .unwrap();
-    let token = payload["sessions_token"].as_str().unwrap().to_string();
-    let client = Client::builder(Credential::bearer(token))
-        .base_url(s.url())
-        .build()
-        .unwrap();
-    let session = client
-        .sessions()
-        .retrieve(&started.session_id)
-        .await
-        .unwrap();
-    let ids: Vec<String> = session
-        .resources
-        .iter()
-        .filter_map(|r| match r {
-            SessionResource::MemoryStore(m) => Some(m.memory_store_id.clone()),
-            SessionResource::Other(_) => None,
-        })
-        .collect();
-    let mounts: Vec<_> = session
-        .memory_stores()
-        .map(|m| std::path::PathBuf::from(m.mount_path.clone().unwrap()))
-        .collect();
-    let mut stores = SessionMemoryStores::new(
-        Arc::new(client),
-        mnt.path(),
-        SyncInterval::default(),
-        DeleteMode::Enabled,
-    );
-    stores.download(&session).await.unwrap();
-    Served {
-        s,
-        _mnt: mnt,
-        stores,
-        mounts,
-        notes: ids[0].clone(),
-        kb: ids[1].clone(),
-        session: started.session_id,
-    }
-}
-
-async fn server(s: &TestServer, store: &str) -> std::collections::BTreeMap<String, String> {
-    let (items, _) = s
-        .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
-        .await;
-    items
-        .iter()
-        .map(|m| {
-            (
-                m["path"].as_str().unwrap().to_string(),
-                m["content"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect()
-}
+use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn download_sync_and_finish_over_http_with_a_sessions_token() {
@@ -136,7 +31,7 @@ async fn download_sync_and_finish_over_http_with_a_sessions_token() {
     let b =
         t.s.list_all(&format!(
             "/v1/memory_stores/{}/memories?path_prefix=/dir/",
-            t.notes
+            t.ids[0]
         ))
         .await
         .0;
@@ -144,7 +39,7 @@ async fn download_sync_and_finish_over_http_with_a_sessions_token() {
         Method::POST,
         &format!(
             "/v1/memory_stores/{}/memories/{}",
-            t.notes,
+            t.ids[0],
             b[0]["id"].as_str().unwrap()
         ),
         Some(json!({"content": "b2 remote"})),
@@ -159,7 +54,7 @@ async fn download_sync_and_finish_over_http_with_a_sessions_token() {
     );
     t.stores.finish().await.unwrap();
     assert_eq!(
-        server(&t.s, &t.notes).await,
+        t.s.store_memories(&t.ids[0]).await,
         [
             ("/a.md", "a2 from the agent"),
             ("/dir/b.md", "b2 remote"),
@@ -170,7 +65,10 @@ async fn download_sync_and_finish_over_http_with_a_sessions_token() {
         .collect()
     );
     assert_eq!(
-        server(&t.s, &t.kb).await.get("/faq.md").map(String::as_str),
+        t.s.store_memories(&t.ids[1])
+            .await
+            .get("/faq.md")
+            .map(String::as_str),
         Some("f1"),
         "read-only: never pushed"
     );
@@ -181,7 +79,7 @@ async fn download_sync_and_finish_over_http_with_a_sessions_token() {
             Method::GET,
             &format!(
                 "/v1/memory_stores/{}/memory_versions?session_id={}",
-                t.notes, t.session
+                t.ids[0], t.session
             ),
             None,
         )
@@ -216,16 +114,20 @@ async fn the_devservers_refusals_are_remembered_and_warned_once() {
     for _ in 0..3 {
         t.stores.sync_now().await;
     }
-    let held = server(&t.s, &t.notes).await;
+    let held = t.s.store_memories(&t.ids[0]).await;
     assert_eq!(held.get("/fine.md").map(String::as_str), Some("fine"));
     assert!(!held.contains_key("/huge.md"));
     assert!(!held.keys().any(|k| k.contains("name.md")));
-    let refused = |name: &str| {
+    let warned = |name: &str, why: &str| {
         logs.text()
             .lines()
-            .filter(|l| l.contains("the server rejected this memory file") && l.contains(name))
+            .filter(|l| l.contains(why) && l.contains(name))
             .count()
     };
-    assert_eq!(refused("huge.md"), 1, "warned once: {}", logs.text());
-    assert_eq!(refused("name.md"), 1, "warned once: {}", logs.text());
+    // Over the limit by its stat: refused before it is read or sent.
+    let too_large = "larger than a memory may be";
+    assert_eq!(warned("huge.md", too_large), 1, "{}", logs.text());
+    let rejected = "the server rejected this memory file";
+    assert_eq!(warned("huge.md", rejected), 0, "{}", logs.text());
+    assert_eq!(warned("name.md", rejected), 1, "{}", logs.text());
 }

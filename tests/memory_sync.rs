@@ -16,12 +16,7 @@ use envworker::memory::{MemoryError, SessionMemoryStores};
 const RW: Access = Access::ReadWrite;
 const RO: Access = Access::ReadOnly;
 
-fn map(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
-    pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
-}
+use common::contents as map;
 
 #[tokio::test]
 async fn edits_flow_both_ways_and_the_server_wins_conflicts() {

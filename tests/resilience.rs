@@ -81,18 +81,7 @@ impl Env {
     }
 
     async fn fault(&self, rule: Value) {
-        self.server
-            .dev(Method::POST, "/dev/faults", Some(json!({"rules": [rule]})))
-            .await
-            .ok();
-    }
-
-    /// The fault rules still active (a rule with `times` retires once used up).
-    async fn faults_left(&self) -> Vec<Value> {
-        self.server.dev(Method::GET, "/dev/faults", None).await.ok()["rules"]
-            .as_array()
-            .unwrap()
-            .clone()
+        self.server.add_faults(vec![rule]).await;
     }
 
     async fn report(&self, started: &Started) -> Value {
@@ -101,63 +90,8 @@ impl Env {
             .await
     }
 
-    async fn events(&self, started: &Started) -> Vec<Value> {
-        self.server
-            .agents(
-                Method::GET,
-                &format!("/v1/sessions/{}/events?limit=1000", started.session_id),
-                None,
-            )
-            .await
-            .ok()["data"]
-            .as_array()
-            .unwrap()
-            .clone()
-    }
-
     async fn results(&self, started: &Started) -> Vec<Value> {
-        self.events(started)
-            .await
-            .into_iter()
-            .filter(|e| e["type"] == "user.tool_result")
-            .collect()
-    }
-
-    /// The scenario's (only) store: path → content.
-    async fn server_memories(
-        &self,
-        started: &Started,
-    ) -> std::collections::BTreeMap<String, String> {
-        let session = self
-            .server
-            .agents(
-                Method::GET,
-                &format!("/v1/sessions/{}", started.session_id),
-                None,
-            )
-            .await
-            .ok();
-        let store = session["resources"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["type"] == "memory_store")
-            .and_then(|r| r["memory_store_id"].as_str())
-            .unwrap()
-            .to_string();
-        let (memories, _) = self
-            .server
-            .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
-            .await;
-        memories
-            .iter()
-            .map(|m| {
-                (
-                    m["path"].as_str().unwrap().to_string(),
-                    m["content"].as_str().unwrap_or_default().to_string(),
-                )
-            })
-            .collect()
+        self.server.tool_results(&started.session_id).await
     }
 }
 
@@ -180,6 +114,17 @@ fn notes_scenario(steps: Value, expect_final: Value) -> Value {
         "steps": steps,
         "expect_final": {"notes": expect_final},
     })
+}
+
+/// The agent writes `/b.md` ("beta"), then the session waits `wait_ms`.
+fn write_b_then_wait(wait_ms: u64, expect_final: Value) -> Value {
+    notes_scenario(
+        json!([
+            {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}},
+            {"wait_ms": wait_ms}
+        ]),
+        expect_final,
+    )
 }
 
 async fn wait_for_results(env: &Env, started: &Started, n: usize) {
@@ -218,7 +163,7 @@ async fn a_500_on_the_memory_listing_at_mount_is_retried_and_the_item_mounts() {
     let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
     eprintln!("item served in {:?}", began.elapsed());
     assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
-    assert!(env.faults_left().await.is_empty(), "the 500 was served");
+    assert!(env.server.faults().await.is_empty(), "the 500 was served");
     assert_eq!(env.report(&started).await["status"], "passed");
     assert_eq!(
         logs.count("memory request failed; retrying"),
@@ -234,11 +179,8 @@ async fn two_500s_on_an_upload_at_teardown_do_not_lose_the_last_edit() {
     let env = Env::new().await;
     let started = env
         .server
-        .start_scenario(&notes_scenario(
-            json!([
-                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}},
-                {"wait_ms": 1500}
-            ]),
+        .start_scenario(&write_b_then_wait(
+            1500,
             json!({"/a.md": "alpha\n", "/b.md": "beta\n"}),
         ))
         .await;
@@ -252,9 +194,13 @@ async fn two_500s_on_an_upload_at_teardown_do_not_lose_the_last_edit() {
     .await;
     let items = drained.await.unwrap();
     assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
-    assert!(env.faults_left().await.is_empty(), "both 500s were served");
+    assert!(
+        env.server.faults().await.is_empty(),
+        "both 500s were served"
+    );
     assert_eq!(
-        env.server_memories(&started)
+        env.server
+            .session_memories(&started.session_id)
             .await
             .get("/b.md")
             .map(String::as_str),
@@ -276,14 +222,10 @@ async fn a_429_is_retried_after_the_wait_the_server_asks_for() {
     let memories = client.memories(&store);
     let listing = format!("/v1/memory_stores/{store}/memories");
     let fault = |headers: Value, status: u16, times: u64| {
-        server.dev(
-            Method::POST,
-            "/dev/faults",
-            Some(
-                json!({"rules": [{"method": "GET", "path": listing, "status": status,
-                                    "times": times, "headers": headers}]}),
-            ),
-        )
+        server.add_faults(vec![
+            json!({"method": "GET", "path": listing, "status": status,
+                                      "times": times, "headers": headers}),
+        ])
     };
 
     // `retry-after-ms` wins (the SDK's own header, more precise).
@@ -292,8 +234,7 @@ async fn a_429_is_retried_after_the_wait_the_server_asks_for() {
         429,
         1,
     )
-    .await
-    .ok();
+    .await;
     let began = Instant::now();
     let page = memories.list_index(100, None).await.expect("retried");
     let waited = began.elapsed();
@@ -305,7 +246,7 @@ async fn a_429_is_retried_after_the_wait_the_server_asks_for() {
     );
 
     // `retry-after` in seconds.
-    fault(json!({"retry-after": "1"}), 429, 1).await.ok();
+    fault(json!({"retry-after": "1"}), 429, 1).await;
     let began = Instant::now();
     memories.list_index(100, None).await.expect("retried");
     let waited = began.elapsed();
@@ -316,12 +257,12 @@ async fn a_429_is_retried_after_the_wait_the_server_asks_for() {
     );
 
     // `x-should-retry: false` is obeyed: one attempt, the error comes back.
-    fault(json!({"x-should-retry": "false"}), 503, 2).await.ok();
+    fault(json!({"x-should-retry": "false"}), 503, 2).await;
     let err = memories.list_index(100, None).await.unwrap_err();
     assert_eq!(err.status(), Some(503));
-    let left = server.dev(Method::GET, "/dev/faults", None).await.ok();
-    assert_eq!(left["rules"][0]["times"], 1, "one attempt only: {left:#}");
-    server.dev(Method::DELETE, "/dev/faults", None).await.ok();
+    let left = server.faults().await;
+    assert_eq!(left[0]["times"], 1, "one attempt only: {left:#?}");
+    server.clear_faults().await;
 
     // A precondition conflict is an answer, not a transient failure: no retry.
     let memory = server.create_memory(&store, "/b.md", "beta").await;
@@ -353,14 +294,11 @@ async fn a_dropped_answer_is_retried_and_an_update_that_landed_answers_200() {
     let id = memory["id"].as_str().unwrap();
     // The update commits, then its answer is cut off mid-body.
     server
-        .dev(
-            Method::POST,
-            "/dev/faults",
-            Some(json!({"rules": [{"method": "POST", "path": format!("/v1/memory_stores/{store}/memories/{id}"),
-                                    "drop_response": true, "times": 1}]})),
-        )
-        .await
-        .ok();
+        .add_faults(vec![
+            json!({"method": "POST", "path": format!("/v1/memory_stores/{store}/memories/{id}"),
+                                "drop_response": true, "times": 1}),
+        ])
+        .await;
     let update = envworker::api::types::UpdateMemory {
         content: Some("beta".into()),
         path: None,
@@ -383,13 +321,7 @@ async fn a_retry_wait_never_outlasts_the_teardown_bound() {
     let env = Env::new().await;
     let started = env
         .server
-        .start_scenario(&notes_scenario(
-            json!([
-                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}},
-                {"wait_ms": 1000}
-            ]),
-            json!({"/a.md": "alpha\n"}),
-        ))
+        .start_scenario(&write_b_then_wait(1000, json!({"/a.md": "alpha\n"})))
         .await;
     let worker = env.worker_with(&started, |o| {
         o.memory_teardown_bound = Duration::from_secs(2)
@@ -442,7 +374,10 @@ async fn three_500s_on_a_tool_result_post_are_retried_until_it_is_delivered() {
         (items[0].stats.posted, items[0].stats.post_failures),
         (1, 0)
     );
-    assert!(env.faults_left().await.is_empty(), "three attempts failed");
+    assert!(
+        env.server.faults().await.is_empty(),
+        "three attempts failed"
+    );
     assert_eq!(env.results(&started).await.len(), 1);
     assert_eq!(logs.count("tool result send failed; retrying"), 3);
     assert_eq!(logs.count(" ERROR "), 0, "{}", logs.text());
@@ -489,7 +424,7 @@ async fn a_duplicate_result_answered_409_counts_as_delivered() {
         .await;
     let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
     assert_eq!(env.report(&started).await["status"], "passed");
-    assert!(env.faults_left().await.is_empty());
+    assert!(env.server.faults().await.is_empty());
     assert_eq!(env.results(&started).await.len(), 1);
     assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
     assert_eq!(
@@ -554,7 +489,8 @@ async fn a_result_that_can_never_be_delivered_ends_the_item_and_frees_the_slot()
     );
     // The teardown ran its final sync: the edit made by the undelivered call is kept.
     assert_eq!(
-        env.server_memories(&stuck)
+        env.server
+            .session_memories(&stuck.session_id)
             .await
             .get("/b.md")
             .map(String::as_str),

@@ -5,151 +5,21 @@
 mod common;
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{ADMIN_KEY, Started, TestServer};
+use common::serve_stack::{Serve, free_port, stack};
+use common::{ADMIN_KEY, TestServer};
 use envworker::devserver::DevserverConfig;
 use envworker::webhook::SigningKey;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-/// A running `envworker serve`, with its stderr collected.
-struct Serve {
-    child: Child,
-    url: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Serve {
-    fn start(port: u16, envs: &[(&str, &str)], extra: &[&str]) -> Serve {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_envworker"))
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-            .args(extra)
-            .env_remove("RUST_LOG")
-            .envs(envs.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("envworker serve starts");
-        let stderr = common::process::collect_stderr(&mut child);
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("envworker serve listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
-            }
-        });
-        let url = rx
-            .recv_timeout(Duration::from_secs(30))
-            .unwrap_or_else(|_| panic!("serve did not start: {}", stderr.lock().unwrap()));
-        Serve { child, url, stderr }
-    }
-
-    fn logs(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    fn terminate(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-struct Stack {
-    server: TestServer,
-    serve: Serve,
-    started_env: (String, String),
-    secret: String,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-}
-
-/// A devserver that signs webhooks to a `serve` process serving its environment.
-async fn stack(extra: &[&str]) -> Stack {
-    let port = free_port();
-    let (_key, secret) = SigningKey::generate();
-    let mnt = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let server = TestServer::start_with(
-        DevserverConfig::new(ADMIN_KEY)
-            .mount_root(mnt.path().join("memory").to_str().unwrap())
-            .webhook(
-                format!("http://127.0.0.1:{port}/webhooks/default"),
-                SigningKey::parse(&secret).unwrap(),
-            )
-            .lease_ttl_seconds(10),
-    )
-    .await;
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
-    let (env_id, env_key) = (
-        env["environment_id"].as_str().unwrap().to_string(),
-        env["environment_key"].as_str().unwrap().to_string(),
-    );
-    let mut args = vec!["--max-idle", "1s", "--memory-sync-interval", "5s"];
-    args.extend_from_slice(extra);
-    let serve = Serve::start(
-        port,
-        &[
-            ("ANTHROPIC_BASE_URL", &server.url()),
-            ("ANTHROPIC_ENVIRONMENT_ID", &env_id),
-            ("ANTHROPIC_ENVIRONMENT_KEY", &env_key),
-            ("ANTHROPIC_WEBHOOK_SIGNING_KEY", &secret),
-            ("ENVWORKER_WORKDIR", work.path().to_str().unwrap()),
-        ],
-        &args,
-    );
-    Stack {
-        server,
-        serve,
-        started_env: (env_id, env_key),
-        secret,
-        _dirs: (mnt, work),
-    }
-}
-
-impl Stack {
-    async fn start(&self, mut doc: Value) -> Started {
-        doc["environment_id"] = json!(self.started_env.0);
-        self.server.start_scenario(&doc).await
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn serve_drains_on_a_signed_webhook_and_the_scenario_passes() {
     let stack = stack(&[]).await;
     let started = stack.start(common::scenario("notes-roundtrip")).await;
-    let report = stack
-        .server
-        .final_report(&started.session_id, Duration::from_secs(60))
-        .await;
-    assert_eq!(
-        report["status"],
-        "passed",
-        "{report:#}\n{}",
-        stack.serve.logs()
-    );
+    stack.passed_report(&started.session_id).await;
     let logs = stack.serve.logs();
     assert!(
         logs.contains("webhook accepted; draining the queue"),
@@ -177,21 +47,7 @@ async fn sigterm_mid_session_refuses_new_webhooks_and_loses_no_edit() {
         .await;
     // Wait until both edits are on disk (their results were posted).
     loop {
-        let events = stack
-            .server
-            .agents(
-                Method::GET,
-                &format!("/v1/sessions/{}/events?limit=1000", started.session_id),
-                None,
-            )
-            .await
-            .ok();
-        let results = events["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["type"] == "user.tool_result")
-            .count();
+        let results = stack.server.tool_results(&started.session_id).await.len();
         if results >= 2 {
             break;
         }
@@ -230,36 +86,15 @@ async fn sigterm_mid_session_refuses_new_webhooks_and_loses_no_edit() {
         "exit status {status}: {}",
         stack.serve.logs()
     );
-    let session = stack
-        .server
-        .agents(
-            Method::GET,
-            &format!("/v1/sessions/{}", started.session_id),
-            None,
-        )
-        .await
-        .ok();
-    let store = session["resources"][0]["memory_store_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (memories, _) = stack
-        .server
-        .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
-        .await;
-    let content = |path: &str| {
-        memories
-            .iter()
-            .find(|m| m["path"] == path)
-            .map(|m| m["content"].clone())
-    };
+    let memories = stack.server.session_memories(&started.session_id).await;
+    let content = |path: &str| memories.get(path).map(String::as_str);
     assert_eq!(
         content("/draft.md"),
-        Some(json!("unsaved work\n")),
+        Some("unsaved work\n"),
         "{}",
         stack.serve.logs()
     );
-    assert_eq!(content("/a.md"), Some(json!("omega\n")));
+    assert_eq!(content("/a.md"), Some("omega\n"));
     let logs = stack.serve.logs();
     assert!(logs.contains("shutting down"), "{logs}");
 }

@@ -96,20 +96,6 @@ impl Served {
     }
 }
 
-async fn events_of(server: &TestServer, session_id: &str) -> Vec<Value> {
-    server
-        .agents(
-            Method::GET,
-            &format!("/v1/sessions/{session_id}/events?limit=1000"),
-            None,
-        )
-        .await
-        .ok()["data"]
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
 /// Serve one scenario with the toolset over a fresh workdir.
 async fn serve(server: &TestServer, scenario: Value, options: RunnerOptions) -> Served {
     let workdir = tempfile::tempdir().unwrap();
@@ -142,7 +128,7 @@ async fn serve_with(
     let report = server
         .final_report(&started.session_id, Duration::from_secs(30))
         .await;
-    let events = events_of(server, &started.session_id).await;
+    let events = server.events(&started.session_id).await;
     Served {
         run,
         report,
@@ -251,7 +237,7 @@ async fn a_tool_it_does_not_serve_is_left_for_its_owner() {
     // The app backend: wait for the custom call, give the runner time to
     // (wrongly) answer it, then answer it itself.
     let call_id = loop {
-        let events = events_of(&server, &started.session_id).await;
+        let events = server.events(&started.session_id).await;
         if let Some(call) = events.iter().find(|e| e["type"] == "agent.custom_tool_use") {
             break call["id"].as_str().unwrap().to_string();
         }
@@ -279,7 +265,7 @@ async fn a_tool_it_does_not_serve_is_left_for_its_owner() {
         .await;
     assert_eq!(report["status"], "passed", "{report:#}");
     assert_eq!(run.stats.not_owned, 1);
-    let events = events_of(&server, &started.session_id).await;
+    let events = server.events(&started.session_id).await;
     let answers: Vec<_> = events
         .iter()
         .filter(|e| e["custom_tool_use_id"] == call_id.as_str())
@@ -335,7 +321,7 @@ async fn a_deleted_session_ends_the_run() {
     let run = tokio::spawn(runner.run(CancellationToken::new()));
     // The scenario ends its turn (the session goes idle); then it is deleted.
     loop {
-        let events = events_of(&server, &started.session_id).await;
+        let events = server.events(&started.session_id).await;
         if events.iter().any(|e| e["type"] == "session.status_idle") {
             break;
         }
@@ -388,13 +374,8 @@ async fn a_dropped_stream_reconnects_and_the_history_fills_the_gap() {
     // The first two stream connections fail: the tool call is emitted while
     // the runner is backing off, and reaches it through the history.
     server
-        .dev(
-            Method::POST,
-            "/dev/faults",
-            Some(json!({"rules": [{"method": "GET", "path": "/v1/sessions/*/events/stream", "status": 503, "times": 2}]})),
-        )
-        .await
-        .ok();
+        .add_faults(vec![json!({"method": "GET", "path": "/v1/sessions/*/events/stream", "status": 503, "times": 2})])
+        .await;
     let served = serve(
         &server,
         json!({"name": "reconnect", "steps": [
@@ -418,13 +399,10 @@ async fn a_dropped_stream_reconnects_and_the_history_fills_the_gap() {
 async fn a_failed_result_post_is_retried_and_lands_once() {
     let server = TestServer::start().await;
     server
-        .dev(
-            Method::POST,
-            "/dev/faults",
-            Some(json!({"rules": [{"method": "POST", "path": "/v1/sessions/*/events", "status": 503, "times": 2}]})),
-        )
-        .await
-        .ok();
+        .add_faults(vec![
+            json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 503, "times": 2}),
+        ])
+        .await;
     let served = serve(
         &server,
         json!({"name": "retry", "steps": [{"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "hi"}}]}),
@@ -442,13 +420,10 @@ async fn a_result_post_keeps_retrying_for_the_send_window_not_a_fixed_count() {
     // old cap of three attempts would have dropped the result.
     let server = TestServer::start().await;
     server
-        .dev(
-            Method::POST,
-            "/dev/faults",
-            Some(json!({"rules": [{"method": "POST", "path": "/v1/sessions/*/events", "status": 500, "times": 8}]})),
-        )
-        .await
-        .ok();
+        .add_faults(vec![
+            json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 500, "times": 8}),
+        ])
+        .await;
     let served = serve(
         &server,
         json!({"name": "persistent", "steps": [{"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "hi"}}]}),
@@ -472,13 +447,10 @@ async fn a_result_post_keeps_retrying_for_the_send_window_not_a_fixed_count() {
 async fn a_permanent_post_error_is_not_retried() {
     let server = TestServer::start().await;
     server
-        .dev(
-            Method::POST,
-            "/dev/faults",
-            Some(json!({"rules": [{"method": "POST", "path": "/v1/sessions/*/events", "status": 400}]})),
-        )
-        .await
-        .ok();
+        .add_faults(vec![
+            json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 400}),
+        ])
+        .await;
     let started = server
         .start_scenario(&json!({"name": "refused", "steps": [{"tool": "bash", "input": {"command": "true"}, "timeout_ms": 3000}]}))
         .await;
@@ -622,7 +594,7 @@ async fn cancelling_stops_the_call_in_flight_and_returns_promptly() {
     let run = tokio::spawn(runner.run(cancel.clone()));
     // Wait until the command runs.
     loop {
-        let events = events_of(&server, &started.session_id).await;
+        let events = server.events(&started.session_id).await;
         if events.iter().any(|e| e["type"] == "agent.tool_use") {
             break;
         }
@@ -634,7 +606,7 @@ async fn cancelling_stops_the_call_in_flight_and_returns_promptly() {
     let run = run.await.unwrap();
     assert_eq!(run.end, RunEnd::Cancelled);
     assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
-    let events = events_of(&server, &started.session_id).await;
+    let events = server.events(&started.session_id).await;
     assert!(
         !events.iter().any(|e| e["type"] == "user.tool_result"),
         "nothing posted for the cancelled call"

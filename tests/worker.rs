@@ -112,24 +112,11 @@ impl Env {
     }
 
     async fn events(&self, started: &Started) -> Vec<Value> {
-        self.server
-            .agents(
-                Method::GET,
-                &format!("/v1/sessions/{}/events?limit=1000", started.session_id),
-                None,
-            )
-            .await
-            .ok()["data"]
-            .as_array()
-            .unwrap()
-            .clone()
+        self.server.events(&started.session_id).await
     }
 
     async fn fault(&self, rule: Value) {
-        self.server
-            .dev(Method::POST, "/dev/faults", Some(json!({"rules": [rule]})))
-            .await
-            .ok();
+        self.server.add_faults(vec![rule]).await;
     }
 }
 
@@ -426,19 +413,7 @@ async fn the_worker_flushes_writes_when_the_control_plane_stops_the_item_mid_ses
 }
 
 async fn store_id(env: &Env, started: &Started) -> String {
-    let session = env
-        .server
-        .agents(
-            Method::GET,
-            &format!("/v1/sessions/{}", started.session_id),
-            None,
-        )
-        .await
-        .ok();
-    session["resources"][0]["memory_store_id"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    env.server.session_store(&started.session_id).await
 }
 
 #[tokio::test]
@@ -952,22 +927,7 @@ async fn server_memories(
     env: &Env,
     started: &Started,
 ) -> std::collections::BTreeMap<String, String> {
-    let (memories, _) = env
-        .server
-        .list_all(&format!(
-            "/v1/memory_stores/{}/memories?view=full",
-            store_id(env, started).await
-        ))
-        .await;
-    memories
-        .iter()
-        .map(|m| {
-            (
-                m["path"].as_str().unwrap().to_string(),
-                m["content"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect()
+    env.server.session_memories(&started.session_id).await
 }
 
 /// Upload the `report-writer` skill; returns its id.

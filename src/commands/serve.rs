@@ -45,9 +45,6 @@ pub fn endpoints_with_metrics(
             .map(SigningKey::parse)
             .collect::<Result<Vec<_>, _>>()
             .context("ANTHROPIC_WEBHOOK_SIGNING_KEY")?;
-        if args.max_concurrent_items == 0 {
-            bail!("--max-concurrent-items must be at least 1");
-        }
         let mut options =
             super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
         options.metrics = Some(metrics.clone());

@@ -30,6 +30,13 @@ use super::AppState;
 use super::error::{HttpError, HttpResult};
 use super::http::JsonBody;
 
+/// Rules active at once (from `--fault` and `POST /dev/faults` together).
+pub const MAX_RULES: usize = 100;
+/// A rule's `latency_ms` is at most this (10 minutes).
+pub const MAX_LATENCY_MS: u64 = 600_000;
+/// A rule's `times` is at most this.
+pub const MAX_TIMES: u64 = 1_000_000;
+
 /// One fault rule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -102,7 +109,18 @@ impl FaultRule {
         Ok(rule)
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), String> {
+        if self.latency_ms > MAX_LATENCY_MS {
+            return Err(format!(
+                "latency_ms is {}; it must be at most {MAX_LATENCY_MS} (10 minutes)",
+                self.latency_ms
+            ));
+        }
+        if let Some(times) = self.times
+            && times > MAX_TIMES
+        {
+            return Err(format!("times is {times}; it must be at most {MAX_TIMES}"));
+        }
         if !(0.0..=1.0).contains(&self.rate) {
             return Err("rate must be between 0 and 1".into());
         }
@@ -158,6 +176,11 @@ pub fn glob(pattern: &str, text: &str) -> bool {
     true
 }
 
+/// The error for `count` rules: more than [`MAX_RULES`].
+pub fn too_many_rules(count: usize) -> String {
+    format!("{count} fault rules; at most {MAX_RULES} can be active at once")
+}
+
 /// The active rules.
 #[derive(Debug, Default)]
 pub struct Faults {
@@ -181,11 +204,14 @@ impl Faults {
         }
     }
 
-    pub fn add(&self, rules: Vec<FaultRule>) {
-        self.rules
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(rules);
+    /// Add `rules`, unless the active rules would then exceed [`MAX_RULES`].
+    pub fn add(&self, rules: Vec<FaultRule>) -> Result<(), String> {
+        let mut active = self.rules.lock().unwrap_or_else(|e| e.into_inner());
+        if active.len() + rules.len() > MAX_RULES {
+            return Err(too_many_rules(active.len() + rules.len()));
+        }
+        active.extend(rules);
+        Ok(())
     }
 
     pub fn clear(&self) {
@@ -287,7 +313,10 @@ pub async fn add(
     for rule in &body.rules {
         rule.check().map_err(HttpError::invalid_request)?;
     }
-    state.faults().add(body.rules);
+    state
+        .faults()
+        .add(body.rules)
+        .map_err(HttpError::invalid_request)?;
     Ok(Json(json!({ "rules": state.faults().rules() })))
 }
 

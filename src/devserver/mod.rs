@@ -159,6 +159,8 @@ pub enum DevserverError {
     MountRoot(String),
     #[error("the lease TTL must be 1 to {max} seconds", max = work::MAX_TTL_SECONDS)]
     LeaseTtl,
+    #[error("--fault: {0}")]
+    Faults(String),
     #[error(transparent)]
     Db(#[from] DbError),
     #[error("cannot recover the database: {0}")]
@@ -275,6 +277,14 @@ impl Devserver {
         }
         if !(1..=work::MAX_TTL_SECONDS).contains(&config.lease_ttl_seconds) {
             return Err(DevserverError::LeaseTtl);
+        }
+        if config.faults.len() > faults::MAX_RULES {
+            return Err(DevserverError::Faults(faults::too_many_rules(
+                config.faults.len(),
+            )));
+        }
+        for rule in &config.faults {
+            rule.check().map_err(DevserverError::Faults)?;
         }
         let db = Db::open(config.data_dir.as_deref())?;
         let digest: [u8; 32] = Sha256::digest(config.admin_key.as_bytes()).into();

@@ -22,6 +22,19 @@
 //! without that wait once a probe file proves them older than the file
 //! system's clock tick ([`Folder::trust_private_writes`]).
 //!
+//! The root and its parent directory are opened once, by
+//! [`Folder::create_root`], and every operation starts from those file
+//! descriptors rather than from the path: a root swapped for a symlink (or a
+//! file) redirects neither a sync nor the removal, and is reported as
+//! replaced ([`FolderError::Replaced`]).
+//!
+//! One bad entry never stops the rest: a file or directory the worker cannot
+//! read is listed in [`Scan::unreadable`] and skipped, and a file over the
+//! API's size limit ([`MAX_FILE_BYTES`]) is decided by `fstat` and never read
+//! whole — it is scanned as a stand-in hash ([`is_oversized`]) and refused by
+//! [`Folder::get`]. [`Folder::dispose`] removes the folder by fd, restoring
+//! the permissions it needs (the folder is the worker's own).
+//!
 //! Everything here blocks; callers run it on a blocking thread.
 
 use std::collections::BTreeMap;
@@ -29,11 +42,11 @@ use std::ffi::CStr;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use foldhash::{HashMap, HashMapExt};
-use rustix::fs::{AtFlags, CWD, Dir, FileType, Mode, OFlags};
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 
@@ -43,6 +56,12 @@ const DIR_MODE: u32 = 0o700;
 const FILE_MODE: u32 = 0o600;
 /// A file younger than this (by mtime or ctime) is re-hashed on every scan.
 const TIMESTAMP_TRUST_MARGIN: Duration = Duration::from_secs(2);
+/// The most bytes a memory may hold: the API's limit on one memory's content
+/// (`102_400`). A larger file is decided by `fstat` and never read whole, so
+/// no file's size can drive the worker's memory use.
+pub const MAX_FILE_BYTES: u64 = 102_400;
+/// The prefix of an oversized file's stand-in hash; see [`is_oversized`].
+const OVERSIZED: &str = "oversized:";
 
 /// Why the folder refused or failed an operation. The refusals are about the
 /// input (a path or content the folder will not act on); `Io` is the OS.
@@ -58,6 +77,14 @@ pub enum FolderError {
     NotADirectory(String),
     #[error("path {0:?} is not valid utf-8")]
     NotUtf8(String),
+    #[error("path {path:?} holds {size} bytes, over the {MAX_FILE_BYTES}-byte limit of a memory")]
+    TooLarge { path: String, size: u64 },
+    /// The root's path no longer names the directory this folder opened:
+    /// something else (a symlink, a file) was put in its place.
+    #[error(
+        "the memory store folder {0} was replaced by something that is not a directory; it is neither read nor removed"
+    )]
+    Replaced(String),
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -70,7 +97,7 @@ impl FolderError {
     /// A refusal of the input rather than a failure of the OS: retrying the
     /// same content cannot succeed.
     pub fn is_refusal(&self) -> bool {
-        !matches!(self, FolderError::Io { .. })
+        !matches!(self, FolderError::Io { .. } | FolderError::Replaced(_))
     }
 
     /// The OS error, when this is one.
@@ -89,12 +116,57 @@ impl FolderError {
     }
 }
 
-/// A scan of the folder: `rel → sha256` of every regular file, and the names
-/// it could not represent (not UTF-8), which can never be memories.
+/// A scan of the folder: `rel → sha256` of every regular file (a stand-in
+/// for a file over [`MAX_FILE_BYTES`], see [`is_oversized`]), the names it
+/// could not represent (not UTF-8), which can never be memories, and the
+/// entries it could not read.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Scan {
     pub files: BTreeMap<String, String>,
     pub unrepresentable: Vec<String>,
+    /// Files and directories the scan could not read (`""`: the root). What
+    /// is at or below such a path is unknown — never a deletion.
+    pub unreadable: Vec<String>,
+}
+
+impl Scan {
+    /// Is `rel` unknown to this scan: at or below an unreadable entry?
+    pub fn is_unknown(&self, rel: &str) -> bool {
+        self.unreadable.iter().any(|u| {
+            u.is_empty()
+                || rel
+                    .strip_prefix(u.as_str())
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+        })
+    }
+}
+
+/// Is this scanned hash the stand-in of a file over [`MAX_FILE_BYTES`]? A
+/// stand-in is made from the file's stat (size, times, inode), so it changes
+/// whenever the file does, and it never equals a content hash.
+pub fn is_oversized(sha: &str) -> bool {
+    sha.starts_with(OVERSIZED)
+}
+
+fn stand_in(st: &rustix::fs::Stat) -> String {
+    let k = stat_key(st);
+    format!(
+        "{OVERSIZED}{}:{}:{}:{}",
+        k.size, k.mtime_ns, k.ctime_ns, k.ino
+    )
+}
+
+/// The root and its parent, opened by `create_root`.
+#[derive(Debug, Clone)]
+struct RootFds {
+    parent: Arc<OwnedFd>,
+    /// The root's name in `parent`.
+    name: String,
+    root: Arc<OwnedFd>,
+    dev: u64,
+    ino: u64,
+    /// The identity of the directory `create_root` made (or found) there.
+    original: (u64, u64),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +188,8 @@ pub struct Folder {
     /// this folder is ours, and `dispose` removes it.
     removed_on_dispose: bool,
     utf8_only: bool,
+    /// The root and its parent, held from `create_root` on.
+    fds: Mutex<Option<RootFds>>,
     /// The stat cache: path → (stat, hash). Hashed with foldhash, not
     /// SipHash: a scan looks up every file, and the keys are this folder's
     /// own paths.
@@ -166,20 +240,30 @@ thread_local! {
     static READ_BUF: std::cell::RefCell<Vec<u8>> = std::cell::RefCell::new(vec![0u8; 64 * 1024]);
 }
 
-/// Hash an open regular file.
-fn hash_fd(fd: OwnedFd) -> std::io::Result<String> {
-    let mut file = std::fs::File::from(fd);
+/// Hash an open regular file, reading at most [`MAX_FILE_BYTES`] + 1 bytes:
+/// `None` when it holds more (it grew since its `fstat`).
+fn hash_fd(fd: &OwnedFd) -> Result<Option<String>, Errno> {
     let mut hasher = Sha256::new();
-    READ_BUF.with_borrow_mut(|buf| {
+    let within = READ_BUF.with_borrow_mut(|buf| {
+        let mut total: u64 = 0;
         loop {
-            let n = file.read(buf)?;
+            let room = (MAX_FILE_BYTES + 1 - total).min(buf.len() as u64) as usize;
+            let n = match rustix::io::read(fd, &mut buf[..room]) {
+                Ok(n) => n,
+                Err(Errno::INTR) => continue,
+                Err(e) => return Err(e),
+            };
             if n == 0 {
-                return Ok::<(), std::io::Error>(());
+                return Ok(true);
+            }
+            total += n as u64;
+            if total > MAX_FILE_BYTES {
+                return Ok(false);
             }
             hasher.update(&buf[..n]);
         }
     })?;
-    Ok(hex::encode(hasher.finalize()))
+    Ok(within.then(|| hex::encode(hasher.finalize())))
 }
 
 /// Read and hash the regular file `name` in `dir`. Returns the hash and,
@@ -206,10 +290,19 @@ fn hash_fresh(
     if FileType::from_raw_mode(fresh.st_mode) != FileType::RegularFile {
         return Ok(None);
     }
-    let sha = hash_fd(fd).map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+    // Too large by its stat: a stand-in, never a read.
+    let (sha, exact) = if fresh.st_size as u64 > MAX_FILE_BYTES {
+        (stand_in(&fresh), true)
+    } else {
+        match hash_fd(&fd)? {
+            Some(sha) => (sha, true),
+            // It grew past the limit while being read.
+            None => (stand_in(&rustix::fs::fstat(&fd)?), false),
+        }
+    };
     let key = stat_key(&fresh);
     let newest = key.mtime_ns.max(key.ctime_ns);
-    let trusted = newest < scan_start_ns - TIMESTAMP_TRUST_MARGIN.as_nanos() as i128;
+    let trusted = exact && newest < scan_start_ns - TIMESTAMP_TRUST_MARGIN.as_nanos() as i128;
     Ok(Some((sha, trusted.then_some(key))))
 }
 
@@ -222,10 +315,13 @@ struct Walk {
     /// The files seen, in directory order; sorted into the scan at the end.
     files: Vec<(String, String)>,
     unrepresentable: Vec<String>,
+    unreadable: Vec<String>,
 }
 
 impl Walk {
-    fn dir(&mut self, dir: &OwnedFd, prefix: &str) -> Result<(), FolderError> {
+    /// Walk one directory. An entry that cannot be read is listed in
+    /// `unreadable` and skipped; the walk goes on with the rest.
+    fn dir(&mut self, dir: &OwnedFd, prefix: &str) {
         let shown = |name: &str| {
             if prefix.is_empty() {
                 name.to_string()
@@ -237,9 +333,15 @@ impl Walk {
                 rel
             }
         };
-        let entries = Dir::read_from(dir).map_err(|e| FolderError::io(prefix, e))?;
+        let Ok(entries) = Dir::read_from(dir) else {
+            self.unreadable.push(prefix.to_string());
+            return;
+        };
         for entry in entries {
-            let entry = entry.map_err(|e| FolderError::io(prefix, e))?;
+            let Ok(entry) = entry else {
+                self.unreadable.push(prefix.to_string());
+                return;
+            };
             let raw: &CStr = entry.file_name();
             let bytes = raw.to_bytes();
             if bytes == b"." || bytes == b".." {
@@ -254,16 +356,22 @@ impl Walk {
             let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
                 Ok(st) => st,
                 Err(Errno::NOENT) => continue, // a scan is a snapshot, not a lock
-                Err(e) => return Err(FolderError::io(&rel, e)),
+                Err(_) => {
+                    self.unreadable.push(rel);
+                    continue;
+                }
             };
             match FileType::from_raw_mode(st.st_mode) {
                 FileType::Directory => {
                     let sub = match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
                         Ok(fd) => fd,
                         Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => continue,
-                        Err(e) => return Err(FolderError::io(&rel, e)),
+                        Err(_) => {
+                            self.unreadable.push(rel);
+                            continue;
+                        }
                     };
-                    self.dir(&sub, &rel)?;
+                    self.dir(&sub, &rel);
                 }
                 FileType::RegularFile => {
                     // A hit moves the entry from the old cache to the new one.
@@ -274,8 +382,13 @@ impl Walk {
                         self.new.insert(key, (stat, sha));
                         continue;
                     }
-                    let hashed =
-                        hash_fresh(dir, name, self.start).map_err(|e| FolderError::io(&rel, e))?;
+                    let hashed = match hash_fresh(dir, name, self.start) {
+                        Ok(hashed) => hashed,
+                        Err(_) => {
+                            self.unreadable.push(rel);
+                            continue;
+                        }
+                    };
                     if let Some((sha, cacheable)) = hashed {
                         if let Some(stat) = cacheable {
                             self.new.insert(rel.clone(), (stat, sha.clone()));
@@ -287,7 +400,6 @@ impl Walk {
                 _ => {}
             }
         }
-        Ok(())
     }
 }
 
@@ -333,6 +445,7 @@ impl Folder {
             resolved: Mutex::new(root.to_path_buf()),
             removed_on_dispose,
             utf8_only,
+            fds: Mutex::new(None),
             cache: Mutex::new(HashMap::new()),
             private_writes: Mutex::new(HashMap::new()),
         })
@@ -357,7 +470,8 @@ impl Folder {
     }
 
     /// Create the root and any missing ancestors (`0700`); an existing
-    /// directory is fine. Fixes the resolved path.
+    /// directory is fine. Fixes the resolved path, and opens the root and
+    /// its parent: every later operation starts from these descriptors.
     pub fn create_root(&self) -> std::io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
@@ -365,25 +479,89 @@ impl Folder {
             .mode(DIR_MODE)
             .create(&self.configured)?;
         let resolved = std::fs::canonicalize(&self.configured)?;
+        let (Some(parent), Some(name)) = (
+            resolved.parent(),
+            resolved.file_name().and_then(|n| n.to_str()),
+        ) else {
+            return Err(std::io::Error::other(format!(
+                "{} cannot be a memory store folder",
+                resolved.display()
+            )));
+        };
+        let parent = rustix::fs::open(
+            parent,
+            DIR_FLAGS.difference(OFlags::NOFOLLOW),
+            Mode::empty(),
+        )?;
+        let root = rustix::fs::openat(&parent, name, DIR_FLAGS, Mode::empty())?;
+        let st = rustix::fs::fstat(&root)?;
+        *self.fds.lock().unwrap_or_else(|e| e.into_inner()) = Some(RootFds {
+            parent: Arc::new(parent),
+            name: name.to_string(),
+            root: Arc::new(root),
+            dev: st.st_dev,
+            ino: st.st_ino,
+            original: (st.st_dev, st.st_ino),
+        });
         *self.resolved.lock().unwrap_or_else(|e| e.into_inner()) = resolved;
         Ok(())
     }
 
-    /// The root directory, opened without following a symlink at its place.
-    /// `Ok(None)` when nothing is there.
-    fn root_fd(&self) -> Result<Option<OwnedFd>, FolderError> {
-        let root = self.root();
-        match rustix::fs::openat(CWD, &root, DIR_FLAGS, Mode::empty()) {
-            Ok(fd) => Ok(Some(fd)),
-            Err(Errno::NOENT) => Ok(None),
-            Err(Errno::LOOP) | Err(Errno::NOTDIR) => {
-                Err(FolderError::NotADirectory(root.display().to_string()))
-            }
-            Err(e) => Err(FolderError::io(&root.display().to_string(), e)),
+    /// The root directory as opened by `create_root`, after checking that
+    /// its name in the parent still leads to it. `Ok(None)` when nothing is
+    /// there (or the root was never created). Another directory put in its
+    /// place is taken as the folder (the marker check decides whether it is
+    /// trusted); anything else there — a symlink, a file — is
+    /// [`FolderError::Replaced`]: never followed, never removed.
+    fn root_fd(&self) -> Result<Option<Arc<OwnedFd>>, FolderError> {
+        let mut fds = self.fds.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(held) = fds.as_mut() else {
+            return Ok(None);
+        };
+        let shown = || self.root().display().to_string();
+        let st = match rustix::fs::statat(
+            &*held.parent,
+            held.name.as_str(),
+            AtFlags::SYMLINK_NOFOLLOW,
+        ) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => return Ok(None),
+            Err(e) => return Err(FolderError::io(&shown(), e)),
+        };
+        if (st.st_dev, st.st_ino) == (held.dev, held.ino) {
+            return Ok(Some(held.root.clone()));
         }
+        if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+            return Err(FolderError::Replaced(shown()));
+        }
+        let root =
+            match rustix::fs::openat(&*held.parent, held.name.as_str(), DIR_FLAGS, Mode::empty()) {
+                Ok(fd) => fd,
+                Err(Errno::NOENT) => return Ok(None),
+                Err(Errno::LOOP) | Err(Errno::NOTDIR) => {
+                    return Err(FolderError::Replaced(shown()));
+                }
+                Err(e) => return Err(FolderError::io(&shown(), e)),
+            };
+        let st = rustix::fs::fstat(&root).map_err(|e| FolderError::io(&shown(), e))?;
+        held.root = Arc::new(root);
+        (held.dev, held.ino) = (st.st_dev, st.st_ino);
+        Ok(Some(held.root.clone()))
     }
 
-    fn require_root(&self) -> Result<OwnedFd, FolderError> {
+    /// Is the root still the very directory `create_root` opened (not
+    /// another one put in its place)?
+    pub fn is_original_root(&self) -> bool {
+        matches!(self.root_fd(), Ok(Some(_)))
+            && self
+                .fds
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|h| (h.dev, h.ino) == h.original)
+    }
+
+    fn require_root(&self) -> Result<Arc<OwnedFd>, FolderError> {
         self.root_fd()?.ok_or_else(|| FolderError::Io {
             path: self.root().display().to_string(),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
@@ -552,13 +730,25 @@ impl Folder {
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(FolderError::NotAFile(rel.to_string()));
         }
+        let too_large = |size: u64| FolderError::TooLarge {
+            path: rel.to_string(),
+            size,
+        };
+        if st.st_size as u64 > MAX_FILE_BYTES {
+            return Err(too_large(st.st_size as u64));
+        }
+        // At most one byte past the limit, however much the file grows meanwhile.
         let mut data = Vec::with_capacity(st.st_size.max(0) as usize);
         std::fs::File::from(fd)
+            .take(MAX_FILE_BYTES + 1)
             .read_to_end(&mut data)
             .map_err(|e| FolderError::Io {
                 path: rel.to_string(),
                 source: e,
             })?;
+        if data.len() as u64 > MAX_FILE_BYTES {
+            return Err(too_large(data.len() as u64));
+        }
         self.check_utf8(rel, &data)?;
         Ok(Some(data))
     }
@@ -609,8 +799,9 @@ impl Folder {
     }
 
     /// Hash every regular file below the root. Symlinks (and what they point
-    /// to), FIFOs and devices are skipped; an unreadable directory fails the
-    /// scan rather than reading as deletions. An absent root scans empty.
+    /// to), FIFOs and devices are skipped; an entry that cannot be read is
+    /// listed in [`Scan::unreadable`] (so what is below it is unknown, never
+    /// deleted). An absent root scans empty; a replaced one fails.
     pub fn scan(&self) -> Result<Scan, FolderError> {
         let start = now_ns();
         let Some(root) = self.root_fd()? else {
@@ -625,14 +816,15 @@ impl Folder {
             new: HashMap::with_capacity(old.len()),
             files: Vec::with_capacity(old.len()),
             unrepresentable: Vec::new(),
+            unreadable: Vec::new(),
             old,
         };
-        let walked = walk.dir(&root, "");
+        walk.dir(&root, "");
         *cache = walk.new;
-        walked?;
         Ok(Scan {
             files: BTreeMap::from_iter(walk.files),
             unrepresentable: walk.unrepresentable,
+            unreadable: walk.unreadable,
         })
     }
 
@@ -657,16 +849,98 @@ impl Folder {
     }
 
     /// Remove the root and everything below it — only if `open` found
-    /// nothing there. Symlinks inside are removed, never followed.
-    pub fn dispose(&self) -> std::io::Result<()> {
+    /// nothing there. Works from the descriptors opened at mount: symlinks
+    /// inside are removed, never followed; a root replaced by something
+    /// else is left alone and reported; permissions the agent took away are
+    /// restored first (the folder is the worker's own).
+    pub fn dispose(&self) -> Result<(), FolderError> {
         if !self.removed_on_dispose {
             return Ok(());
         }
-        match std::fs::remove_dir_all(self.root()) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            other => other,
+        let Some(root) = self.root_fd()? else {
+            return Ok(());
+        };
+        let shown = self.root().display().to_string();
+        let held = self
+            .fds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .expect("a root fd comes from the held descriptors");
+        let st = rustix::fs::fstat(&*root).map_err(|e| FolderError::io(&shown, e))?;
+        if st.st_mode & DIR_MODE != DIR_MODE {
+            rustix::fs::fchmod(&*root, Mode::from_raw_mode(DIR_MODE))
+                .map_err(|e| FolderError::io(&shown, e))?;
+        }
+        remove_below(&root, &shown)?;
+        match rustix::fs::unlinkat(&*held.parent, held.name.as_str(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(FolderError::io(&shown, e)),
         }
     }
+}
+
+/// Remove everything below the directory `dir`, depth first, by fd. A
+/// subdirectory the agent made unreadable or unwritable gets `0700` back
+/// first, through an `O_PATH` descriptor of that very directory (chmod via
+/// `/proc/self/fd`), so a name swapped for a symlink meanwhile is never
+/// followed.
+fn remove_below(dir: &OwnedFd, shown: &str) -> Result<(), FolderError> {
+    let names: Vec<std::ffi::CString> = Dir::read_from(dir)
+        .map_err(|e| FolderError::io(shown, e))?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_owned())
+        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+        .collect();
+    for name in names {
+        let rel = format!("{shown}/{}", name.to_string_lossy());
+        let st = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(FolderError::io(&rel, e)),
+        };
+        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+            let sub = open_for_removal(dir, &name).map_err(|e| FolderError::io(&rel, e))?;
+            remove_below(&sub, &rel)?;
+            match rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::REMOVEDIR) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(FolderError::io(&rel, e)),
+            }
+        } else {
+            match rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => {}
+                Err(e) => return Err(FolderError::io(&rel, e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Open the subdirectory `name` of `dir` for reading and removing its
+/// entries, restoring `0700` on it when the agent took its permissions away.
+fn open_for_removal(dir: &OwnedFd, name: &CStr) -> Result<OwnedFd, Errno> {
+    let path = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&path)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Err(Errno::NOTDIR);
+    }
+    if st.st_mode & DIR_MODE == DIR_MODE {
+        return rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty());
+    }
+    let by_proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&path));
+    rustix::fs::chmod(by_proc.as_str(), Mode::from_raw_mode(DIR_MODE))?;
+    // Re-open that same directory (the magic link names the inode, not
+    // the name), now with the permissions to read it.
+    rustix::fs::open(
+        by_proc.as_str(),
+        DIR_FLAGS.difference(OFlags::NOFOLLOW),
+        Mode::empty(),
+    )
 }
 
 #[cfg(test)]
@@ -819,7 +1093,14 @@ mod tests {
     fn fifos_and_devices_are_never_opened() {
         let (_t, f) = folder();
         let fifo = f.root().join("pipe.md");
-        rustix::fs::mknodat(CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
         // A blocking open of a FIFO would hang here; the folder refuses instead.
         assert!(matches!(f.get("pipe.md"), Err(FolderError::NotAFile(_))));
         assert!(matches!(
@@ -960,6 +1241,121 @@ mod tests {
         ours.dispose().unwrap();
         assert!(!ours.root().exists());
         ours.dispose().unwrap();
+    }
+
+    #[test]
+    fn oversized_files_are_decided_by_stat_and_never_read_whole() {
+        let (_t, f) = folder();
+        let path = f.root().join("big.md");
+        // Sparse: no disk, and a read of it would show in the test's memory.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(64 << 30)
+            .unwrap();
+        let scan = f.scan().unwrap();
+        assert!(is_oversized(&scan.files["big.md"]), "{scan:?}");
+        assert!(is_oversized(&f.hash_file("big.md").unwrap().unwrap()));
+        assert!(matches!(
+            f.get("big.md"),
+            Err(FolderError::TooLarge { size, .. }) if size == 64 << 30
+        ));
+        assert!(f.get("big.md").unwrap_err().is_refusal());
+        // The stand-in changes with the file; at the limit a file is hashed.
+        std::fs::File::create(&path)
+            .unwrap()
+            .set_len(MAX_FILE_BYTES + 1)
+            .unwrap();
+        let again = f.scan().unwrap().files["big.md"].clone();
+        assert!(is_oversized(&again) && again != scan.files["big.md"]);
+        std::fs::write(&path, "x".repeat(MAX_FILE_BYTES as usize)).unwrap();
+        assert_eq!(
+            f.scan().unwrap().files["big.md"],
+            hex::encode(Sha256::digest("x".repeat(MAX_FILE_BYTES as usize)))
+        );
+        assert_eq!(
+            f.get("big.md").unwrap().unwrap().len() as u64,
+            MAX_FILE_BYTES
+        );
+    }
+
+    #[test]
+    fn a_read_stops_one_byte_past_the_limit_whatever_the_file_grows_to() {
+        let (_t, f) = folder();
+        // A file that grew past the limit after its fstat: the reader stops
+        // at limit + 1 bytes and says so.
+        let fd = rustix::fs::open(
+            f.root().join("g.md").as_path(),
+            OFlags::RDWR | OFlags::CREATE,
+            Mode::from_raw_mode(0o600),
+        )
+        .unwrap();
+        std::fs::File::from(fd.try_clone().unwrap())
+            .write_all(&vec![b'y'; MAX_FILE_BYTES as usize + 4096])
+            .unwrap();
+        rustix::fs::seek(&fd, rustix::fs::SeekFrom::Start(0)).unwrap();
+        assert_eq!(hash_fd(&fd).unwrap(), None, "over the limit while read");
+        rustix::fs::seek(&fd, rustix::fs::SeekFrom::Start(0)).unwrap();
+        rustix::fs::ftruncate(&fd, 10).unwrap();
+        assert!(hash_fd(&fd).unwrap().is_some());
+    }
+
+    #[test]
+    fn unreadable_entries_are_listed_and_the_rest_still_scans() {
+        let (_t, f) = folder();
+        f.put("ok.md", b"ok").unwrap();
+        f.put("dir/in.md", b"in").unwrap();
+        f.put("locked.md", b"l").unwrap();
+        std::fs::set_permissions(f.root().join("dir"), std::fs::Permissions::from_mode(0o000))
+            .unwrap();
+        std::fs::set_permissions(
+            f.root().join("locked.md"),
+            std::fs::Permissions::from_mode(0o000),
+        )
+        .unwrap();
+        let scan = f.scan().unwrap();
+        if rustix::process::geteuid().is_root() {
+            // Root reads everything: nothing is unreadable.
+            assert!(scan.unreadable.is_empty());
+        } else {
+            assert_eq!(scan.files.keys().collect::<Vec<_>>(), ["ok.md"]);
+            assert_eq!(scan.unreadable, ["dir", "locked.md"]);
+            assert!(scan.is_unknown("dir/in.md") && scan.is_unknown("locked.md"));
+            assert!(!scan.is_unknown("dirt.md") && !scan.is_unknown("ok.md"));
+        }
+        // Dispose removes it all anyway: the folder is the worker's own.
+        f.dispose().unwrap();
+        assert!(!f.root().exists());
+    }
+
+    #[test]
+    fn a_root_swapped_for_a_symlink_is_reported_and_never_followed() {
+        let (t, f) = folder();
+        f.put("a.md", b"a").unwrap();
+        let elsewhere = t.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).unwrap();
+        std::fs::write(elsewhere.join("secret.md"), "secret").unwrap();
+        std::fs::rename(f.root(), t.path().join("moved")).unwrap();
+        symlink(&elsewhere, f.root()).unwrap();
+        for err in [
+            f.scan().unwrap_err(),
+            f.get("secret.md").unwrap_err(),
+            f.put("planted.md", b"x").unwrap_err(),
+            f.dispose().unwrap_err(),
+        ] {
+            assert!(matches!(err, FolderError::Replaced(_)), "{err}");
+            assert!(!err.is_refusal());
+        }
+        assert!(elsewhere.join("secret.md").exists());
+        assert!(!elsewhere.join("planted.md").exists());
+        assert!(f.root().is_symlink(), "left alone");
+        // Another directory put in its place is taken as the folder (the
+        // marker check decides whether it is trusted).
+        std::fs::remove_file(f.root()).unwrap();
+        std::fs::create_dir(f.root()).unwrap();
+        std::fs::write(f.root().join("b.md"), "b").unwrap();
+        assert_eq!(f.scan().unwrap().files.keys().collect::<Vec<_>>(), ["b.md"]);
+        f.dispose().unwrap();
+        assert!(!f.root().exists());
     }
 
     #[test]

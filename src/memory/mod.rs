@@ -252,7 +252,9 @@ impl SessionMemoryStores {
     /// [`sync_if_due`](Self::sync_if_due) cut off after `bound`, so a slow
     /// memory API cannot hold the agent's next call for long. A sync cut
     /// off counts as done for the cadence (the next one waits an interval);
-    /// what it had not finished is picked up by the next listing.
+    /// what it completed is already in the baseline (each operation is
+    /// recorded as it completes), and what it had not finished is picked up
+    /// by the next listing.
     pub async fn sync_if_due_within(&self, bound: Duration) -> Option<SyncReport> {
         match tokio::time::timeout(bound, self.sync_if_due()).await {
             Ok(report) => report,

@@ -8,6 +8,8 @@ use std::time::Duration;
 pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(15);
 /// The shortest sync interval: every sync lists every attached store.
 pub const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(5);
+/// The longest sync interval (a day): longer is as good as `off`, and says so.
+pub const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// The bound on each teardown pass (the final sync, then the flush).
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -60,6 +62,11 @@ pub enum OptionError {
         min = MIN_SYNC_INTERVAL.as_secs()
     )]
     IntervalTooShort(String),
+    #[error(
+        "memory sync interval must be at most {max}s (got {0}); to run without memory sync, turn it off",
+        max = MAX_SYNC_INTERVAL.as_secs()
+    )]
+    IntervalTooLong(String),
     #[error("memory sync deletions must be enabled, log_only or disabled (got {0:?})")]
     DeleteMode(String),
     #[error("{0}")]
@@ -89,6 +96,12 @@ impl SyncInterval {
                 interval.as_secs_f64()
             )));
         }
+        if interval > MAX_SYNC_INTERVAL {
+            return Err(OptionError::IntervalTooLong(format!(
+                "{}s",
+                interval.as_secs_f64()
+            )));
+        }
         Ok(SyncInterval(Some(interval)))
     }
 
@@ -101,6 +114,9 @@ impl SyncInterval {
             .is_some_and(|o| o.is_ge());
         if !at_least_floor || !secs.is_finite() {
             return Err(OptionError::IntervalTooShort(format!("{secs}")));
+        }
+        if secs > MAX_SYNC_INTERVAL.as_secs_f64() {
+            return Err(OptionError::IntervalTooLong(format!("{secs}")));
         }
         Ok(SyncInterval(Some(Duration::from_secs_f64(secs))))
     }

@@ -19,7 +19,10 @@
 //!
 //! A file that already holds the server's bytes is adopted without a fetch;
 //! a new file is created; a new memory is pulled; a file the server refused
-//! is not offered again until its content changes.
+//! is not offered again until its content changes. A path the scan could not
+//! read (an unreadable file, or anything below an unreadable directory) is
+//! unknown, not missing: it keeps its baseline, and nothing is deleted,
+//! pulled over it or uploaded for it.
 
 use std::time::Duration;
 
@@ -53,6 +56,9 @@ pub struct PathFacts<'a> {
     /// The baseline is from before a re-download that did not re-establish
     /// it: good for telling a local edit from a conflict, never for deleting.
     pub tentative: bool,
+    /// The scan could not read the path (or a directory above it): whatever
+    /// is on disk there is unknown.
+    pub unreadable: bool,
 }
 
 /// What holds for the whole store during this pass.
@@ -149,6 +155,15 @@ fn owned(s: Option<&str>) -> Option<String> {
 
 /// Decide one path.
 pub fn plan(f: PathFacts<'_>, pass: PassFacts) -> Plan {
+    if f.unreadable && f.local.is_none() {
+        // Unknown, not gone: no delete, no pull over it, and its absence
+        // starts no delete window.
+        let decision = match f.baseline {
+            Some(base) if !f.tentative => Decision::Keep(base.into()),
+            _ => Decision::Forget,
+        };
+        return Plan::new(decision).pending(Pending::Clear);
+    }
     let f = match (f.tentative, f.local, f.remote) {
         (false, ..) => f,
         // A missing file is restored, never deleted on the server.
@@ -316,6 +331,7 @@ mod tests {
             refused: None,
             missing_since: None,
             tentative: false,
+            unreadable: false,
         }
     }
 
@@ -515,6 +531,7 @@ mod tests {
             refused: Some(V2),
             missing_since: None,
             tentative: false,
+            unreadable: false,
         };
         assert_eq!(plan(refused_edit, rw).decision, keep(V1));
         // ...and a refused edit that survives a remote delete is not re-created.
@@ -536,6 +553,50 @@ mod tests {
             ..facts(Side::Same, Side::Same)
         };
         assert_eq!(plan(back, rw).pending, Pending::Clear);
+    }
+
+    #[test]
+    fn an_unreadable_path_is_unknown_never_deleted_pulled_or_pushed() {
+        let now = Instant::now();
+        let unknown = |remote| PathFacts {
+            unreadable: true,
+            missing_since: Some(now),
+            ..facts(Side::Deleted, remote)
+        };
+        use Side::*;
+        for final_sync in [false, true] {
+            let pass = PassFacts {
+                final_sync,
+                ..pass(false, DeleteMode::Enabled, now + DELETE_CORROBORATION)
+            };
+            // Unchanged on the server: kept (no delete, even past the window).
+            let p = plan(unknown(Same), pass);
+            assert_eq!((p.decision, p.pending), (keep(V1), Pending::Clear));
+            // Edited on the server: not pulled over the unknown file.
+            assert_eq!(plan(unknown(Edited), pass).decision, keep(V1));
+            // Deleted on the server: nothing removed locally.
+            assert_eq!(plan(unknown(Deleted), pass).decision, keep(V1));
+        }
+        // A new memory below an unreadable folder is not pulled into it.
+        let new_memory = PathFacts {
+            remote: Some(Listed { id: ID, sha: V1 }),
+            unreadable: true,
+            ..Default::default()
+        };
+        let rw = pass(false, DeleteMode::Enabled, now);
+        assert_eq!(plan(new_memory, rw).decision, Decision::Forget);
+        // A tentative baseline is never made a real one by an unknown path.
+        let held = PathFacts {
+            tentative: true,
+            ..unknown(Same)
+        };
+        assert_eq!(plan(held, rw).decision, Decision::Forget);
+        // A file the scan did read is planned as usual.
+        let read = PathFacts {
+            unreadable: true,
+            ..facts(Side::Edited, Side::Same)
+        };
+        assert!(matches!(plan(read, rw).decision, Decision::Upload { .. }));
     }
 
     #[test]

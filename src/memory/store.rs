@@ -5,6 +5,14 @@
 //! download or successful sync), `refused` (hashes the server refused for
 //! good), `pending` (paths seen missing, since when) and `sent` (hashes of
 //! uploads whose answer never came, settled by the next listing).
+//!
+//! Each completed operation (upload, delete, pull, local removal) enters the
+//! baseline the moment it completes, never only at the end of a pass: a pass
+//! cut off at its bound, cancelled or failed part-way loses nothing that
+//! reached the server, so the agent's next edit is not mistaken for a
+//! conflict. The flush judges edits against the same baseline (or the
+//! tentative one a re-download left), and when it cannot list the store it
+//! still pushes each edit, guarded by the hash it was last synced at.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -16,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
 
-use super::folder::{Folder, FolderError, Scan};
+use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
 use super::options::DeleteMode;
 use super::plan::{Decision, Listed, Note, PassFacts, PathFacts, Pending, delete_cap, plan};
 use super::remote::MemoryApi;
@@ -77,6 +85,11 @@ struct State {
     sent: HashMap<String, String>,
     /// Names already reported as unsyncable.
     warned_names: HashSet<String>,
+    /// Paths already reported as unreadable or too large (each warned once).
+    warned_paths: HashSet<String>,
+    /// Memory ids by path, from the last listing and the uploads since: the
+    /// flush updates with them when it cannot list the store.
+    ids: HashMap<String, String>,
     /// Files the server refused since the last pass took the count.
     new_refusals: usize,
     /// Uploads that lost to a remote change (409) since the last pass took the count.
@@ -88,6 +101,8 @@ struct Marked {
     files: BTreeMap<String, String>,
     /// `None` when the marker names this store; otherwise why not.
     distrust: Option<&'static str>,
+    /// The scan itself, without its files: which paths it could not read.
+    unknown: Scan,
 }
 
 /// What a pass did, for the caller's counters.
@@ -146,9 +161,33 @@ impl AttachedStore {
         let Scan {
             mut files,
             unrepresentable,
+            unreadable,
         } = blocking(move || folder.scan()).await??;
         {
             let mut state = self.state();
+            for path in &unreadable {
+                if state.warned_paths.insert(path.clone()) {
+                    warn!(
+                        memory_store.id = %self.id,
+                        memory.path = %path,
+                        "this entry of the memory store folder cannot be read; it is skipped, and nothing at or below it is uploaded, deleted or pulled over"
+                    );
+                }
+            }
+            // A file over the limit is refused by its stat, never read: the
+            // server would refuse it too.
+            for (rel, sha) in files.iter().filter(|(_, sha)| is_oversized(sha)) {
+                state.refused.insert(rel.clone(), sha.clone());
+                if state.warned_paths.insert(rel.clone()) {
+                    state.new_refusals += 1;
+                    warn!(
+                        memory_store.id = %self.id,
+                        memory.path = %rel,
+                        limit_bytes = MAX_FILE_BYTES,
+                        "the file is larger than a memory may be, so it stays un-synced (and is not deleted) until it shrinks"
+                    );
+                }
+            }
             for name in unrepresentable {
                 if state.warned_names.insert(name.clone()) {
                     warn!(
@@ -159,12 +198,28 @@ impl AttachedStore {
                 }
             }
         }
-        let distrust = match files.remove(MARKER_PATH) {
+        let mut distrust = match files.remove(MARKER_PATH) {
             Some(sha) if sha == marker_sha(&self.id) => None,
             Some(_) => Some("the marker file does not match this store"),
             None => Some("the marker file is gone"),
         };
-        Ok(Marked { files, distrust })
+        // A marker made unreadable in the very directory the mount created
+        // is still ours: stamp it again rather than distrust the folder.
+        if unreadable.iter().any(|u| u == MARKER_PATH) && self.folder.is_original_root() {
+            let folder = self.folder.clone();
+            let marker = marker_content(&self.id);
+            if let Ok(Ok(())) = blocking(move || folder.put(MARKER_PATH, marker.as_bytes())).await {
+                distrust = None;
+            }
+        }
+        Ok(Marked {
+            files,
+            distrust,
+            unknown: Scan {
+                unreadable,
+                ..Scan::default()
+            },
+        })
     }
 
     /// Every memory of the store as (id, hash) by relative path (the entry's
@@ -201,8 +256,16 @@ impl AttachedStore {
             }
             match next {
                 Some(n) => page = Some(n),
-                // A path listed twice keeps its last entry, as an insert would.
-                None => return Ok(BTreeMap::from_iter(out)),
+                None => {
+                    // A path listed twice keeps its last entry, as an insert would.
+                    let remote = BTreeMap::from_iter(out);
+                    let mut state = self.state();
+                    state.ids.clear();
+                    state
+                        .ids
+                        .extend(remote.iter().map(|(rel, m)| (rel.clone(), m.id.clone())));
+                    return Ok(remote);
+                }
             }
         }
     }
@@ -254,7 +317,7 @@ impl AttachedStore {
                 .list(&self.id, View::Full, FULL_PAGE, page.take())
                 .await?;
             let next = got.next_cursor().map(str::to_string);
-            let items: Vec<(String, String, String)> = got
+            let items: Vec<(String, String, String, String)> = got
                 .data
                 .into_iter()
                 .filter_map(MemoryListItem::into_memory)
@@ -264,24 +327,25 @@ impl AttachedStore {
                         warn!(memory_store.id = %self.id, memory.path = %m.path, "the server listed the reserved marker path; skipping");
                         return None;
                     }
-                    Some((rel, m.content.unwrap_or_default(), m.content_sha256))
+                    Some((rel, m.id, m.content.unwrap_or_default(), m.content_sha256))
                 })
                 .collect();
-            listed.extend(items.iter().map(|(rel, _, _)| rel.clone()));
+            listed.extend(items.iter().map(|(rel, _, _, _)| rel.clone()));
             // One blocking hop per page.
             let folder = self.folder.clone();
             let results = blocking(move || {
                 items
                     .into_iter()
-                    .map(|(rel, content, sha)| {
+                    .map(|(rel, id, content, sha)| {
                         let r = put(&folder, &rel, content.as_bytes(), private);
-                        (rel, sha, r)
+                        (rel, id, sha, r)
                     })
                     .collect::<Vec<_>>()
             })
             .await?;
             let mut state = self.state();
-            for (rel, sha, result) in results {
+            for (rel, id, sha, result) in results {
+                state.ids.insert(rel.clone(), id);
                 match result {
                     Ok(()) => {
                         state.tentative.remove(&rel);
@@ -339,6 +403,11 @@ impl AttachedStore {
         stats: &mut PassStats,
     ) -> Result<(), PassError> {
         let scan = self.scan().await?;
+        if scan.unknown.is_unknown("") {
+            // The root itself cannot be read (warned once by the scan):
+            // nothing can be told, so nothing is done — no recovery either.
+            return Ok(());
+        }
         if let Some(reason) = scan.distrust {
             if !scan.files.is_empty() {
                 warn!(
@@ -360,8 +429,12 @@ impl AttachedStore {
             .retain(|rel, _| !scan.files.contains_key(rel));
         let remote = self.index(api).await?;
         self.settle_sent(&remote);
-        // One file gone is a deletion; every file gone at once is a wipe.
-        if scan.files.is_empty() && self.state().baseline.len() > 1 {
+        // One file gone is a deletion; every file gone at once is a wipe —
+        // unless some could not be read: those are unknown, not gone.
+        if scan.files.is_empty()
+            && scan.unknown.unreadable.is_empty()
+            && self.state().baseline.len() > 1
+        {
             stats.recovered = true;
             return self.recover(api, "every memory file is gone at once").await;
         }
@@ -374,8 +447,9 @@ impl AttachedStore {
         };
         // Every path is planned under one lock, reading the state in place.
         // The baseline only changes where a decision (or its I/O) moves it:
-        // `changes` holds those entries, applied in order once the I/O is
-        // done (`None` takes the path out of the baseline).
+        // `changes` holds the decisions' entries, applied right after the
+        // planning (`None` takes the path out of the baseline); each I/O
+        // records its own entry the moment it completes.
         let mut changes: Vec<(String, Option<String>)> = Vec::new();
         let mut pulls = Vec::new();
         let mut uploads = Vec::new();
@@ -423,6 +497,7 @@ impl AttachedStore {
                     refused: refused.get(rel).map(String::as_str),
                     missing_since: pending.get(rel).copied(),
                     tentative: confirmed.is_none() && held.is_some(),
+                    unreadable: local.is_none() && scan.unknown.is_unknown(rel),
                 };
                 let p = plan(facts, pass);
                 match p.pending {
@@ -470,12 +545,16 @@ impl AttachedStore {
             }
         }
 
+        for (rel, sha) in changes {
+            self.record(rel, sha);
+        }
+
         // A memory the server deleted: remove the file, unless it was edited
         // since the scan — then it is the only copy and is planned again.
         for (rel, base) in removals {
             match self.remove_local(&rel, &base).await {
-                Removal::Gone => changes.push((rel, None)),
-                Removal::Kept => changes.push((rel, Some(base))),
+                Removal::Gone => self.record(rel, None),
+                Removal::Kept => self.record(rel, Some(base)),
                 Removal::Edited(fresh) => {
                     let refused = self.state().refused.get(&rel).cloned();
                     let facts = PathFacts {
@@ -485,12 +564,13 @@ impl AttachedStore {
                         refused: refused.as_deref(),
                         missing_since: None,
                         tentative: false,
+                        unreadable: false,
                     };
                     let p = plan(facts, pass);
                     if let Some(note) = p.note {
                         self.report(&rel, note);
                     }
-                    changes.push((rel.clone(), None));
+                    self.record(rel.clone(), None);
                     if let Decision::Upload { update, fallback } = p.decision {
                         uploads.push((rel, Some(fresh), update, fallback));
                     }
@@ -498,19 +578,17 @@ impl AttachedStore {
             }
         }
 
-        let uploaded: Vec<(String, Option<String>, bool)> = stream::iter(uploads)
+        stats.uploads = stream::iter(uploads)
             .map(|(rel, local, update, fallback)| async move {
                 let got = self.upload(api, &rel, local.as_deref(), update).await;
                 let ok = got.is_some();
-                (rel, got.or(fallback), ok)
+                self.record(rel, got.or(fallback));
+                ok
             })
             .buffer_unordered(UPLOAD_CONCURRENCY)
-            .collect()
+            .filter(|ok| std::future::ready(*ok))
+            .count()
             .await;
-        for (rel, sha, ok) in uploaded {
-            stats.uploads += ok as usize;
-            changes.push((rel, sha));
-        }
         {
             let mut state = self.state();
             stats.refused = std::mem::take(&mut state.new_refusals);
@@ -535,7 +613,7 @@ impl AttachedStore {
             if kept.is_none() {
                 stats.deletes += 1;
             }
-            changes.push((rel, kept));
+            self.record(rel, kept);
         }
         if deletions == DeleteMode::LogOnly {
             stats.deletes_logged = attempted;
@@ -545,16 +623,6 @@ impl AttachedStore {
         {
             let mut guard = self.state();
             let state = &mut *guard;
-            for (rel, sha) in changes {
-                match sha {
-                    Some(sha) => {
-                        state.baseline.insert(rel, sha);
-                    }
-                    None => {
-                        state.baseline.remove(&rel);
-                    }
-                }
-            }
             // A tentative entry retires once the path has a real baseline,
             // or once the server no longer holds it.
             let baseline = &state.baseline;
@@ -579,6 +647,20 @@ impl AttachedStore {
             );
         }
         Ok(())
+    }
+
+    /// Record one path's new baseline entry (`None`: out of the baseline),
+    /// at once — the moment the decision or the I/O behind it completes.
+    fn record(&self, rel: String, sha: Option<String>) {
+        let mut state = self.state();
+        match sha {
+            Some(sha) => {
+                state.baseline.insert(rel, sha);
+            }
+            None => {
+                state.baseline.remove(&rel);
+            }
+        }
     }
 
     fn report(&self, rel: &str, note: Note) {
@@ -673,6 +755,7 @@ impl AttachedStore {
                     let mut state = self.state();
                     state.refused.remove(rel);
                     state.sent.remove(rel);
+                    state.ids.insert(rel.to_string(), memory.id);
                     Some(memory.content_sha256)
                 }
                 Err(e) => match (update.is_some(), e.status()) {
@@ -863,6 +946,8 @@ impl AttachedStore {
             );
             return Ok(());
         }
+        // Judged against the baseline, or the tentative one a re-download
+        // left (as the planner does), so an edit is never taken for a conflict.
         let dirty: BTreeMap<String, String> = {
             let state = self.state();
             scan.files
@@ -882,27 +967,57 @@ impl AttachedStore {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .extend(dirty.keys().cloned());
-        let remote = self.index(api).await?;
-        self.settle_sent(&remote);
+        // Without a listing (the store cannot be listed: the very fault
+        // that may have failed the final sync), each edit still goes out,
+        // guarded by the hash it was last synced at: the server refuses it
+        // (409) only if another writer changed the memory since.
+        let remote = match self.index(api).await {
+            Ok(remote) => {
+                self.settle_sent(&remote);
+                Some(remote)
+            }
+            Err(e) => {
+                warn!(
+                    memory_store.id = %self.id,
+                    error = %e,
+                    "the flush cannot list the memory store; pushing each changed file guarded by its last synced version"
+                );
+                None
+            }
+        };
         let done = |rel: &str| {
             unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);
         };
         let mut work = Vec::new();
         for (rel, local) in &dirty {
-            let base = self.state().baseline.get(rel).cloned();
-            let existing = remote.get(rel);
+            let (base, known_id) = {
+                let state = self.state();
+                let base = state
+                    .baseline
+                    .get(rel)
+                    .or_else(|| state.tentative.get(rel))
+                    .cloned();
+                (base, state.ids.get(rel).cloned())
+            };
             if Some(local) == base.as_ref() {
-                // Listed only for an unsettled send that never landed.
+                // Listed only for an unsettled send that never landed, or
+                // unchanged since the tentative baseline.
                 done(rel);
                 continue;
             }
-            if let Some(m) = existing {
-                if &m.content_sha256 == local {
+            let existing = match &remote {
+                Some(remote) => remote
+                    .get(rel)
+                    .map(|m| (m.id.clone(), m.content_sha256.clone())),
+                None => base.clone().and_then(|b| known_id.map(|id| (id, b))),
+            };
+            if let Some((_, listed)) = &existing {
+                if listed == local {
                     self.state().baseline.insert(rel.clone(), local.clone());
                     done(rel);
                     continue;
                 }
-                if Some(&m.content_sha256) != base.as_ref() {
+                if Some(listed) != base.as_ref() {
                     warn!(
                         memory_store.id = %self.id,
                         memory.path = %rel,
@@ -913,11 +1028,7 @@ impl AttachedStore {
                     continue;
                 }
             }
-            work.push((
-                rel.clone(),
-                local.clone(),
-                existing.map(|m| (m.id.clone(), m.content_sha256.clone())),
-            ));
+            work.push((rel.clone(), local.clone(), existing));
         }
         let results: Vec<bool> = stream::iter(work)
             .map(|(rel, local, update)| async move {

@@ -18,6 +18,7 @@
 //! `/readyz` turns 503, running items are cancelled — their final flush
 //! still runs within its bounds — and the process exits once they are done.
 
+pub mod connections;
 pub mod lambda;
 pub mod replay;
 
@@ -460,10 +461,30 @@ pub async fn serve_container(
     grace: Duration,
 ) -> std::io::Result<bool> {
     let stop_http = CancellationToken::new();
-    let http_stop = stop_http.clone();
-    let server = axum::serve(listener, app(state.clone()))
-        .with_graceful_shutdown(async move { http_stop.cancelled().await });
-    let server = tokio::spawn(async move { server.await });
+    // Connections are capped below the descriptor limit, keeping a reserve
+    // for every item that can run at once (its flush and dispose need fds).
+    let concurrent_items = state
+        .inner
+        .endpoints
+        .values()
+        .map(|e| e.drain.max_concurrent_items.max(1))
+        .sum();
+    let limits = connections::ConnectionLimits::for_descriptors(
+        crate::fdlimit::soft_limit(),
+        concurrent_items,
+    );
+    info!(
+        connections.max = limits.max_connections,
+        header_read_timeout_ms = limits.header_read_timeout.as_millis() as u64,
+        idle_timeout_ms = limits.idle_timeout.as_millis() as u64,
+        "connection limits"
+    );
+    let server = tokio::spawn(connections::serve(
+        listener,
+        app(state.clone()),
+        limits,
+        stop_http.clone(),
+    ));
     // Items may already wait (a restart, a replica added by the autoscaler):
     // look once at start instead of waiting for the next delivery.
     for endpoint in state.inner.endpoints.values() {
@@ -480,9 +501,11 @@ pub async fn serve_container(
         );
     }
     stop_http.cancel();
-    match tokio::time::timeout(Duration::from_secs(5), server).await {
-        Ok(Ok(r)) => r?,
-        _ => warn!("the HTTP server did not stop within 5s"),
+    if tokio::time::timeout(Duration::from_secs(10), server)
+        .await
+        .is_err()
+    {
+        warn!("the HTTP server did not stop within 10s");
     }
     Ok(clean)
 }

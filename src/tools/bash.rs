@@ -67,7 +67,17 @@ impl BashSession {
         workdir: &std::path::Path,
         env: &[(String, String)],
     ) -> Result<Self, BashError> {
-        let mut child = Command::new("/bin/bash")
+        let mut command = Command::new("/bin/bash");
+        // The process raised its descriptor limit for its own connections;
+        // the agent's shell runs with the limit the worker was started with
+        // (tools that close every descriptor up to the limit stay fast).
+        if let Some(original) = crate::fdlimit::original() {
+            // SAFETY: one setrlimit syscall, async-signal-safe, no allocation.
+            unsafe {
+                command.pre_exec(move || crate::fdlimit::restore_in_child(&original));
+            }
+        }
+        let mut child = command
             .args(["--noprofile", "--norc"])
             .current_dir(workdir)
             .env_clear()

@@ -5,8 +5,10 @@
 pub mod fake_memory;
 pub mod harness;
 pub mod lambda;
+pub mod memory_served;
 pub mod process;
 pub mod sdk;
+pub mod serve_stack;
 pub mod served;
 pub mod toolbox;
 
@@ -286,6 +288,88 @@ impl TestServer {
         (items, pages)
     }
 
+    /// A session's events, oldest first (up to 1,000).
+    pub async fn events(&self, session_id: &str) -> Vec<Value> {
+        self.agents(
+            Method::GET,
+            &format!("/v1/sessions/{session_id}/events?limit=1000"),
+            None,
+        )
+        .await
+        .ok()["data"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// A session's `user.tool_result` events, oldest first.
+    pub async fn tool_results(&self, session_id: &str) -> Vec<Value> {
+        self.events(session_id)
+            .await
+            .into_iter()
+            .filter(|e| e["type"] == "user.tool_result")
+            .collect()
+    }
+
+    /// Add fault rules to the devserver's (`POST /dev/faults`).
+    pub async fn add_faults(&self, rules: Vec<Value>) {
+        self.dev(Method::POST, "/dev/faults", Some(json!({ "rules": rules })))
+            .await
+            .ok();
+    }
+
+    /// Clear every fault rule (`DELETE /dev/faults`).
+    pub async fn clear_faults(&self) {
+        self.dev(Method::DELETE, "/dev/faults", None).await.ok();
+    }
+
+    /// The fault rules still active (a rule with `times` retires once used up).
+    pub async fn faults(&self) -> Vec<Value> {
+        self.dev(Method::GET, "/dev/faults", None).await.ok()["rules"]
+            .as_array()
+            .unwrap()
+            .clone()
+    }
+
+    /// The id of the session's first memory store resource.
+    pub async fn session_store(&self, session_id: &str) -> String {
+        let session = self
+            .agents(Method::GET, &format!("/v1/sessions/{session_id}"), None)
+            .await
+            .ok();
+        session["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["type"] == "memory_store")
+            .and_then(|r| r["memory_store_id"].as_str())
+            .unwrap_or_else(|| panic!("no memory store in {session:#}"))
+            .to_string()
+    }
+
+    /// A store's memories as path → content.
+    pub async fn store_memories(&self, store: &str) -> std::collections::BTreeMap<String, String> {
+        let (memories, _) = self
+            .list_all(&format!("/v1/memory_stores/{store}/memories?view=full"))
+            .await;
+        memories
+            .iter()
+            .map(|m| {
+                let content = m["content"].as_str().unwrap_or_default();
+                (m["path"].as_str().unwrap().to_string(), content.to_string())
+            })
+            .collect()
+    }
+
+    /// The memories of the session's first store, as path → content.
+    pub async fn session_memories(
+        &self,
+        session_id: &str,
+    ) -> std::collections::BTreeMap<String, String> {
+        let store = self.session_store(session_id).await;
+        self.store_memories(&store).await
+    }
+
     /// Everything the server holds: every store (archived too), with its full
     /// memories and its full version history. Equal snapshots = nothing changed.
     pub async fn snapshot(&self) -> Value {
@@ -309,6 +393,14 @@ impl TestServer {
     }
 }
 
+/// A store's expected contents: path → content.
+pub fn contents(pairs: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
 /// Lowercase hex SHA-256.
 pub fn sha256(content: &str) -> String {
     use sha2::Digest;
@@ -323,27 +415,55 @@ pub fn runs_as_nobody(test: &str) -> bool {
     if !rustix::process::geteuid().is_root() {
         return true;
     }
+    rerun(test, true);
+    false
+}
+
+/// A check that measures the whole process (its peak RSS) re-runs itself
+/// alone in a child process, so no other test thread counts. Returns `true`
+/// in the child, which runs the check; `false` after the child passed.
+pub fn runs_alone(test: &str) -> bool {
+    if std::env::var_os(ALONE).is_some() {
+        return true;
+    }
+    rerun(test, false);
+    false
+}
+
+/// Set in the environment of a test re-run alone by [`runs_alone`].
+const ALONE: &str = "ENVWORKER_TEST_ALONE";
+
+/// Run this binary's `test` alone in a child (as `nobody` when asked) and
+/// assert that it passed.
+fn rerun(test: &str, as_nobody: bool) {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
     let dir = tempfile::Builder::new()
-        .prefix("envworker-nobody-")
+        .prefix("envworker-rerun-")
         .tempdir_in("/tmp")
         .unwrap();
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-    let exe = dir.path().join("test-binary");
-    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
-    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = if as_nobody {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let exe = dir.path().join("test-binary");
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        exe
+    } else {
+        std::env::current_exe().unwrap()
+    };
     // Another test thread forking while the copy's write handle was open
     // makes exec fail with ETXTBSY for a moment: retry that.
     let mut attempts = 0;
     let status = loop {
-        match std::process::Command::new(&exe)
+        let mut command = std::process::Command::new(&exe);
+        command
             .args(["--exact", test, "--nocapture", "--test-threads=1"])
             .env("TMPDIR", "/tmp")
-            .uid(65534)
-            .gid(65534)
-            .status()
-        {
+            .env(ALONE, "1");
+        if as_nobody {
+            command.uid(65534).gid(65534);
+        }
+        match command.status() {
             Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 50 => {
                 attempts += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20));
@@ -351,6 +471,16 @@ pub fn runs_as_nobody(test: &str) -> bool {
             other => break other.unwrap(),
         }
     };
-    assert!(status.success(), "{test} failed as nobody: {status}");
-    false
+    let who = if as_nobody { "as nobody" } else { "alone" };
+    assert!(status.success(), "{test} failed {who}: {status}");
+}
+
+/// This process's peak resident set size (`VmHWM`), in KiB.
+pub fn peak_rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
 }

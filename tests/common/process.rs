@@ -34,17 +34,7 @@ impl DevserverProcess {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("envworker starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("envworker devserver listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
-            }
-        });
-        let url = rx
-            .recv_timeout(Duration::from_secs(30))
+        let url = announced_url(&mut child, "envworker devserver listening on ")
             .expect("the devserver announces its URL");
         DevserverProcess { child, url }
     }
@@ -68,6 +58,21 @@ impl Drop for DevserverProcess {
         }
         let _ = self.child.wait();
     }
+}
+
+/// The URL `child` prints on its (piped) stdout after `prefix`, within 30 s;
+/// the rest of its stdout is drained in the background.
+pub fn announced_url(child: &mut Child, prefix: &'static str) -> Option<String> {
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(url) = line.strip_prefix(prefix) {
+                let _ = tx.send(url.to_string());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30)).ok()
 }
 
 /// Collect everything `child` writes to its (piped) stderr, as it comes.

@@ -31,6 +31,15 @@ use super::super::validate;
 /// Why a scenario was refused; the message names the step or store.
 pub type FormatError = String;
 
+/// Steps in one scenario.
+pub const MAX_STEPS: usize = 1_000;
+/// A `wait_ms` step waits at most this long (10 minutes).
+pub const MAX_WAIT_MS: u64 = 600_000;
+/// A step's `timeout_ms` is 1 ms to this (an hour).
+pub const MAX_TIMEOUT_MS: u64 = 3_600_000;
+/// Memories seeded across all of a scenario's stores.
+pub const MAX_MEMORIES: usize = 2_000;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scenario {
@@ -238,6 +247,15 @@ fn parse_step(index: usize, raw: &Value, stores: &BTreeSet<&str>) -> Result<Step
     }
     if obj.contains_key("wait_ms") {
         let w: RawWait = serde_json::from_value(raw.clone()).map_err(|e| step_error(index, e))?;
+        if w.wait_ms > MAX_WAIT_MS {
+            return Err(step_error(
+                index,
+                format!(
+                    "wait_ms is {}; the most a step waits is {MAX_WAIT_MS} (10 minutes)",
+                    w.wait_ms
+                ),
+            ));
+        }
         return Ok(Step::Wait(w.wait_ms));
     }
     if obj.contains_key("tool") || obj.contains_key("custom_tool") {
@@ -289,6 +307,14 @@ fn parse_step(index: usize, raw: &Value, stores: &BTreeSet<&str>) -> Result<Step
                 ));
             }
             _ => {}
+        }
+        if let Some(ms) = t.timeout_ms
+            && !(1..=MAX_TIMEOUT_MS).contains(&ms)
+        {
+            return Err(step_error(
+                index,
+                format!("timeout_ms is {ms}; it must be between 1 and {MAX_TIMEOUT_MS} (an hour)"),
+            ));
         }
         let expect = t.expect.unwrap_or_default();
         let expect_strings: Vec<Value> = [&expect.contains, &expect.not_contains]
@@ -383,6 +409,22 @@ pub struct Checked {
 pub fn parse(doc: Value) -> Result<Checked, FormatError> {
     let scenario: Scenario = serde_json::from_value(doc).map_err(|e| format!("scenario: {e}"))?;
     let mut keys = BTreeSet::new();
+    if scenario.steps.len() > MAX_STEPS {
+        return Err(format!(
+            "steps: {} steps; a scenario has at most {MAX_STEPS}",
+            scenario.steps.len()
+        ));
+    }
+    let memories: usize = scenario
+        .memory_stores
+        .iter()
+        .map(|s| s.memories.len())
+        .sum();
+    if memories > MAX_MEMORIES {
+        return Err(format!(
+            "memory_stores: {memories} memories; a scenario seeds at most {MAX_MEMORIES}"
+        ));
+    }
     if scenario.memory_stores.len() > super::super::sessions::MAX_MEMORY_STORES {
         return Err(format!(
             "memory_stores: at most {} stores can be attached to a session",

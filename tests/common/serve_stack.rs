@@ -1,0 +1,215 @@
+//! `envworker serve` as users run it: a child process behind an in-process
+//! devserver that signs its webhooks (shared by `serve_process.rs`,
+//! `serve_flood.rs` and `bounds.rs`).
+
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use envworker::devserver::DevserverConfig;
+use envworker::webhook::SigningKey;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::{ADMIN_KEY, Started, TestServer};
+
+/// A running `envworker serve`, with its stderr collected.
+pub struct Serve {
+    pub child: Child,
+    pub url: String,
+    pub stderr: Arc<Mutex<String>>,
+}
+
+/// How the `serve` child is started.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServeLimits {
+    /// `RLIMIT_NOFILE` (soft, hard) set in the child before `exec`.
+    pub nofile: Option<(u64, u64)>,
+}
+
+impl Serve {
+    pub fn start(port: u16, envs: &[(&str, &str)], extra: &[&str]) -> Serve {
+        Self::start_limited(port, envs, extra, ServeLimits::default())
+    }
+
+    /// [`Serve::start`] with the child's resource limits set before it runs.
+    pub fn start_limited(
+        port: u16,
+        envs: &[(&str, &str)],
+        extra: &[&str],
+        limits: ServeLimits,
+    ) -> Serve {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_envworker"));
+        command
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .envs(envs.iter().copied())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some((soft, hard)) = limits.nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs here.
+            unsafe {
+                command.pre_exec(move || {
+                    rustix::process::setrlimit(
+                        rustix::process::Resource::Nofile,
+                        rustix::process::Rlimit {
+                            current: Some(soft),
+                            maximum: Some(hard),
+                        },
+                    )
+                    .map_err(std::io::Error::from)
+                });
+            }
+        }
+        let mut child = command.spawn().expect("envworker serve starts");
+        let stderr = super::process::collect_stderr(&mut child);
+        let url = super::process::announced_url(&mut child, "envworker serve listening on ")
+            .unwrap_or_else(|| panic!("serve did not start: {}", stderr.lock().unwrap()));
+        Serve { child, url, stderr }
+    }
+
+    pub fn logs(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The last `lines` lines of the logs.
+    pub fn logs_tail(&self, lines: usize) -> String {
+        let logs = self.logs();
+        let all: Vec<&str> = logs.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    pub fn terminate(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub struct Stack {
+    pub server: TestServer,
+    pub serve: Serve,
+    pub started_env: (String, String),
+    pub secret: String,
+    /// Where sessions mount their stores (empty once every session disposed of them).
+    pub mount_root: std::path::PathBuf,
+    pub _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+/// A devserver that signs webhooks to a `serve` process serving its environment.
+pub async fn stack(extra: &[&str]) -> Stack {
+    stack_limited(extra, ServeLimits::default()).await
+}
+
+/// [`stack`] with the `serve` child's resource limits.
+pub async fn stack_limited(extra: &[&str], limits: ServeLimits) -> Stack {
+    let port = free_port();
+    let (_key, secret) = SigningKey::generate();
+    let mnt = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mount_root = mnt.path().join("memory");
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY)
+            .mount_root(mount_root.to_str().unwrap())
+            .webhook(
+                format!("http://127.0.0.1:{port}/webhooks/default"),
+                SigningKey::parse(&secret).unwrap(),
+            )
+            .lease_ttl_seconds(10),
+    )
+    .await;
+    let env = server
+        .dev(Method::POST, "/dev/environments", Some(json!({})))
+        .await
+        .ok();
+    let (env_id, env_key) = (
+        env["environment_id"].as_str().unwrap().to_string(),
+        env["environment_key"].as_str().unwrap().to_string(),
+    );
+    let mut args = vec!["--max-idle", "1s", "--memory-sync-interval", "5s"];
+    args.extend_from_slice(extra);
+    let serve = Serve::start_limited(
+        port,
+        &[
+            ("ANTHROPIC_BASE_URL", &server.url()),
+            ("ANTHROPIC_ENVIRONMENT_ID", &env_id),
+            ("ANTHROPIC_ENVIRONMENT_KEY", &env_key),
+            ("ANTHROPIC_WEBHOOK_SIGNING_KEY", &secret),
+            ("ENVWORKER_WORKDIR", work.path().to_str().unwrap()),
+        ],
+        &args,
+        limits,
+    );
+    Stack {
+        server,
+        serve,
+        started_env: (env_id, env_key),
+        secret,
+        mount_root,
+        _dirs: (mnt, work),
+    }
+}
+
+impl Stack {
+    pub async fn start(&self, mut doc: Value) -> Started {
+        doc["environment_id"] = json!(self.started_env.0);
+        self.server.start_scenario(&doc).await
+    }
+
+    /// The scenario's final report, asserted `passed` (else the report, the
+    /// session's events and the tail of serve's logs are shown).
+    pub async fn passed_report(&self, session_id: &str) -> Value {
+        let report = self
+            .server
+            .final_report(session_id, Duration::from_secs(60))
+            .await;
+        if report["status"] != "passed" {
+            let events = self.server.events(session_id).await;
+            panic!("{report:#}\n{events:#?}\n{}", self.serve.logs_tail(60));
+        }
+        report
+    }
+
+    /// POST a signed `session.status_run_started` for `session_id` (webhook-id
+    /// `id`) to the default endpoint, as the API delivers it.
+    pub async fn deliver_run_started(
+        &self,
+        http: &reqwest::Client,
+        id: &str,
+        session_id: &str,
+    ) -> reqwest::Result<reqwest::Response> {
+        let key = SigningKey::parse(&self.secret).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs() as i64;
+        let body = json!({"type": "event", "id": id, "created_at": "2026-01-01T00:00:00Z",
+            "data": {"type": "session.status_run_started", "id": session_id}})
+        .to_string();
+        http.post(format!("{}/webhooks/default", self.serve.url))
+            .header("content-type", "application/json")
+            .header("webhook-id", id)
+            .header("webhook-timestamp", now.to_string())
+            .header("webhook-signature", key.sign(id, now, body.as_bytes()))
+            .body(body)
+            .send()
+            .await
+    }
+}
