@@ -7,6 +7,8 @@
 //!   cursor pagination, error classes.
 //! - [`devserver`] — a local control plane answering as the real API does,
 //!   over SQLite, so workers can be run and tested without the real API.
+//! - [`fsx`] — opening beneath a directory fd without following symlinks
+//!   (`openat2`, or a per-component `O_NOFOLLOW` walk), removal by fd.
 //! - [`memory`] — memory stores on disk: the confined folder, the pure
 //!   three-way planner, the sync executor, deletes, flush, dispose.
 //! - [`metrics`] — Prometheus counters fed from the worker's events and
@@ -35,6 +37,7 @@ pub mod commands;
 pub mod config;
 pub mod devserver;
 pub mod fdlimit;
+pub mod fsx;
 pub mod logging;
 pub mod memory;
 pub mod metrics;

@@ -672,21 +672,7 @@ async fn poll_hands_each_item_to_the_on_work_command_and_run_serves_it() {
         d = dir.display(),
         bin = env!("CARGO_BIN_EXE_envworker"),
     );
-    let poll = Command::new(env!("CARGO_BIN_EXE_envworker"))
-        .args(["poll", "--on-work", &command])
-        .env_remove("ANTHROPIC_WORK_SECRET")
-        .envs([
-            ("ANTHROPIC_BASE_URL", server.url().as_str()),
-            ("ANTHROPIC_ENVIRONMENT_ID", started.environment_id.as_str()),
-            (
-                "ANTHROPIC_ENVIRONMENT_KEY",
-                started.environment_key.as_str(),
-            ),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let poll = common::toolbox::spawn_poll(&server.url(), &started, &command);
     let report = server
         .final_report(&started.session_id, Duration::from_secs(60))
         .await;

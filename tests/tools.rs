@@ -2,67 +2,16 @@
 //! the official SDKs have them, the path policy (the Go SDK's tests by
 //! name), and the shell's lifecycle.
 
+mod common;
+
 use std::os::unix::fs::{PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use envworker::tools::{ToolContext, ToolError, ToolOutput, Toolset, scrub};
-use serde_json::{Value, json};
+use common::toolbox::{T, write};
+use envworker::tools::{ToolError, ToolOutput, scrub};
+use serde_json::json;
 use tokio::time::Instant;
-
-struct T {
-    dir: tempfile::TempDir,
-    tools: Toolset,
-}
-
-impl T {
-    fn new() -> T {
-        T::with(|_| {})
-    }
-
-    /// A toolset over `<tmp>/work`, with `<tmp>/mem` (read-write) and
-    /// `<tmp>/kb` (read-only) as extra roots, after `tweak`.
-    fn with(tweak: impl FnOnce(&mut ToolContext)) -> T {
-        let dir = tempfile::tempdir().unwrap();
-        for d in ["work", "mem", "kb", "outside"] {
-            std::fs::create_dir_all(dir.path().join(d)).unwrap();
-        }
-        let mut ctx = ToolContext::new(dir.path().join("work"));
-        ctx.allowed_roots = vec![dir.path().join("mem"), dir.path().join("kb")];
-        ctx.read_only_roots = vec![dir.path().join("kb")];
-        ctx.bash_env = vec![("PATH".into(), "/usr/bin:/bin".into())];
-        tweak(&mut ctx);
-        T {
-            tools: Toolset::new(ctx),
-            dir,
-        }
-    }
-
-    fn p(&self, rel: &str) -> PathBuf {
-        self.dir.path().join(rel)
-    }
-
-    fn s(&self, rel: &str) -> String {
-        self.p(rel).display().to_string()
-    }
-
-    async fn call(&self, name: &str, input: Value) -> Result<String, String> {
-        self.call_for(name, input, Duration::from_secs(30)).await
-    }
-
-    async fn call_for(&self, name: &str, input: Value, bound: Duration) -> Result<String, String> {
-        self.tools
-            .run(name, input, Instant::now() + bound)
-            .await
-            .map(|o| o.text())
-            .map_err(|ToolError { message }| message)
-    }
-}
-
-fn write(path: &Path, content: &str) {
-    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-    std::fs::write(path, content).unwrap();
-}
 
 // ---- path policy (Go SDK: tools/agenttoolset tests) ----
 
@@ -200,26 +149,39 @@ async fn a_symlink_leaving_the_workdir_is_refused_even_dangling() {
     symlink(t.p("outside/secret"), t.p("work/link")).unwrap();
     symlink(t.p("outside/not-yet"), t.p("work/dangling")).unwrap();
     symlink(t.p("outside"), t.p("work/dirlink")).unwrap();
+    // Symlinks are never followed (issue 12): refused as such, wherever they lead.
     for p in ["link", "dirlink/secret"] {
         let err = t.call("read", json!({"file_path": p})).await.unwrap_err();
-        assert!(err.contains("outside"), "{p}: {err}");
+        assert_eq!(
+            err,
+            format!(
+                "read: {p}: a symbolic link is in the way (the file tools never follow symbolic links)"
+            )
+        );
     }
     // Writing through a dangling symlink would create the file outside.
     let err = t
         .call("write", json!({"file_path": "dangling", "content": "x"}))
         .await
         .unwrap_err();
-    assert!(err.contains("outside"), "{err}");
+    assert!(err.contains("a symbolic link is in the way"), "{err}");
     assert!(!t.p("outside/not-yet").exists());
 }
 
 #[tokio::test]
-async fn a_symlink_inside_the_workdir_is_followed_to_its_target() {
+async fn a_symlink_inside_the_workdir_is_refused_too() {
+    // Since issue 12 the tools never follow a symlink, even one that stays
+    // inside: its target might be swapped for one outside between calls.
     let t = T::new();
     write(&t.p("work/real.txt"), "real");
     symlink("real.txt", t.p("work/alias.txt")).unwrap();
+    let err = t
+        .call("read", json!({"file_path": "alias.txt"}))
+        .await
+        .unwrap_err();
+    assert!(err.contains("a symbolic link is in the way"), "{err}");
     assert_eq!(
-        t.call("read", json!({"file_path": "alias.txt"}))
+        t.call("read", json!({"file_path": "real.txt"}))
             .await
             .unwrap(),
         "real"
@@ -239,8 +201,9 @@ async fn a_symlinked_read_only_root_still_refuses_writes() {
         )
         .await
         .unwrap_err();
+    // The alias is a symlink: refused before the read-only rule even applies.
     assert!(
-        err.starts_with("write: kb-alias/faq.md is inside read-only directory"),
+        err.starts_with("write: kb-alias/faq.md: a symbolic link is in the way"),
         "{err}"
     );
     let err = t
@@ -251,9 +214,23 @@ async fn a_symlinked_read_only_root_still_refuses_writes() {
         .await
         .unwrap_err();
     assert!(
-        err.starts_with("edit: kb-alias/faq.md is inside read-only directory"),
+        err.starts_with("edit: kb-alias/faq.md: a symbolic link is in the way"),
         "{err}"
     );
+    // Moved under the workdir by the agent's shell, the store stays read-only.
+    std::fs::rename(t.p("kb"), t.p("work/kb-moved")).unwrap();
+    let err = t
+        .call(
+            "write",
+            json!({"file_path": "kb-moved/faq.md", "content": "changed"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        err.starts_with("write: kb-moved/faq.md is inside read-only directory"),
+        "{err}"
+    );
+    std::fs::rename(t.p("work/kb-moved"), t.p("kb")).unwrap();
     assert_eq!(std::fs::read_to_string(t.p("kb/faq.md")).unwrap(), "Q");
 
     let dir = tempfile::tempdir().unwrap();
@@ -290,7 +267,7 @@ async fn symlink_loops_give_a_clean_error_without_leaking_the_workdir() {
         ("read", json!({"file_path": "self"})),
     ] {
         let err = t.call(tool, input).await.unwrap_err();
-        assert!(err.contains("too many levels of symbolic links"), "{err}");
+        assert!(err.contains("a symbolic link is in the way"), "{err}");
         assert!(!err.contains(&t.s("work")), "leaks the workdir: {err}");
     }
 }

@@ -42,12 +42,11 @@ use std::ffi::CStr;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use foldhash::{HashMap, HashMapExt};
-use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 
@@ -199,10 +198,6 @@ pub struct Folder {
     /// [`Folder::trust_private_writes`] moves them into `cache`.
     private_writes: Mutex<HashMap<String, (u64, StatKey, String)>>,
 }
-
-/// Whether `openat2` works here; cleared the first time the kernel (or a
-/// seccomp filter) says it does not.
-static OPENAT2: AtomicBool = AtomicBool::new(true);
 
 /// `path` is usable verbatim as a folder: absolute, and no `..` component.
 pub fn is_clean_absolute(path: &str) -> bool {
@@ -414,38 +409,7 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::CLOEXEC);
 
 /// Open `comps` beneath `dirfd` without following any symlink.
-fn open_beneath(dirfd: &OwnedFd, comps: &[&str], flags: OFlags) -> Result<OwnedFd, Errno> {
-    let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    if comps.is_empty() {
-        return rustix::fs::openat(dirfd, ".", flags, Mode::empty());
-    }
-    if OPENAT2.load(Ordering::Relaxed) {
-        let joined = comps.join("/");
-        match rustix::fs::openat2(
-            dirfd,
-            joined.as_str(),
-            flags,
-            Mode::empty(),
-            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-        ) {
-            Err(Errno::NOSYS) | Err(Errno::PERM) => OPENAT2.store(false, Ordering::Relaxed),
-            other => return other,
-        }
-    }
-    // The fallback walk: each directory opened with O_NOFOLLOW from its parent.
-    let (last, dirs) = comps.split_last().expect("non-empty");
-    let mut current: Option<OwnedFd> = None;
-    for dir in dirs {
-        let parent = current.as_ref().unwrap_or(dirfd);
-        current = Some(rustix::fs::openat(parent, *dir, DIR_FLAGS, Mode::empty())?);
-    }
-    rustix::fs::openat(
-        current.as_ref().unwrap_or(dirfd),
-        *last,
-        flags,
-        Mode::empty(),
-    )
-}
+use crate::fsx::open_beneath;
 
 /// Map the errno of a no-follow open to the folder's refusals.
 fn open_error(rel: &str, errno: Errno) -> FolderError {

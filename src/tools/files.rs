@@ -1,22 +1,31 @@
 //! `read`, `write` and `edit`.
 //!
-//! Files are opened with `O_NOFOLLOW | O_NONBLOCK` after the path policy made
-//! the path canonical: a symlink swapped in afterwards is refused, not
-//! followed, and a FIFO or a device is refused after `fstat` without ever
-//! blocking on it. Writes go to a temporary file in the same directory,
-//! are flushed to disk and renamed over the target, so a reader (or the
-//! memory sync) never sees half a file.
+//! Every file is reached from its root's directory fd (see [`super::paths`]):
+//! `read` opens it with `openat2`/the no-follow walk, `write` and `edit` walk
+//! to its directory fd (creating missing directories with `mkdirat`) and
+//! work by name in that fd only. No symlink is followed anywhere, so a swap
+//! in the agent's shell can only make a call fail, never lead it outside.
+//! A FIFO or a device is refused after `fstat` without ever blocking on it
+//! (`O_NONBLOCK`), and reads are bounded: at most the cap + 1 bytes are read
+//! whatever size the file has or grows to. Writes go to an `O_EXCL`
+//! temporary file in the same directory fd, are flushed to disk and renamed
+//! over the target (`renameat`), so a reader (or the memory sync) never sees
+//! half a file.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+use std::os::fd::OwnedFd;
 use std::path::Path;
+
+use rand::RngExt;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
 
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::paths::{PathPolicy, fs_reason};
+use super::paths::{PathPolicy, Target, fs_reason};
 use super::{ToolError, ToolOutput};
 
 /// Cap of a whole-file `read` and of `edit` (both load the whole file).
@@ -43,18 +52,33 @@ fn fs_error(op: &str, p: &str, e: &io::Error) -> ToolError {
     ToolError::new(format!("{op}: {p}: {}", fs_reason(e)))
 }
 
-/// Open a canonical path for reading: no symlink leaf, no blocking open.
-fn open_regular(op: &str, target: &Path, p: &str) -> Result<(File, u64), ToolError> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
-        .open(target)
-        .map_err(|e| fs_error(op, p, &e))?;
-    let meta = file.metadata().map_err(|e| fs_error(op, p, &e))?;
-    if !meta.file_type().is_file() {
+/// Refuse anything but a regular file; its size and identity.
+fn regular(op: &str, p: &str, fd: OwnedFd) -> Result<(File, u64, (u64, u64)), ToolError> {
+    let st = rustix::fs::fstat(&fd).map_err(|e| super::paths::path_error(op, p, e))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         return Err(ToolError::new(format!("{op}: {p}: not a regular file")));
     }
-    Ok((file, meta.len()))
+    Ok((File::from(fd), st.st_size as u64, (st.st_dev, st.st_ino)))
+}
+
+/// Open the target for reading from its root: no symlink on the way, no
+/// blocking open.
+fn open_regular(op: &str, target: &Target<'_>, p: &str) -> Result<(File, u64), ToolError> {
+    let fd = target.open(op, OFlags::RDONLY | OFlags::NONBLOCK)?;
+    regular(op, p, fd).map(|(f, size, _)| (f, size))
+}
+
+/// Read at most `limit` bytes; `Err(read)` when the file held more (it may
+/// have grown since `fstat`), having read only `limit + 1`.
+fn read_capped(file: &mut File, size_hint: u64, limit: u64) -> io::Result<Result<Vec<u8>, u64>> {
+    let mut bytes = Vec::with_capacity(size_hint.min(limit) as usize + 1);
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes)?;
+    let got = bytes.len() as u64;
+    Ok(if got > limit {
+        Err(got.max(size_hint))
+    } else {
+        Ok(bytes)
+    })
 }
 
 #[derive(Deserialize)]
@@ -71,7 +95,7 @@ pub fn read(
 ) -> Result<ToolOutput, ToolError> {
     let input: ReadInput = super::parse_input("read", input)?;
     let p = input.file_path.as_str();
-    let target = policy.resolve("read", p)?;
+    let target = policy.locate("read", p)?;
     let view_range = input.view_range.filter(|r| !r.is_empty());
     let range = match view_range.as_deref() {
         None => None,
@@ -83,7 +107,7 @@ pub fn read(
         }
     };
     let (mut file, size) = open_regular("read", &target, p)?;
-    if let Some(media) = media_type(&target) {
+    if let Some(media) = media_type(target.shown()) {
         if range.is_some() {
             return Err(ToolError::new(
                 "read: view_range is not supported for image/PDF files",
@@ -95,14 +119,17 @@ pub fn read(
         } else {
             MAX_IMAGE_BASE64_BYTES / 4 * 3
         };
-        if size > limit {
-            return Err(ToolError::new(format!(
+        let too_large = |size: u64| {
+            ToolError::new(format!(
                 "read: {p} is {size} bytes, exceeds {limit}-byte limit for image/PDF files."
-            )));
+            ))
+        };
+        if size > limit {
+            return Err(too_large(size));
         }
-        let mut bytes = Vec::with_capacity(size as usize);
-        file.read_to_end(&mut bytes)
-            .map_err(|e| fs_error("read", p, &e))?;
+        let bytes = read_capped(&mut file, size, limit)
+            .map_err(|e| fs_error("read", p, &e))?
+            .map_err(too_large)?;
         let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
         let kind = if media == "application/pdf" {
             "document"
@@ -114,19 +141,40 @@ pub fn read(
             "source": {"type": "base64", "media_type": media, "data": data}
         })]));
     }
+    let too_large = |size: u64, limit: u64| {
+        ToolError::new(format!(
+            "read: {p} is {size} bytes, exceeds {limit}-byte limit. Use the view_range parameter to read specific line ranges, e.g. view_range: [1, 500]."
+        ))
+    };
     if let Some(limit) = max_bytes
         && size > limit
     {
         let Some((start, end)) = range else {
-            return Err(ToolError::new(format!(
-                "read: {p} is {size} bytes, exceeds {limit}-byte limit. Use the view_range parameter to read specific line ranges, e.g. view_range: [1, 500]."
-            )));
+            return Err(too_large(size, limit));
         };
         return read_line_range(file, p, start, end, limit);
     }
-    let mut bytes = Vec::with_capacity(size as usize);
-    file.read_to_end(&mut bytes)
-        .map_err(|e| fs_error("read", p, &e))?;
+    let bytes = match max_bytes {
+        // Bounded even if the file grew since `fstat`.
+        Some(limit) => {
+            match read_capped(&mut file, size, limit).map_err(|e| fs_error("read", p, &e))? {
+                Ok(bytes) => bytes,
+                Err(grown) => {
+                    let Some((start, end)) = range else {
+                        return Err(too_large(grown, limit));
+                    };
+                    let (file, _) = open_regular("read", &target, p)?;
+                    return read_line_range(file, p, start, end, limit);
+                }
+            }
+        }
+        None => {
+            let mut bytes = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut bytes)
+                .map_err(|e| fs_error("read", p, &e))?;
+            bytes
+        }
+    };
     let text = String::from_utf8(bytes).map_err(|_| {
         ToolError::new(format!(
             "read: {p}: not valid UTF-8 text (binary files are only supported for image/PDF extensions)"
@@ -207,39 +255,59 @@ fn read_line_range(
     })
 }
 
-/// Replace `target` atomically with `content`: temporary file in the same
-/// directory, fsync, rename. A new file gets 0644; an existing one keeps its mode.
-fn write_atomic(target: &Path, content: &[u8]) -> io::Result<()> {
-    let dir = target.parent().unwrap_or(Path::new("/"));
-    let mode = match std::fs::symlink_metadata(target) {
-        Ok(m) if m.file_type().is_dir() => {
-            return Err(io::Error::from_raw_os_error(
-                rustix::io::Errno::ISDIR.raw_os_error(),
-            ));
-        }
-        Ok(m) if m.file_type().is_file() => m.permissions().mode() & 0o7777,
-        _ => 0o644,
+/// Replace `leaf` in `dir` atomically with `content`: an `O_EXCL`
+/// temporary file in the same directory fd, fsync, `renameat`. A new file
+/// gets 0644; an existing one keeps its mode. A symlink or a directory at
+/// `leaf` is refused, never followed or replaced.
+fn write_atomic(dir: &OwnedFd, leaf: &str, content: &[u8]) -> Result<(), Errno> {
+    let mode = match rustix::fs::statat(dir, leaf, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => return Err(Errno::ISDIR),
+            FileType::Symlink => return Err(Errno::LOOP),
+            FileType::RegularFile => st.st_mode & 0o7777,
+            _ => 0o644,
+        },
+        Err(Errno::NOENT) => 0o644,
+        Err(e) => return Err(e),
     };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".envworker-write-")
-        .tempfile_in(dir)?;
-    tmp.write_all(content)?;
-    tmp.as_file().sync_all()?;
-    tmp.as_file()
-        .set_permissions(std::fs::Permissions::from_mode(mode))?;
-    tmp.persist(target).map_err(|e| e.error)?;
-    Ok(())
+    let (tmp, fd) = loop {
+        let tmp = format!(".envworker-write-{:016x}", rand::rng().random::<u64>());
+        match rustix::fs::openat(
+            dir,
+            tmp.as_str(),
+            OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        ) {
+            Ok(fd) => break (tmp, fd),
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    let written = (|| {
+        let mut file = File::from(fd);
+        file.write_all(content)
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
+        rustix::fs::fsync(&file)?;
+        rustix::fs::renameat(dir, tmp.as_str(), dir, leaf)
+    })();
+    if written.is_err() {
+        let _ = rustix::fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
+    }
+    written
 }
 
-/// Create missing parents with 0755.
-fn create_parents(target: &Path) -> io::Result<()> {
-    let Some(parent) = target.parent() else {
-        return Ok(());
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(parent)
+/// Refuse a regular file at `leaf` that is a read-only root itself.
+fn check_leaf_writable(
+    op: &str,
+    target: &Target<'_>,
+    dir: &OwnedFd,
+    leaf: &str,
+) -> Result<(), ToolError> {
+    match rustix::fs::statat(dir, leaf, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => target.check_writable_file(op, (st.st_dev, st.st_ino)),
+        Err(_) => Ok(()),
+    }
 }
 
 #[derive(Deserialize)]
@@ -251,10 +319,10 @@ struct WriteInput {
 pub fn write(policy: &PathPolicy, input: Value) -> Result<ToolOutput, ToolError> {
     let input: WriteInput = super::parse_input("write", input)?;
     let p = input.file_path.as_str();
-    let target = policy.resolve("write", p)?;
-    policy.check_writable("write", &target, p)?;
-    create_parents(&target).map_err(|e| fs_error("write", p, &e))?;
-    write_atomic(&target, input.content.as_bytes()).map_err(|e| fs_error("write", p, &e))?;
+    let target = policy.locate("write", p)?;
+    let (dir, leaf) = target.parent_for_write("write", true)?;
+    check_leaf_writable("write", &target, &dir, &leaf)?;
+    write_atomic(&dir, &leaf, input.content.as_bytes()).map_err(|e| target.error("write", e))?;
     Ok(ToolOutput::Text(format!(
         "wrote {} bytes to {p}",
         input.content.len()
@@ -280,19 +348,34 @@ pub fn edit(
     if input.old_string.is_empty() {
         return Err(ToolError::new("edit: old_string must not be empty"));
     }
-    let target = policy.resolve("edit", p)?;
-    policy.check_writable("edit", &target, p)?;
-    let (mut file, size) = open_regular("edit", &target, p)?;
-    if let Some(limit) = max_bytes
-        && size > limit
-    {
-        return Err(ToolError::new(format!(
+    let target = policy.locate("edit", p)?;
+    let (dir, leaf) = target.parent_for_write("edit", false)?;
+    let fd = rustix::fs::openat(
+        &dir,
+        leaf.as_str(),
+        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| target.error("edit", e))?;
+    let (mut file, size, id) = regular("edit", p, fd)?;
+    target.check_writable_file("edit", id)?;
+    let too_large = |size: u64, limit: u64| {
+        ToolError::new(format!(
             "edit: {p} is {size} bytes, exceeds {limit}-byte limit. The edit tool loads the whole file and cannot modify a file this large."
-        )));
-    }
-    let mut bytes = Vec::with_capacity(size as usize);
-    file.read_to_end(&mut bytes)
-        .map_err(|e| fs_error("edit", p, &e))?;
+        ))
+    };
+    let bytes = match max_bytes {
+        Some(limit) if size > limit => return Err(too_large(size, limit)),
+        Some(limit) => read_capped(&mut file, size, limit)
+            .map_err(|e| fs_error("edit", p, &e))?
+            .map_err(|grown| too_large(grown, limit))?,
+        None => {
+            let mut bytes = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut bytes)
+                .map_err(|e| fs_error("edit", p, &e))?;
+            bytes
+        }
+    };
     drop(file);
     let text = String::from_utf8(bytes).map_err(|_| {
         ToolError::new(format!(
@@ -315,7 +398,7 @@ pub fn edit(
     } else {
         text.replacen(input.old_string.as_str(), &input.new_string, 1)
     };
-    write_atomic(&target, updated.as_bytes()).map_err(|e| fs_error("edit", p, &e))?;
+    write_atomic(&dir, &leaf, updated.as_bytes()).map_err(|e| target.error("edit", e))?;
     let replaced = if replace_all { count } else { 1 };
     Ok(ToolOutput::Text(format!(
         "edited {p} ({replaced} replacement(s))"

@@ -2,16 +2,19 @@
 //! `edit`, `glob`, `grep`, with the inputs, outputs and error texts of the
 //! official SDKs.
 //!
-//! - [`paths`] — where the file tools may go (canonical paths, allowed and
-//!   read-only roots);
+//! - [`paths`] — where the file tools may go: the workdir and the allowed
+//!   roots, each opened once as a directory fd, every path resolved from it
+//!   without following a symlink (read-only roots refuse writes);
 //! - [`files`] — `read`, `write`, `edit`;
 //! - [`search`] — `glob`, `grep` (built in);
 //! - [`bash`] — the persistent shell;
 //! - [`skills`] — the agent's skills, downloaded into the workdir.
 //!
 //! Trust model: the file tools are confined to the workdir and the allowed
-//! roots; `bash` is not (the sandbox around the worker confines it), but its
-//! environment never carries the worker's credentials.
+//! roots, whatever the agent renames or symlinks meanwhile; `bash` is not
+//! (the sandbox around the worker confines it: it runs as the worker's user,
+//! starts in the workdir by path, and can reach whatever that user can), but
+//! its environment never carries the worker's credentials.
 
 pub mod bash;
 pub mod files;

@@ -1,99 +1,400 @@
-//! Where the file tools may go: every path is made canonical (each symlink
-//! followed, the leaf included, even a dangling one) and must then lie inside
-//! the workdir or one of the allowed roots; write and edit also refuse
-//! anything under a read-only root.
+//! Where the file tools may go, and how they get there without leaving.
 //!
-//! Containment compares path components, so `/mnt/memory/notes-old` is not
-//! inside `/mnt/memory/notes`. Roots are made canonical at check time, so a
-//! symlinked root protects (or grants) the same files under either name.
-//! Error texts name the path as the agent spelled it, never the absolute
-//! workdir.
+//! The agent has a shell beside the tools: it can replace any directory with
+//! a symlink (to `/proc/self`, to `/`) or exchange the two in a loop while a
+//! tool runs. So nothing here trusts a path between a check and a use:
+//!
+//! - the workdir and every allowed and read-only root are opened **once**,
+//!   when the session's toolset is built (before the agent's first call), as
+//!   directory fds, and their (device, inode) remembered;
+//! - a tool path is made absolute and normalised **lexically** (`.` and `..`
+//!   collapsed, nothing on disk consulted), then matched component-wise to
+//!   the longest root it lies under, as configured or as the root's
+//!   canonical path at the start — `/mnt/memory/notes-old` is not inside
+//!   `/mnt/memory/notes`;
+//! - it is then opened *from that root's fd* with [`crate::fsx::open_beneath`]
+//!   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`
+//!   or a per-component `O_NOFOLLOW` walk): a symlink anywhere below a root is
+//!   refused, never followed, so no rename race can lead outside;
+//! - before each use the root's path must still name the directory opened at
+//!   the start; a root renamed away, removed or replaced (by a symlink or a
+//!   new directory) answers "was replaced or removed during the session".
+//!
+//! `write` and `edit` also refuse anything in a read-only root: the root the
+//! path matched, any directory they walk through, or the file itself having
+//! the identity of a read-only root (so a read-only store moved elsewhere
+//! under a writable root stays read-only). Error texts name the path as the
+//! agent spelled it, never the absolute workdir.
 
 use std::io;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+
+use rustix::fs::{Mode, OFlags};
+use rustix::io::Errno;
 
 use super::ToolError;
+use crate::fsx;
 
-/// Symlinks followed by hand (dangling ones) before a path counts as a loop.
-const MAX_SYMLINK_HOPS: usize = 40;
+/// Where directories the tools create get their mode.
+const NEW_DIR_MODE: u32 = 0o755;
 
-/// The workdir and the extra directories the file tools may reach.
+/// The workdir and the extra directories the file tools may reach, each
+/// opened once.
 #[derive(Debug, Clone)]
 pub struct PathPolicy {
+    inner: Arc<Roots>,
+}
+
+#[derive(Debug)]
+struct Roots {
     workdir: PathBuf,
-    allowed_roots: Vec<PathBuf>,
-    read_only_roots: Vec<PathBuf>,
+    /// Longest path first, so the first match is the most specific root.
+    roots: Vec<Root>,
+    /// (device, inode) of each read-only root, with its path as configured.
+    read_only: Vec<((u64, u64), PathBuf)>,
+}
+
+/// One root, opened when the policy was built.
+#[derive(Debug)]
+struct Root {
+    /// Absolute and lexically normalised, as configured.
+    path: PathBuf,
+    /// `path` and, when it differs, its canonical form at the start (the
+    /// operator's symlinks above a root resolved once): a tool path under
+    /// either spelling belongs to this root.
+    spellings: Vec<PathBuf>,
+    is_workdir: bool,
+    /// What was opened, or why nothing could be.
+    opened: Result<Opened, Errno>,
+}
+
+#[derive(Debug)]
+struct Opened {
+    /// The directory paths are resolved from: the root itself, or a
+    /// single-file root's parent.
+    base: OwnedFd,
+    /// A single-file root's name in `base`.
+    file: Option<String>,
+    /// The path whose identity must still be `id`: the root, or a
+    /// single-file root's parent.
+    check: PathBuf,
+    id: (u64, u64),
+}
+
+/// `path` absolute against the process's directory and normalised lexically.
+fn absolute(path: &Path) -> PathBuf {
+    normalize(&std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf()))
+}
+
+/// The identity `path` names now (following symlinks: roots are the
+/// operator's configuration, resolved as configured).
+fn identity_of(path: &Path) -> Result<(u64, u64), Errno> {
+    let st = rustix::fs::stat(path)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+impl Root {
+    fn open(path: PathBuf, is_workdir: bool) -> Root {
+        let opened = Self::open_dir(&path).or_else(|e| match e {
+            Errno::NOTDIR => Self::open_file(&path),
+            e => Err(e),
+        });
+        let mut spellings = vec![path.clone()];
+        if let Ok(real) = std::fs::canonicalize(&path)
+            && real != path
+        {
+            spellings.push(real);
+        }
+        Root {
+            path,
+            spellings,
+            is_workdir,
+            opened,
+        }
+    }
+
+    fn open_dir(path: &Path) -> Result<Opened, Errno> {
+        let base = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?;
+        Ok(Opened {
+            id: fsx::identity(&base)?,
+            base,
+            file: None,
+            check: path.to_path_buf(),
+        })
+    }
+
+    /// A root that names a single file grants that file only: its parent is
+    /// opened, and only the file's own name is resolved from it.
+    fn open_file(path: &Path) -> Result<Opened, Errno> {
+        let real = std::fs::canonicalize(path)
+            .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
+        let (Some(parent), Some(name)) = (real.parent(), real.file_name()) else {
+            return Err(Errno::NOTDIR);
+        };
+        let name = name.to_str().ok_or(Errno::INVAL)?.to_string();
+        let mut opened = Self::open_dir(parent)?;
+        opened.file = Some(name);
+        Ok(opened)
+    }
+
+    /// How this root is named in errors.
+    fn shown(&self) -> String {
+        if self.is_workdir {
+            "the working directory".into()
+        } else {
+            match &self.opened {
+                Ok(Opened { file: Some(_), .. }) => format!("the file {}", self.path.display()),
+                _ => format!("the directory {}", self.path.display()),
+            }
+        }
+    }
+
+    /// The root as opened, provided its path still names it.
+    fn live(&self, op: &str) -> Result<&Opened, ToolError> {
+        let gone = || {
+            ToolError::new(format!(
+                "{op}: {} was replaced or removed during the session",
+                self.shown()
+            ))
+        };
+        let opened = match &self.opened {
+            Ok(o) => o,
+            Err(e) => {
+                return Err(ToolError::new(format!(
+                    "{op}: {} could not be opened when the session started: {}",
+                    self.shown(),
+                    errno_reason(*e)
+                )));
+            }
+        };
+        match identity_of(&opened.check) {
+            Ok(id) if id == opened.id => Ok(opened),
+            _ => Err(gone()),
+        }
+    }
 }
 
 impl PathPolicy {
-    /// `allowed_roots` and `read_only_roots` may name files or directories; an
-    /// empty entry grants (or protects) nothing.
+    /// Open the workdir and every root now; `allowed_roots` and
+    /// `read_only_roots` may name files or directories; an empty entry
+    /// grants (or protects) nothing. A root that cannot be opened grants
+    /// nothing, and paths under it answer why.
     pub fn new(workdir: &Path, allowed_roots: Vec<PathBuf>, read_only_roots: Vec<PathBuf>) -> Self {
         let keep = |roots: Vec<PathBuf>| -> Vec<PathBuf> {
             roots
                 .into_iter()
                 .filter(|r| !r.as_os_str().is_empty())
+                .map(|r| absolute(&r))
                 .collect()
         };
+        let workdir = absolute(workdir);
+        let mut roots = vec![Root::open(workdir.clone(), true)];
+        roots.extend(
+            keep(allowed_roots)
+                .into_iter()
+                .map(|r| Root::open(r, false)),
+        );
+        let read_only = keep(read_only_roots)
+            .into_iter()
+            .filter_map(|r| Some((identity_of(&r).ok()?, r)))
+            .collect();
         PathPolicy {
-            workdir: workdir.to_path_buf(),
-            allowed_roots: keep(allowed_roots),
-            read_only_roots: keep(read_only_roots),
+            inner: Arc::new(Roots {
+                workdir,
+                roots,
+                read_only,
+            }),
         }
     }
 
-    /// The workdir, canonical when it exists.
+    /// The workdir: absolute, lexically normalised.
     pub fn workdir(&self) -> PathBuf {
-        canonical_root(&self.workdir)
+        self.inner.workdir.clone()
     }
 
-    /// Resolve `p` (relative to the workdir) to the canonical path the tool
-    /// must then use, or refuse it.
-    pub fn resolve(&self, op: &str, p: &str) -> Result<PathBuf, ToolError> {
-        let root = self.workdir();
+    /// Where `p` (relative to the workdir) lies: its root and the components
+    /// below it, or a refusal when it lies under no root or its root was
+    /// replaced.
+    pub fn locate<'a>(&'a self, op: &str, p: &'a str) -> Result<Target<'a>, ToolError> {
         let candidate = Path::new(p);
-        let joined = if candidate.is_absolute() {
-            candidate.to_path_buf()
+        let full = if candidate.is_absolute() {
+            normalize(candidate)
         } else {
-            root.join(candidate)
+            normalize(&self.inner.workdir.join(candidate))
         };
-        let full = canonicalize(&joined)
-            .map_err(|e| ToolError::new(format!("{op}: path {p:?}: {}", fs_reason(&e))))?;
-        if full.starts_with(&root)
-            || self
-                .allowed_roots
-                .iter()
-                .any(|r| full.starts_with(canonical_root(r)))
-        {
-            return Ok(full);
+        // The most specific root: the longest spelling `full` lies under (the
+        // workdir wins a tie: it is listed first).
+        let mut best: Option<(&Root, &Path, usize)> = None;
+        for root in &self.inner.roots {
+            let single_file = matches!(&root.opened, Ok(Opened { file: Some(_), .. }));
+            for spelling in &root.spellings {
+                let Ok(rest) = full.strip_prefix(spelling) else {
+                    continue;
+                };
+                if single_file && !rest.as_os_str().is_empty() {
+                    continue;
+                }
+                let depth = spelling.components().count();
+                if best.is_none_or(|(_, _, d)| depth > d) {
+                    best = Some((root, rest, depth));
+                }
+            }
         }
-        let others = if self.allowed_roots.is_empty() {
-            ""
-        } else {
+        if let Some((root, rest, _)) = best {
+            let mut comps = Vec::new();
+            for c in rest.components() {
+                match c.as_os_str().to_str() {
+                    Some(s) => comps.push(s.to_string()),
+                    // Tool inputs are JSON strings: always UTF-8.
+                    None => return Err(ToolError::new(format!("{op}: path {p:?} is not UTF-8"))),
+                }
+            }
+            let opened = root.live(op)?;
+            if let Some(name) = &opened.file {
+                comps.push(name.clone());
+            }
+            return Ok(Target {
+                policy: self,
+                opened,
+                comps,
+                shown: full,
+                p,
+            });
+        }
+        let others = if self.inner.roots.len() > 1 {
             " and its other permitted directories"
+        } else {
+            ""
         };
         Err(ToolError::new(format!(
             "{op}: path {p:?} is outside the session's working directory{others}"
         )))
     }
 
-    /// Refuse a canonical `target` under a read-only root.
-    pub fn check_writable(&self, op: &str, target: &Path, p: &str) -> Result<(), ToolError> {
-        for root in &self.read_only_roots {
-            if target.starts_with(canonical_root(root)) {
-                return Err(ToolError::new(format!(
-                    "{op}: {p} is inside read-only directory {}",
-                    root.display()
-                )));
-            }
-        }
-        Ok(())
+    /// The workdir itself, as a target (for `glob`/`grep` without a path).
+    pub fn locate_workdir<'a>(&'a self, op: &str) -> Result<Target<'a>, ToolError> {
+        let root = self
+            .inner
+            .roots
+            .iter()
+            .find(|r| r.is_workdir)
+            .expect("the workdir is always a root");
+        Ok(Target {
+            policy: self,
+            opened: root.live(op)?,
+            comps: Vec::new(),
+            shown: self.inner.workdir.clone(),
+            p: ".",
+        })
+    }
+
+    /// The configured path of the read-only root whose identity is `id`.
+    fn read_only(&self, id: (u64, u64)) -> Option<&Path> {
+        self.inner
+            .read_only
+            .iter()
+            .find(|(ro, _)| *ro == id)
+            .map(|(_, path)| path.as_path())
     }
 }
 
-/// A root made canonical, or as spelled (lexically normalised) when it cannot be.
-fn canonical_root(root: &Path) -> PathBuf {
-    canonicalize(root).unwrap_or_else(|_| normalize(root))
+/// A tool path matched to its root: opened only from the root's fd.
+pub struct Target<'a> {
+    policy: &'a PathPolicy,
+    opened: &'a Opened,
+    /// Below the root's fd (a single-file root's name included).
+    comps: Vec<String>,
+    shown: PathBuf,
+    p: &'a str,
+}
+
+impl Target<'_> {
+    /// The absolute, lexically normalised path (for output).
+    pub fn shown(&self) -> &Path {
+        &self.shown
+    }
+
+    /// Open the target with `flags` (`O_NOFOLLOW` added), beneath its root.
+    pub fn open(&self, op: &str, flags: OFlags) -> Result<OwnedFd, ToolError> {
+        self.open_errno(flags).map_err(|e| self.error(op, e))
+    }
+
+    /// [`Target::open`] with the OS error as it came.
+    pub fn open_errno(&self, flags: OFlags) -> Result<OwnedFd, Errno> {
+        let comps: Vec<&str> = self.comps.iter().map(String::as_str).collect();
+        fsx::open_beneath(&self.opened.base, &comps, flags)
+    }
+
+    /// A refusal or failure about this path, in the tools' words.
+    pub fn error(&self, op: &str, e: Errno) -> ToolError {
+        path_error(op, self.p, e)
+    }
+
+    /// Refuse when the file `id` (already open) is a read-only root.
+    pub fn check_writable_file(&self, op: &str, id: (u64, u64)) -> Result<(), ToolError> {
+        self.refuse_read_only(op, id)
+    }
+
+    fn refuse_read_only(&self, op: &str, id: (u64, u64)) -> Result<(), ToolError> {
+        match self.policy.read_only(id) {
+            Some(root) => Err(ToolError::new(format!(
+                "{op}: {} is inside read-only directory {}",
+                self.p,
+                root.display()
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// The directory that holds the target, opened by walking from the root
+    /// without following symlinks (creating missing directories `0755` when
+    /// `create`), and the target's name in it. Refuses when the root, or any
+    /// directory on the way, is a read-only root.
+    pub fn parent_for_write(&self, op: &str, create: bool) -> Result<(OwnedFd, String), ToolError> {
+        let Some((leaf, dirs)) = self.comps.split_last() else {
+            return Err(self.error(op, Errno::ISDIR));
+        };
+        let mut current = fsx::open_beneath(&self.opened.base, &[], fsx::DIR_FLAGS)
+            .map_err(|e| self.error(op, e))?;
+        self.refuse_read_only(op, self.opened.id)?;
+        for dir in dirs {
+            let next = match fsx::open_dir_at(&current, dir) {
+                Err(Errno::NOENT) if create => {
+                    match rustix::fs::mkdirat(
+                        &current,
+                        dir.as_str(),
+                        Mode::from_raw_mode(NEW_DIR_MODE),
+                    ) {
+                        Ok(()) | Err(Errno::EXIST) => {}
+                        Err(e) => return Err(self.error(op, e)),
+                    }
+                    fsx::open_dir_at(&current, dir)
+                }
+                other => other,
+            }
+            .map_err(|e| self.error(op, e))?;
+            let id = fsx::identity(next.as_fd()).map_err(|e| self.error(op, e))?;
+            self.refuse_read_only(op, id)?;
+            current = next;
+        }
+        Ok((current, leaf.clone()))
+    }
+}
+
+/// An open or walk failure as the agent reads it.
+pub fn path_error(op: &str, p: &str, e: Errno) -> ToolError {
+    match e {
+        Errno::LOOP | Errno::XDEV => ToolError::new(format!(
+            "{op}: {p}: a symbolic link is in the way (the file tools never follow symbolic links)"
+        )),
+        e => ToolError::new(format!("{op}: {p}: {}", errno_reason(e))),
+    }
 }
 
 /// Collapse `.` and `..` without touching the filesystem (`..` at `/` stays `/`).
@@ -117,69 +418,12 @@ pub fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-fn is_missing(e: &io::Error) -> bool {
-    use rustix::io::Errno;
-    matches!(
-        e.raw_os_error().map(Errno::from_raw_os_error),
-        Some(Errno::NOENT | Errno::NOTDIR)
-    )
-}
-
-fn loop_error() -> io::Error {
-    io::Error::from_raw_os_error(rustix::io::Errno::LOOP.raw_os_error())
-}
-
-/// `path` (absolute) with `.`/`..` collapsed and every symlink followed.
-/// Trailing components that do not exist yet are kept as spelled, so a new
-/// file under new directories still resolves; a dangling symlink on the way
-/// is read and followed by hand, and more than 40 such hops is a loop.
-pub fn canonicalize(path: &Path) -> io::Result<PathBuf> {
-    let mut prefix = normalize(path);
-    let mut missing: Vec<std::ffi::OsString> = Vec::new();
-    let mut hops = 0;
-    loop {
-        let unresolved = match std::fs::canonicalize(&prefix) {
-            Ok(real) => {
-                let mut out = real;
-                out.extend(missing.iter().rev());
-                return Ok(out);
-            }
-            Err(e) if is_missing(&e) => e,
-            Err(e) => return Err(e),
-        };
-        let meta = match std::fs::symlink_metadata(&prefix) {
-            Ok(m) => m,
-            Err(e) if is_missing(&e) => {
-                let (Some(parent), Some(name)) = (prefix.parent(), prefix.file_name()) else {
-                    return Err(e);
-                };
-                missing.push(name.to_os_string());
-                prefix = parent.to_path_buf();
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        if !meta.file_type().is_symlink() {
-            return Err(unresolved);
-        }
-        hops += 1;
-        if hops > MAX_SYMLINK_HOPS {
-            return Err(loop_error());
-        }
-        let parent = match prefix.parent() {
-            Some(p) => std::fs::canonicalize(p)?,
-            None => PathBuf::from("/"),
-        };
-        let target = std::fs::read_link(&prefix)?;
-        let mut next = parent.join(target);
-        next.extend(missing.drain(..).rev());
-        prefix = normalize(&next);
-    }
+fn errno_reason(e: Errno) -> String {
+    fs_reason(&io::Error::from_raw_os_error(e.raw_os_error()))
 }
 
 /// A filesystem error as the same words everywhere, without host paths.
 pub fn fs_reason(e: &io::Error) -> String {
-    use rustix::io::Errno;
     let Some(code) = e.raw_os_error() else {
         return match e.kind() {
             io::ErrorKind::NotFound => "no such file or directory".into(),
@@ -217,5 +461,43 @@ mod tests {
         ] {
             assert_eq!(normalize(Path::new(input)), PathBuf::from(want), "{input}");
         }
+    }
+
+    #[test]
+    fn the_longest_root_wins_and_siblings_sharing_a_prefix_are_outside() {
+        let t = tempfile::tempdir().unwrap();
+        for d in ["work/mem", "notes", "notes-old"] {
+            std::fs::create_dir_all(t.path().join(d)).unwrap();
+        }
+        let policy = PathPolicy::new(
+            &t.path().join("work"),
+            vec![t.path().join("work/mem"), t.path().join("notes")],
+            vec![t.path().join("work/mem")],
+        );
+        // Matched to the read-only store, not to the workdir around it.
+        let target = policy.locate("write", "mem/a.md").unwrap();
+        assert!(target.parent_for_write("write", true).is_err());
+        let target = policy.locate("write", "other/a.md").unwrap();
+        assert!(target.parent_for_write("write", true).is_ok());
+        let outside = t.path().join("notes-old/a").display().to_string();
+        assert!(policy.locate("read", &outside).is_err());
+        // A root configured through a symlink answers to both spellings.
+        std::os::unix::fs::symlink(t.path().join("work"), t.path().join("work-link")).unwrap();
+        std::fs::write(t.path().join("work/f"), "f").unwrap();
+        let aliased = PathPolicy::new(&t.path().join("work-link"), vec![], vec![]);
+        for p in ["f", &t.path().join("work/f").display().to_string()] {
+            assert!(
+                aliased
+                    .locate("read", p)
+                    .unwrap()
+                    .open("read", OFlags::RDONLY)
+                    .is_ok()
+            );
+        }
+        let up = "../notes/../notes/x";
+        assert_eq!(
+            policy.locate("read", up).unwrap().shown(),
+            t.path().join("notes/x")
+        );
     }
 }

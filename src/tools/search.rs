@@ -1,48 +1,97 @@
 //! `glob` and `grep`, both built in (no dependency on ripgrep being
-//! installed) and both bounded: at most 50,000 entries walked, symlinked
-//! directories never entered, `.git` and `node_modules` skipped, FIFOs and
-//! devices never opened, and the call's deadline honoured.
+//! installed) and both bounded: at most 50,000 entries walked, symlinks
+//! never followed (not even to a file), `.git` and `node_modules` skipped,
+//! FIFOs and devices never opened, and the call's deadline honoured.
+//!
+//! The walk goes by directory fd, never by path: the search root is opened
+//! from its root's fd (see [`super::paths`]), each subdirectory with
+//! `openat(O_NOFOLLOW | O_DIRECTORY)` from its parent's fd, each entry
+//! classified with `fstatat(AT_SYMLINK_NOFOLLOW)` and each file opened with
+//! `openat(O_NOFOLLOW)` in its directory's fd. A directory exchanged for a
+//! symlink mid-walk is skipped, never entered.
 
+use std::ffi::{CStr, CString, OsStr};
 use std::io::{BufRead, BufReader, Read};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::time::{Instant, SystemTime};
+use std::rc::Rc;
+use std::time::Instant;
 
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
+use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::paths::{PathPolicy, canonicalize};
+use super::paths::{PathPolicy, Target};
 use super::{ToolError, ToolOutput};
+use crate::fsx;
 
 pub const GLOB_RESULT_LIMIT: usize = 200;
 pub const WALK_MAX_ENTRIES: usize = 50_000;
 pub const GREP_OUTPUT_LIMIT: usize = 100 * 1024;
 pub const GREP_MAX_LINE_LENGTH: usize = 2_000;
 
-const SKIPPED_DIRS: [&str; 2] = [".git", "node_modules"];
+const SKIPPED_DIRS: [&[u8]; 2] = [b".git", b"node_modules"];
 
-/// One file met by a walk: its path and what `lstat` said of it.
-struct Entry {
-    path: PathBuf,
+/// One non-directory entry met by a walk: its directory's fd, its name
+/// there, its path below the search root, and what `fstatat` (no follow)
+/// said of it.
+struct Entry<'a> {
+    dir: &'a OwnedFd,
+    name: &'a CStr,
     rel: PathBuf,
-    meta: std::fs::Metadata,
+    stat: Stat,
 }
 
-/// Walk `root` depth-first without following symlinked directories, calling
-/// `visit` for every non-directory entry until it returns `false`, the entry
-/// budget is spent or the deadline passes (`Err(())`).
-fn walk(root: &Path, deadline: Instant, mut visit: impl FnMut(Entry) -> bool) -> Result<(), ()> {
-    let mut stack = vec![PathBuf::new()];
+/// A directory still to walk: its parent's fd and its name there.
+struct Pending {
+    parent: Rc<OwnedFd>,
+    name: CString,
+    rel: PathBuf,
+}
+
+/// Walk the directory `root` depth-first in name order without following
+/// symlinks, calling `visit` for every non-directory entry until it returns
+/// `false`, the entry budget is spent or the deadline passes (`Err(())`).
+fn walk(
+    root: OwnedFd,
+    deadline: Instant,
+    mut visit: impl FnMut(Entry<'_>) -> bool,
+) -> Result<(), ()> {
+    let mut stack: Vec<Pending> = Vec::new();
     let mut seen = 0usize;
-    while let Some(rel_dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(root.join(&rel_dir)) else {
+    let mut next: Option<(OwnedFd, PathBuf)> = Some((root, PathBuf::new()));
+    loop {
+        let (dir, rel_dir) = match next.take() {
+            Some(d) => d,
+            None => {
+                let Some(p) = stack.pop() else { return Ok(()) };
+                // A directory swapped for a symlink (or removed) since it was listed: skipped.
+                match rustix::fs::openat(
+                    &*p.parent,
+                    p.name.as_c_str(),
+                    fsx::DIR_FLAGS,
+                    Mode::empty(),
+                ) {
+                    Ok(fd) => (fd, p.rel),
+                    Err(_) => continue,
+                }
+            }
+        };
+        let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
             continue;
         };
-        let mut names: Vec<_> = entries.flatten().collect();
-        names.sort_by_key(|e| e.file_name());
+        let mut names: Vec<CString> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.file_name().to_owned())
+            .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
+            .collect();
+        names.sort();
+        let dir = Rc::new(dir);
         // Depth-first in name order: push directories in reverse.
         let mut dirs = Vec::new();
-        for entry in names {
+        for name in names {
             seen += 1;
             if seen > WALK_MAX_ENTRIES {
                 return Ok(());
@@ -50,25 +99,59 @@ fn walk(root: &Path, deadline: Instant, mut visit: impl FnMut(Entry) -> bool) ->
             if seen.is_multiple_of(256) && Instant::now() >= deadline {
                 return Err(());
             }
-            let Ok(meta) = entry.metadata() else { continue };
-            let rel = rel_dir.join(entry.file_name());
-            if meta.is_dir() {
-                if !SKIPPED_DIRS.iter().any(|s| entry.file_name() == *s) {
-                    dirs.push(rel);
+            let Ok(stat) = rustix::fs::statat(&*dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            else {
+                continue;
+            };
+            let rel = rel_dir.join(OsStr::from_bytes(name.as_bytes()));
+            if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
+                if !SKIPPED_DIRS.contains(&name.as_bytes()) {
+                    dirs.push(Pending {
+                        parent: dir.clone(),
+                        name,
+                        rel,
+                    });
                 }
                 continue;
             }
             if !visit(Entry {
-                path: root.join(&rel),
+                dir: &dir,
+                name: &name,
                 rel,
-                meta,
+                stat,
             }) {
                 return Ok(());
             }
         }
         stack.extend(dirs.into_iter().rev());
     }
-    Ok(())
+}
+
+/// The search root opened from its root's fd: a directory, a regular file,
+/// or nothing (`None`: missing, so no matches).
+enum SearchRoot {
+    Dir(OwnedFd),
+    File(OwnedFd),
+    Other,
+}
+
+fn open_search_root(op: &str, target: &Target<'_>) -> Result<SearchRoot, ToolError> {
+    let fd = match target.open_errno(OFlags::RDONLY | OFlags::NONBLOCK) {
+        Ok(fd) => fd,
+        // As before: a search under a path that does not exist finds nothing.
+        Err(Errno::NOENT) => return Ok(SearchRoot::Other),
+        Err(e) => return Err(target.error(op, e)),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(|e| target.error(op, e))?;
+    Ok(match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => SearchRoot::Dir(fd),
+        FileType::RegularFile => SearchRoot::File(fd),
+        _ => SearchRoot::Other,
+    })
+}
+
+fn mtime_ns(st: &Stat) -> i128 {
+    st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128
 }
 
 #[derive(Deserialize)]
@@ -89,9 +172,9 @@ pub fn glob(policy: &PathPolicy, input: Value, deadline: Instant) -> Result<Tool
     if pattern.split('/').any(|seg| seg == "..") {
         return Err(ToolError::new("glob: '..' is not permitted in the pattern"));
     }
-    let root = match input.path.as_deref().filter(|p| !p.is_empty()) {
-        Some(p) => policy.resolve("glob", p)?,
-        None => policy.workdir(),
+    let target = match input.path.as_deref().filter(|p| !p.is_empty()) {
+        Some(p) => policy.locate("glob", p)?,
+        None => policy.locate_workdir("glob")?,
     };
     let matcher = globset::GlobBuilder::new(pattern)
         .literal_separator(true)
@@ -99,24 +182,16 @@ pub fn glob(policy: &PathPolicy, input: Value, deadline: Instant) -> Result<Tool
         .build()
         .map_err(|e| ToolError::new(format!("glob: {}", e.kind())))?
         .compile_matcher();
-    let mut matches: Vec<(SystemTime, PathBuf)> = Vec::new();
-    let walked = walk(&root, deadline, |entry| {
-        if !matcher.is_match(&entry.rel) {
-            return true;
-        }
-        let regular = if entry.meta.file_type().is_symlink() {
-            // A symlink counts only when it leads to a regular file inside the search root.
-            canonicalize(&entry.path)
-                .ok()
-                .filter(|real| real.starts_with(&root))
-                .and_then(|real| std::fs::metadata(real).ok())
-                .filter(|m| m.is_file())
-        } else {
-            Some(entry.meta).filter(|m| m.is_file())
-        };
-        if let Some(meta) = regular {
-            let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-            matches.push((mtime, entry.path));
+    let SearchRoot::Dir(root) = open_search_root("glob", &target)? else {
+        return Ok(ToolOutput::Text("no matches".into()));
+    };
+    let mut matches: Vec<(i128, PathBuf)> = Vec::new();
+    let walked = walk(root, deadline, |entry| {
+        // Symlinks never count: only regular files, as the walk saw them.
+        if FileType::from_raw_mode(entry.stat.st_mode) == FileType::RegularFile
+            && matcher.is_match(&entry.rel)
+        {
+            matches.push((mtime_ns(&entry.stat), target.shown().join(&entry.rel)));
         }
         true
     });
@@ -162,19 +237,28 @@ impl Hits {
     }
 }
 
-/// Search one regular file; `false` when the output budget ran out.
-fn grep_file(rx: &regex::Regex, path: &Path, hits: &mut Hits) -> bool {
-    let Ok(file) = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags((rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::NONBLOCK).bits() as i32)
-        .open(path)
-    else {
+/// Search one regular file (`name` in `dir`, opened without following a
+/// symlink); `false` when the output budget ran out.
+fn grep_at(rx: &regex::Regex, dir: &OwnedFd, name: &CStr, shown: &Path, hits: &mut Hits) -> bool {
+    let Ok(fd) = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
         return true;
     };
-    if !file.metadata().is_ok_and(|m| m.is_file()) {
+    grep_fd(rx, fd, shown, hits)
+}
+
+/// Search an open file, if it is a regular one.
+fn grep_fd(rx: &regex::Regex, fd: OwnedFd, path: &Path, hits: &mut Hits) -> bool {
+    if !rustix::fs::fstat(&fd)
+        .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+    {
         return true;
     }
-    let mut file = file;
+    let mut file = std::fs::File::from(fd);
     // A NUL in the first 512 bytes marks a binary file: skipped.
     let mut head = [0u8; 512];
     let mut filled = 0;
@@ -212,9 +296,9 @@ fn grep_file(rx: &regex::Regex, path: &Path, hits: &mut Hits) -> bool {
 
 pub fn grep(policy: &PathPolicy, input: Value, deadline: Instant) -> Result<ToolOutput, ToolError> {
     let input: GrepInput = super::parse_input("grep", input)?;
-    let search = match input.path.as_deref().filter(|p| !p.is_empty()) {
-        Some(p) => policy.resolve("grep", p)?,
-        None => policy.workdir(),
+    let target = match input.path.as_deref().filter(|p| !p.is_empty()) {
+        Some(p) => policy.locate("grep", p)?,
+        None => policy.locate_workdir("grep")?,
     };
     let rx = regex::RegexBuilder::new(&input.pattern)
         .size_limit(10 * 1024 * 1024)
@@ -224,22 +308,26 @@ pub fn grep(policy: &PathPolicy, input: Value, deadline: Instant) -> Result<Tool
         lines: Vec::new(),
         budget: GREP_OUTPUT_LIMIT as isize,
     };
-    let is_file = std::fs::symlink_metadata(&search).is_ok_and(|m| m.is_file());
-    if is_file {
-        grep_file(&rx, &search, &mut hits);
-    } else {
-        let walked = walk(&search, deadline, |entry| {
-            if !entry.meta.is_file() {
-                return true; // symlinks, FIFOs, devices, sockets
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            grep_file(&rx, &entry.path, &mut hits)
-        });
-        if walked.is_err() || Instant::now() >= deadline {
-            return Err(ToolError::new("grep: timed out"));
+    match open_search_root("grep", &target)? {
+        SearchRoot::File(fd) => {
+            grep_fd(&rx, fd, target.shown(), &mut hits);
         }
+        SearchRoot::Dir(root) => {
+            let walked = walk(root, deadline, |entry| {
+                if FileType::from_raw_mode(entry.stat.st_mode) != FileType::RegularFile {
+                    return true; // symlinks, FIFOs, devices, sockets
+                }
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                let shown = target.shown().join(&entry.rel);
+                grep_at(&rx, entry.dir, entry.name, &shown, &mut hits)
+            });
+            if walked.is_err() || Instant::now() >= deadline {
+                return Err(ToolError::new("grep: timed out"));
+            }
+        }
+        SearchRoot::Other => {}
     }
     if hits.lines.is_empty() {
         return Ok(ToolOutput::Text("no matches".into()));

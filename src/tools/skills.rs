@@ -138,6 +138,15 @@ pub async fn download_session_skills(
         return Vec::new();
     }
     let requested_root = workdir.join(SKILLS_DIR);
+    // A `skills` symlink (left by an earlier session's agent) would send the
+    // downloads, and their removal, wherever it points.
+    if fs::symlink_metadata(&requested_root).is_ok_and(|m| m.file_type().is_symlink()) {
+        warn!(
+            workdir = %workdir.display(),
+            "the skills directory is a symbolic link; no skills downloaded"
+        );
+        return Vec::new();
+    }
     let root = match blocking(move || resolve(&requested_root)).await {
         Ok(root) => root,
         Err(e) => {
@@ -169,23 +178,49 @@ pub async fn download_session_skills(
 /// Remove the skill directories [`download_session_skills`] installed, and
 /// nothing else: other content under `<workdir>/skills` is not ours. A
 /// directory already gone is fine; any other failure is logged.
+///
+/// The agent had a shell in the workdir until now, so the removal goes by
+/// fd: the workdir is opened by path, `skills` below it without following a
+/// symlink, and the skill's tree removed from that fd
+/// ([`crate::fsx::remove_tree_at`]). A `skills` directory the agent replaced
+/// with a symlink (to a directory outside holding the same name) is left
+/// alone rather than followed.
 pub async fn remove_skills(dirs: &[PathBuf]) {
     for dir in dirs {
         let target = dir.clone();
-        match blocking(move || {
-            fs::remove_dir_all(&target)
-                .or_else(|e| match e.kind() {
-                    io::ErrorKind::NotFound => Ok(()),
-                    _ => Err(e),
-                })
-                .map_err(SkillError::io("cannot remove"))
-        })
-        .await
-        {
+        match blocking(move || remove_skill_dir(&target)).await {
             Ok(()) => {}
             Err(e) => warn!(dir = %dir.display(), error = %e, "skill cleanup failed"),
         }
     }
+}
+
+/// Remove `<workdir>/skills/<name>` by fd, never through a symlink.
+fn remove_skill_dir(dir: &Path) -> Result<(), SkillError> {
+    let fail = |e: rustix::io::Errno| {
+        SkillError::io("cannot remove")(io::Error::from_raw_os_error(e.raw_os_error()))
+    };
+    let (Some(skills), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
+    else {
+        return Ok(());
+    };
+    let (Some(workdir), Some(skills_name)) =
+        (skills.parent(), skills.file_name().and_then(|n| n.to_str()))
+    else {
+        return Ok(());
+    };
+    let workdir = match rustix::fs::open(workdir, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty())
+    {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(fail(e)),
+    };
+    let skills = match crate::fsx::open_dir_at(&workdir, skills_name) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(fail(e)),
+    };
+    crate::fsx::remove_tree_at(&skills, name).map_err(fail)
 }
 
 /// Install one skill; `Ok(None)` when it was skipped (already logged).

@@ -10,6 +10,7 @@ pub mod process;
 pub mod sdk;
 pub mod serve_stack;
 pub mod served;
+pub mod toolbox;
 
 use envworker::devserver::{Devserver, DevserverConfig, RunningDevserver};
 use reqwest::{Method, StatusCode};

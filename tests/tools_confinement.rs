@@ -1,0 +1,355 @@
+//! The file tools stay inside their roots whatever the agent does to the tree
+//! (issue 12 item 1): a store folder or a directory on the way replaced by a
+//! symlink (to `/proc/self`, to a directory holding a secret), a root renamed
+//! away and re-created, and a `renameat2(RENAME_EXCHANGE)` loop between a
+//! directory and a symlink racing thousands of `read`/`glob`/`grep`/`write`
+//! calls. Nothing outside the roots is ever returned or touched.
+//!
+//! The race runs a bounded count in CI; set `ENVWORKER_RACE_ATTEMPTS` for
+//! more (e.g. `ENVWORKER_RACE_ATTEMPTS=100000 cargo test --test
+//! tools_confinement race -- --nocapture`). It runs once with `openat2` and
+//! once with the per-component walk the tools fall back to without it.
+
+mod common;
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::toolbox::T;
+use serde_json::json;
+
+/// The marker only files outside the roots hold.
+const SECRET: &str = "SECRET-OUTSIDE-7f3a";
+/// A name only the outside directory holds: `glob` must never list it.
+const OUTSIDE_ONLY: &str = "outside-only.txt";
+/// Race attempts per mode when `ENVWORKER_RACE_ATTEMPTS` is unset.
+const DEFAULT_RACE_ATTEMPTS: u64 = 2_000;
+
+/// The shared toolset tree (`work`, `mem`, read-only `kb`, `outside`) with
+/// the secret outside; built once, as at session start, before the agent
+/// touches anything.
+fn tree() -> T {
+    let t = T::new();
+    std::fs::write(t.p("outside/secret.txt"), SECRET).unwrap();
+    t
+}
+
+/// Replace `rel` (a directory) by a symlink to `target`, as the agent's shell can.
+fn replace_with_symlink(t: &T, rel: &str, target: &Path) {
+    std::fs::remove_dir_all(t.p(rel)).unwrap();
+    symlink(target, t.p(rel)).unwrap();
+}
+
+/// The names in `<tmp>/outside`: nothing the tools do may add one.
+fn outside_names(t: &T) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(t.p("outside"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn set_openat2(on: bool) {
+    envworker::fsx::use_openat2(on);
+}
+
+fn kernel_path() -> &'static str {
+    if envworker::fsx::openat2_in_use() {
+        "openat2"
+    } else {
+        "walk"
+    }
+}
+
+/// Neither an answer nor an error may carry a byte of `leak`.
+#[track_caller]
+fn assert_no_leak(what: &str, answer: &Result<String, String>, leak: &str) {
+    let text = match answer {
+        Ok(t) | Err(t) => t,
+    };
+    assert!(!text.contains(leak), "{what} leaked: {text}");
+}
+
+#[tokio::test]
+async fn a_store_folder_replaced_by_a_symlink_to_proc_self_leaks_no_environment() {
+    let t = tree();
+    std::fs::write(t.p("mem/note.md"), "note").unwrap();
+    // The agent's shell: rm -rf the store folder, ln -s /proc/self in its place.
+    replace_with_symlink(&t, "mem", Path::new("/proc/self"));
+    let environ = std::fs::read("/proc/self/environ").unwrap();
+    let first_var =
+        String::from_utf8_lossy(environ.split(|b| *b == 0).next().unwrap()).into_owned();
+    assert!(!first_var.is_empty(), "the test process has an environment");
+    for (tool, input) in [
+        ("read", json!({"file_path": t.s("mem/environ")})),
+        ("read", json!({"file_path": t.s("mem/status")})),
+        ("read", json!({"file_path": t.s("mem/cwd/../mem/environ")})),
+        ("grep", json!({"pattern": ".", "path": t.s("mem/environ")})),
+        ("grep", json!({"pattern": "Name", "path": t.s("mem")})),
+        ("glob", json!({"pattern": "*", "path": t.s("mem")})),
+    ] {
+        let answer = t.call(tool, input.clone()).await;
+        assert_no_leak(&format!("{tool} {input}"), &answer, &first_var);
+        assert_no_leak(&format!("{tool} {input}"), &answer, "Name:");
+        let err = answer.expect_err(&format!("{tool} {input} must be refused"));
+        assert!(
+            err.contains("was replaced or removed during the session"),
+            "{tool}: {err}"
+        );
+        assert!(err.contains(&t.s("mem")), "names the folder: {err}");
+    }
+}
+
+#[tokio::test]
+async fn a_store_folder_replaced_by_a_symlink_to_an_outside_dir_is_neither_read_nor_written() {
+    let t = tree();
+    replace_with_symlink(&t, "mem", &t.p("outside"));
+    for (tool, input) in [
+        ("read", json!({"file_path": t.s("mem/secret.txt")})),
+        ("grep", json!({"pattern": "SECRET", "path": t.s("mem")})),
+        ("glob", json!({"pattern": "*.txt", "path": t.s("mem")})),
+        (
+            "write",
+            json!({"file_path": t.s("mem/planted.md"), "content": "x"}),
+        ),
+        (
+            "edit",
+            json!({"file_path": t.s("mem/secret.txt"), "old_string": "SECRET", "new_string": "gone"}),
+        ),
+    ] {
+        let answer = t.call(tool, input.clone()).await;
+        assert_no_leak(&format!("{tool} {input}"), &answer, SECRET);
+        if tool == "glob" {
+            assert_no_leak(&format!("{tool} {input}"), &answer, "secret.txt");
+        }
+        let err = answer.expect_err(&format!("{tool} {input} must be refused"));
+        assert!(
+            err.contains("was replaced or removed during the session"),
+            "{tool}: {err}"
+        );
+    }
+    assert_eq!(outside_names(&t), vec!["secret.txt"]);
+    assert_eq!(
+        std::fs::read_to_string(t.p("outside/secret.txt")).unwrap(),
+        SECRET
+    );
+}
+
+#[tokio::test]
+async fn a_directory_on_the_way_replaced_by_a_symlink_is_refused_by_every_tool() {
+    let t = tree();
+    for root in ["work", "mem"] {
+        std::fs::create_dir_all(t.p(&format!("{root}/sub"))).unwrap();
+        replace_with_symlink(&t, &format!("{root}/sub"), &t.p("outside"));
+        let sub = t.s(&format!("{root}/sub"));
+        for (tool, input) in [
+            ("read", json!({"file_path": format!("{sub}/secret.txt")})),
+            ("grep", json!({"pattern": "SECRET", "path": sub})),
+            ("grep", json!({"pattern": "SECRET", "path": t.s(root)})),
+            ("glob", json!({"pattern": "**/*.txt", "path": t.s(root)})),
+            ("glob", json!({"pattern": "*", "path": sub})),
+            (
+                "write",
+                json!({"file_path": format!("{sub}/planted.md"), "content": "x"}),
+            ),
+            (
+                "write",
+                json!({"file_path": format!("{sub}/new/planted.md"), "content": "x"}),
+            ),
+        ] {
+            let answer = t.call(tool, input.clone()).await;
+            assert_no_leak(&format!("{tool} {input}"), &answer, SECRET);
+            if tool == "glob" {
+                assert_no_leak(&format!("{tool} {input}"), &answer, "secret.txt");
+            }
+        }
+        let err = t
+            .call("read", json!({"file_path": format!("{sub}/secret.txt")}))
+            .await
+            .unwrap_err();
+        assert!(err.contains("symbolic link"), "{err}");
+    }
+    assert_eq!(outside_names(&t), vec!["secret.txt"]);
+}
+
+#[tokio::test]
+async fn a_root_renamed_away_and_recreated_answers_a_clear_error() {
+    let t = tree();
+    std::fs::write(t.p("mem/n.md"), "old").unwrap();
+    std::fs::write(t.p("work/a.txt"), "old").unwrap();
+    std::fs::rename(t.p("mem"), t.p("mem-old")).unwrap();
+    std::fs::create_dir(t.p("mem")).unwrap();
+    std::fs::write(t.p("mem/n.md"), "new").unwrap();
+    let err = t
+        .call("read", json!({"file_path": t.s("mem/n.md")}))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        format!(
+            "read: the directory {} was replaced or removed during the session",
+            t.s("mem")
+        )
+    );
+    let err = t
+        .call(
+            "write",
+            json!({"file_path": t.s("mem/n.md"), "content": "x"}),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.starts_with("write: the directory"), "{err}");
+    assert_eq!(std::fs::read_to_string(t.p("mem/n.md")).unwrap(), "new");
+    assert_eq!(std::fs::read_to_string(t.p("mem-old/n.md")).unwrap(), "old");
+
+    // The workdir too; the error never names it absolutely.
+    std::fs::rename(t.p("work"), t.p("work-old")).unwrap();
+    std::fs::create_dir(t.p("work")).unwrap();
+    for (tool, input) in [
+        ("read", json!({"file_path": "a.txt"})),
+        ("glob", json!({"pattern": "*"})),
+        ("grep", json!({"pattern": "old"})),
+    ] {
+        let err = t.call(tool, input).await.unwrap_err();
+        assert_eq!(
+            err,
+            format!("{tool}: the working directory was replaced or removed during the session")
+        );
+    }
+    // Removed outright: the same answer.
+    std::fs::remove_dir_all(t.p("mem")).unwrap();
+    let err = t
+        .call("read", json!({"file_path": t.s("mem/n.md")}))
+        .await
+        .unwrap_err();
+    assert!(err.contains("was replaced or removed"), "{err}");
+}
+
+fn race_attempts() -> u64 {
+    std::env::var("ENVWORKER_RACE_ATTEMPTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_RACE_ATTEMPTS)
+}
+
+/// Exchange `a` and `b` (a directory and a symlink) until `stop`.
+fn exchange_loop(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>, swaps: Arc<AtomicU64>) {
+    use rustix::fs::{CWD, RenameFlags, renameat_with};
+    while !stop.load(Ordering::Relaxed) {
+        renameat_with(CWD, &a, CWD, &b, RenameFlags::EXCHANGE).expect("renameat2 EXCHANGE");
+        swaps.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// `attempts` tool calls through `work/d` and `mem`, each of which a thread
+/// keeps exchanging with a symlink to `outside`; returns the leaks.
+async fn race(attempts: u64) -> u64 {
+    let t = tree();
+    // work/d and mem hold `inside.txt` and a harmless `secret.txt`; outside
+    // holds the real `secret.txt` and a name of its own.
+    std::fs::write(t.p(&format!("outside/{OUTSIDE_ONLY}")), "x").unwrap();
+    std::fs::create_dir(t.p("work/d")).unwrap();
+    for dir in ["work/d", "mem"] {
+        std::fs::write(t.p(&format!("{dir}/inside.txt")), "inside").unwrap();
+        std::fs::write(t.p(&format!("{dir}/secret.txt")), "inside too").unwrap();
+    }
+    symlink(t.p("outside"), t.p("work/l")).unwrap();
+    symlink(t.p("outside"), t.p("mem-link")).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let threads: Vec<_> = [("work/d", "work/l"), ("mem", "mem-link")]
+        .into_iter()
+        .map(|(a, b)| {
+            let (a, b, stop, swaps) = (t.p(a), t.p(b), stop.clone(), swaps.clone());
+            std::thread::spawn(move || exchange_loop(a, b, stop, swaps))
+        })
+        .collect();
+    let mut leaks = 0;
+    for i in 0..attempts {
+        let base = if i % 2 == 0 {
+            t.s("work/d")
+        } else {
+            t.s("mem")
+        };
+        let (tool, input) = match (i / 2) % 5 {
+            0 => ("read", json!({"file_path": format!("{base}/secret.txt")})),
+            1 => ("grep", json!({"pattern": "SECRET", "path": base})),
+            2 => (
+                "grep",
+                json!({"pattern": "SECRET", "path": format!("{base}/secret.txt")}),
+            ),
+            3 => ("glob", json!({"pattern": "*", "path": base})),
+            _ => (
+                "write",
+                json!({"file_path": format!("{base}/w{i}.md"), "content": "x"}),
+            ),
+        };
+        let answer = t.call(tool, input).await;
+        let text = match &answer {
+            Ok(t) | Err(t) => t,
+        };
+        // glob lists names only: a name only `outside` has is a leak.
+        let leaked = text.contains(SECRET) || text.contains(OUTSIDE_ONLY);
+        if leaked && leaks == 0 {
+            eprintln!("first leak: {tool}: {text}");
+        }
+        if leaked {
+            leaks += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for th in threads {
+        th.join().unwrap();
+    }
+    let planted = outside_names(&t).len() as u64 - 2;
+    eprintln!(
+        "race [{}]: {leaks} leaks and {planted} files written outside in {attempts} attempts ({} exchanges)",
+        kernel_path(),
+        swaps.load(Ordering::Relaxed)
+    );
+    leaks + planted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn race_a_rename_exchange_loop_never_yields_an_outside_byte() {
+    let attempts = race_attempts();
+    set_openat2(true);
+    let with_openat2 = race(attempts).await;
+    set_openat2(false);
+    let with_walk = race(attempts).await;
+    set_openat2(true);
+    assert_eq!(
+        (with_openat2, with_walk),
+        (0, 0),
+        "leaks out of {attempts} attempts (openat2, walk)"
+    );
+}
+
+#[tokio::test]
+async fn skill_cleanup_never_follows_a_skills_dir_replaced_by_a_symlink() {
+    let t = tree();
+    // What download_session_skills installed, then the agent's shell:
+    // mv skills away, ln -s <outside> skills, where outside/pdf is not ours.
+    std::fs::create_dir_all(t.p("work/skills/pdf/scripts")).unwrap();
+    std::fs::write(t.p("work/skills/pdf/scripts/run.sh"), "x").unwrap();
+    std::fs::create_dir_all(t.p("outside/pdf")).unwrap();
+    std::fs::write(t.p("outside/pdf/keep.txt"), SECRET).unwrap();
+    let installed = vec![t.p("work/skills/pdf")];
+    std::fs::rename(t.p("work/skills"), t.p("work/skills-moved")).unwrap();
+    symlink(t.p("outside"), t.p("work/skills")).unwrap();
+    envworker::tools::skills::remove_skills(&installed).await;
+    assert!(
+        t.p("outside/pdf/keep.txt").exists(),
+        "removed outside files"
+    );
+    // Without the swap, the skill goes (symlinks inside it are unlinked, not followed).
+    std::fs::remove_file(t.p("work/skills")).unwrap();
+    std::fs::rename(t.p("work/skills-moved"), t.p("work/skills")).unwrap();
+    symlink(t.p("outside"), t.p("work/skills/pdf/escape")).unwrap();
+    envworker::tools::skills::remove_skills(&installed).await;
+    assert!(!t.p("work/skills/pdf").exists());
+    assert!(t.p("outside/pdf/keep.txt").exists());
+}
