@@ -10,6 +10,14 @@
 //! parent's fd. Both refuse a symlink at any component with `ELOOP` and can
 //! never climb above the starting directory (callers refuse `..` first).
 //!
+//! Neither can see a *mount point* on the way: a root that is itself in a
+//! kernel pseudo-filesystem (a store folder replaced by a symlink to
+//! `/proc/self` before the worker opened it), or a root such as `/` that has
+//! `/proc` below it, would hand the worker's own `/proc/<pid>/environ` to the
+//! agent: a process may always read its own, non-dumpable or not. So
+//! [`refuse_pseudo_fs`] checks what was opened, and every open here refuses
+//! procfs, sysfs and their kin with `EXDEV`.
+//!
 //! Which of the two runs is a process-wide switch: cleared the first time
 //! the kernel (or a seccomp filter) answers `ENOSYS`/`EPERM`, and settable
 //! with [`use_openat2`] so tests exercise the walk on kernels that have
@@ -68,7 +76,7 @@ pub fn open_beneath<Fd: AsFd>(dirfd: Fd, comps: &[&str], flags: OFlags) -> Resul
     let dirfd = dirfd.as_fd();
     let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     if comps.is_empty() {
-        return rustix::fs::openat(dirfd, ".", flags, Mode::empty());
+        return rustix::fs::openat(dirfd, ".", flags, Mode::empty()).and_then(refuse_pseudo_fs);
     }
     if comps
         .iter()
@@ -76,6 +84,14 @@ pub fn open_beneath<Fd: AsFd>(dirfd: Fd, comps: &[&str], flags: OFlags) -> Resul
     {
         return Err(Errno::INVAL);
     }
+    beneath(dirfd, comps, flags).and_then(refuse_pseudo_fs)
+}
+
+fn beneath(
+    dirfd: std::os::fd::BorrowedFd<'_>,
+    comps: &[&str],
+    flags: OFlags,
+) -> Result<OwnedFd, Errno> {
     if OPENAT2.load(Ordering::Relaxed) {
         let joined = comps.join("/");
         for _ in 0..OPENAT2_RETRIES {
@@ -120,11 +136,39 @@ fn walk(
 }
 
 /// Open the directory `name` in `parent`, never through a symlink: a
-/// symlink answers `ELOOP` (whatever `O_DIRECTORY` said first).
+/// symlink answers `ELOOP` (whatever `O_DIRECTORY` said first), a directory
+/// of a pseudo-filesystem `EXDEV`.
 pub fn open_dir_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<OwnedFd, Errno> {
     let parent = parent.as_fd();
     rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty())
         .map_err(|e| symlink_errno(parent, name, e))
+        .and_then(refuse_pseudo_fs)
+}
+
+/// Filesystems whose files describe the kernel and its processes rather
+/// than hold anyone's data (`statfs(2)`'s magic numbers): procfs, sysfs,
+/// debugfs, tracefs, securityfs, bpffs, cgroup v1 and v2.
+const PSEUDO_FS: [u64; 8] = [
+    0x9fa0,      // PROC_SUPER_MAGIC
+    0x6265_6572, // SYSFS_MAGIC
+    0x6462_6720, // DEBUGFS_MAGIC
+    0x7472_6163, // TRACEFS_MAGIC
+    0x7363_6673, // SECURITYFS_MAGIC
+    0xcafe_4a11, // BPF_FS_MAGIC
+    0x0027_e0eb, // CGROUP_SUPER_MAGIC
+    0x6367_7270, // CGROUP2_SUPER_MAGIC
+];
+
+/// `fd` itself, unless it lies in a kernel pseudo-filesystem ([`PSEUDO_FS`]):
+/// then `EXDEV`. Nothing the worker syncs or the file tools serve lives
+/// there, and `/proc/<worker pid>/` holds the worker's environment.
+pub fn refuse_pseudo_fs(fd: OwnedFd) -> Result<OwnedFd, Errno> {
+    let fs = rustix::fs::fstatfs(&fd)?;
+    #[allow(clippy::unnecessary_cast)] // `f_type`'s width differs by target
+    if PSEUDO_FS.contains(&(fs.f_type as u64)) {
+        return Err(Errno::XDEV);
+    }
+    Ok(fd)
 }
 
 /// `ENOTDIR` from a no-follow open of a symlink reads as `ELOOP`, so every

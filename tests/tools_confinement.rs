@@ -353,3 +353,77 @@ async fn skill_cleanup_never_follows_a_skills_dir_replaced_by_a_symlink() {
     assert!(!t.p("work/skills/pdf").exists());
     assert!(t.p("outside/pdf/keep.txt").exists());
 }
+
+/// The worker's environment as this test process holds it: its first variable.
+fn first_env_var() -> String {
+    let environ = std::fs::read("/proc/self/environ").unwrap();
+    let first = String::from_utf8_lossy(environ.split(|b| *b == 0).next().unwrap()).into_owned();
+    assert!(!first.is_empty(), "the test process has an environment");
+    first
+}
+
+#[tokio::test]
+async fn roots_that_already_lead_into_proc_when_the_session_starts_are_refused() {
+    // An earlier session's agent left the workdir and a store path as
+    // symlinks to /proc/self: the next session's roots are opened through
+    // them, and a plain `environ` below such a root involves no symlink.
+    let leak = first_env_var();
+    let t = T::with(|ctx| {
+        for root in [ctx.workdir.clone(), ctx.allowed_roots[0].clone()] {
+            std::fs::remove_dir_all(&root).unwrap();
+            symlink("/proc/self", &root).unwrap();
+        }
+    });
+    for (tool, input) in [
+        ("read", json!({"file_path": "environ"})),
+        ("read", json!({"file_path": t.s("work/environ")})),
+        ("read", json!({"file_path": t.s("mem/environ")})),
+        ("grep", json!({"pattern": ".", "path": t.s("mem")})),
+        ("glob", json!({"pattern": "*", "path": t.s("work")})),
+        (
+            "write",
+            json!({"file_path": t.s("mem/comm"), "content": "x"}),
+        ),
+    ] {
+        let answer = t.call(tool, input.clone()).await;
+        assert_no_leak(&format!("{tool} {input}"), &answer, &leak);
+        let err = answer.expect_err(&format!("{tool} {input} must be refused"));
+        assert!(
+            err.contains("kernel filesystem such as /proc"),
+            "{tool} {input}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_root_with_proc_below_it_never_serves_the_workers_own_proc_entry() {
+    // A worker started with its workdir at `/` (an image without WORKDIR):
+    // `/proc/<worker pid>/environ` has no symlink on the way, and a process
+    // may always read its own environment, non-dumpable or not.
+    let leak = first_env_var();
+    let t = T::with(|ctx| ctx.workdir = PathBuf::from("/"));
+    let pid = std::process::id();
+    for (tool, input) in [
+        ("read", json!({"file_path": format!("/proc/{pid}/environ")})),
+        ("read", json!({"file_path": format!("proc/{pid}/environ")})),
+        ("read", json!({"file_path": "/proc/self/environ"})),
+        (
+            "grep",
+            json!({"pattern": ".", "path": format!("/proc/{pid}/environ")}),
+        ),
+        (
+            "glob",
+            json!({"pattern": "*", "path": format!("/proc/{pid}")}),
+        ),
+    ] {
+        let answer = t.call(tool, input.clone()).await;
+        assert_no_leak(&format!("{tool} {input}"), &answer, &leak);
+        answer.expect_err(&format!("{tool} {input} must be refused"));
+    }
+    // What is not a kernel filesystem under that root is still served.
+    std::fs::write(t.p("outside/plain.txt"), "plain").unwrap();
+    let own = t
+        .call("read", json!({"file_path": t.s("outside/plain.txt")}))
+        .await;
+    assert!(own.is_ok_and(|text| text.contains("plain")));
+}

@@ -141,6 +141,12 @@ async fn a_rename_exchange_loop_in_the_agents_shell_leaks_nothing_through_the_re
     );
     assert_eq!(racing.len(), steps, "{report:#}\n{logs}");
     assert_eq!(leaks, 0, "{report:#}");
+    // Proof the race ran: with the folder swapped about half the time, some
+    // steps must have met the swap (0 would mean the exchange loop died).
+    assert!(
+        refused > 0,
+        "no step met a swapped folder: {report:#}\n{logs}"
+    );
     assert_eq!(
         std::fs::read_to_string(outside.path().join("note.md")).unwrap(),
         SECRET

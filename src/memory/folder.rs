@@ -493,7 +493,10 @@ impl Folder {
             DIR_FLAGS.difference(OFlags::NOFOLLOW),
             Mode::empty(),
         )?;
-        let root = rustix::fs::openat(&parent, name, DIR_FLAGS, Mode::empty())?;
+        // A store path that led into /proc (a symlink planted before the
+        // mount) would sync the worker's own environment: refused.
+        let root = rustix::fs::openat(&parent, name, DIR_FLAGS, Mode::empty())
+            .and_then(crate::fsx::refuse_pseudo_fs)?;
         let st = rustix::fs::fstat(&root)?;
         *self.fds.lock().unwrap_or_else(|e| e.into_inner()) = Some(RootFds {
             parent: Arc::new(parent),
@@ -1121,6 +1124,24 @@ mod tests {
         assert!(matches!(f.get("bin.md"), Err(FolderError::NotUtf8(_))));
         // ...but it is still scanned (so a sync can see and refuse it).
         assert!(f.scan().unwrap().files.contains_key("bin.md"));
+    }
+
+    #[test]
+    fn a_root_that_leads_into_proc_is_never_opened() {
+        // `/mnt/memory` left as a symlink to /proc/self by an earlier agent,
+        // and a store whose slug names a directory there: syncing it would
+        // upload the worker's own process files (its environment among them).
+        let f = Folder::open(Path::new("/proc/self/fdinfo"), true).unwrap();
+        let err = f.create_root().unwrap_err();
+        assert_eq!(
+            err.raw_os_error(),
+            Some(Errno::XDEV.raw_os_error()),
+            "{err}"
+        );
+        assert!(
+            f.scan().is_ok_and(|s| s.files.is_empty()),
+            "nothing was opened"
+        );
     }
 
     #[test]

@@ -120,7 +120,8 @@ impl Root {
             path,
             OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
-        )?;
+        )
+        .and_then(fsx::refuse_pseudo_fs)?;
         Ok(Opened {
             id: fsx::identity(&base)?,
             base,
@@ -390,8 +391,12 @@ impl Target<'_> {
 /// An open or walk failure as the agent reads it.
 pub fn path_error(op: &str, p: &str, e: Errno) -> ToolError {
     match e {
-        Errno::LOOP | Errno::XDEV => ToolError::new(format!(
+        Errno::LOOP => ToolError::new(format!(
             "{op}: {p}: a symbolic link is in the way (the file tools never follow symbolic links)"
+        )),
+        // `refuse_pseudo_fs` (or `openat2` refusing to leave the root).
+        Errno::XDEV => ToolError::new(format!(
+            "{op}: {p}: lies in a kernel filesystem such as /proc, which the file tools never open"
         )),
         e => ToolError::new(format!("{op}: {p}: {}", errno_reason(e))),
     }
@@ -443,6 +448,7 @@ pub fn fs_reason(e: &io::Error) -> String {
         Errno::NOSPC => "no space left on device".into(),
         Errno::ROFS => "read-only file system".into(),
         Errno::NAMETOOLONG => "file name too long".into(),
+        Errno::XDEV => "a kernel filesystem such as /proc, which the file tools never open".into(),
         _ => format!("i/o error ({code})"),
     }
 }
