@@ -427,3 +427,33 @@ async fn a_root_with_proc_below_it_never_serves_the_workers_own_proc_entry() {
         .await;
     assert!(own.is_ok_and(|text| text.contains("plain")));
 }
+
+#[tokio::test]
+async fn grep_and_glob_walking_from_a_root_above_proc_never_descend_into_it() {
+    // With the workdir at `/`, a search from `/` must skip `/proc` (and
+    // `/sys`): it holds the worker's own environment, readable by the
+    // worker whatever its dumpable flag says.
+    let t = T::with(|ctx| ctx.workdir = PathBuf::from("/"));
+    let needle = format!(
+        "CARGO_BIN_EXE_envworker={}",
+        env!("CARGO_BIN_EXE_envworker")
+    );
+    let pid = std::process::id();
+    let grep = t
+        .call_for(
+            "grep",
+            json!({"pattern": regex::escape(&needle), "path": "/", "output_mode": "files_with_matches"}),
+            std::time::Duration::from_secs(60),
+        )
+        .await;
+    assert_no_leak("grep from /", &grep, &format!("/proc/{pid}"));
+    assert_no_leak("grep from /", &grep, "/proc/");
+    let glob = t
+        .call_for(
+            "glob",
+            json!({"pattern": format!("proc/{pid}/environ"), "path": "/"}),
+            std::time::Duration::from_secs(60),
+        )
+        .await;
+    assert_no_leak("glob from /", &glob, "/proc/");
+}

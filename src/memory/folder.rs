@@ -363,7 +363,9 @@ impl Walk {
             };
             match FileType::from_raw_mode(st.st_mode) {
                 FileType::Directory => {
-                    let sub = match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty()) {
+                    let sub = match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
+                        .and_then(crate::fsx::refuse_pseudo_fs)
+                    {
                         Ok(fd) => fd,
                         Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => continue,
                         Err(_) => {

@@ -68,12 +68,15 @@ fn walk(
             None => {
                 let Some(p) = stack.pop() else { return Ok(()) };
                 // A directory swapped for a symlink (or removed) since it was listed: skipped.
+                // A mount of /proc or /sys below the root (a root of `/`) is skipped.
                 match rustix::fs::openat(
                     &*p.parent,
                     p.name.as_c_str(),
                     fsx::DIR_FLAGS,
                     Mode::empty(),
-                ) {
+                )
+                .and_then(fsx::refuse_pseudo_fs)
+                {
                     Ok(fd) => (fd, p.rel),
                     Err(_) => continue,
                 }
