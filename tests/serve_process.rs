@@ -713,6 +713,51 @@ async fn poll_hands_each_item_to_the_on_work_command_and_run_serves_it() {
     );
 }
 
+/// The poller raises its own descriptor limit; the `--on-work` command, the
+/// `envworker run` inside it and so the agent's shell get the limit the
+/// poller was started with (before: the raised one, recorded by `run` as
+/// its original and handed on to the agent).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_on_work_command_and_the_agents_bash_keep_the_pollers_original_descriptor_limit() {
+    let mnt = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
+    )
+    .await;
+    let started = server
+        .start_scenario(&json!({
+            "name": "on-work-ulimit",
+            "steps": [
+                {"tool": "bash", "input": {"command": "echo soft=$(ulimit -Sn) hard=$(ulimit -Hn)"},
+                 "expect": {"contains": "soft=1000 hard=4096"}}
+            ]
+        }))
+        .await;
+    let dir = work.path().to_path_buf();
+    let command = format!(
+        "ulimit -Sn > {d}/sh_nofile; \
+         exec {bin} run --max-idle 1s --memory-sync-interval 5s --workdir {d}",
+        d = dir.display(),
+        bin = env!("CARGO_BIN_EXE_envworker"),
+    );
+    let poll =
+        common::toolbox::spawn_poll_limited(&server.url(), &started, &command, Some((1000, 4096)));
+    let report = server
+        .final_report(&started.session_id, Duration::from_secs(60))
+        .await;
+    let _ = Command::new("kill")
+        .args(["-TERM", &poll.id().to_string()])
+        .status();
+    let out = tokio::task::spawn_blocking(move || poll.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    let logs = String::from_utf8_lossy(&out.stderr).into_owned();
+    let sh = std::fs::read_to_string(dir.join("sh_nofile")).unwrap();
+    assert_eq!(sh.trim(), "1000", "the --on-work shell's soft limit");
+    assert_eq!(report["status"], "passed", "{report:#}\n{logs}");
+}
+
 /// An `--on-work` command that cannot run would leave every item it is
 /// handed acked and unserved: the item is stopped and the poller exits.
 #[tokio::test(flavor = "multi_thread")]

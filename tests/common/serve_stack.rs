@@ -48,20 +48,7 @@ impl Serve {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some((soft, hard)) = limits.nofile {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setrlimit is async-signal-safe; nothing else runs here.
-            unsafe {
-                command.pre_exec(move || {
-                    rustix::process::setrlimit(
-                        rustix::process::Resource::Nofile,
-                        rustix::process::Rlimit {
-                            current: Some(soft),
-                            maximum: Some(hard),
-                        },
-                    )
-                    .map_err(std::io::Error::from)
-                });
-            }
+            super::process::limit_nofile(&mut command, soft, hard);
         }
         let mut child = command.spawn().expect("envworker serve starts");
         let stderr = super::process::collect_stderr(&mut child);
