@@ -157,6 +157,22 @@ impl Drop for Flood {
     }
 }
 
+/// A stack whose `serve` has [`CHILD_NOFILE`] descriptors, under a flood of
+/// [`flood_count`] connections each making `attack`.
+async fn flooded(attack: Attack) -> (Stack, Flood, usize) {
+    let count = flood_count();
+    raise_own_fd_limit(count as u64 + 1024);
+    let stack = stack_limited(
+        &[],
+        ServeLimits {
+            nofile: Some((CHILD_NOFILE, CHILD_NOFILE)),
+        },
+    )
+    .await;
+    let flood = Flood::start(serve_addr(&stack), count, attack);
+    (stack, flood, count)
+}
+
 /// A client that opens a fresh connection for each request.
 fn fresh_client() -> reqwest::Client {
     reqwest::Client::builder()
@@ -168,16 +184,7 @@ fn fresh_client() -> reqwest::Client {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_idle_connections_starves_neither_a_signed_delivery_nor_a_session() {
-    let count = flood_count();
-    raise_own_fd_limit(count as u64 + 1024);
-    let stack = stack_limited(
-        &[],
-        ServeLimits {
-            nofile: Some((CHILD_NOFILE, CHILD_NOFILE)),
-        },
-    )
-    .await;
-    let flood = Flood::start(serve_addr(&stack), count, Attack::idle());
+    let (stack, flood, count) = flooded(Attack::idle()).await;
     // How many descriptors serve holds at most, sampled through the run.
     let pid = stack.serve.child.id();
     let sampling = Arc::new(AtomicBool::new(true));
@@ -385,16 +392,7 @@ async fn until_a_delivery_is_answered(stack: &Stack, within: Duration) -> Option
 /// held, and a signed delivery was refused until the flood paused.)
 #[tokio::test(flavor = "multi_thread")]
 async fn a_flood_of_trickled_bodies_does_not_keep_a_signed_delivery_out() {
-    let count = flood_count();
-    raise_own_fd_limit(count as u64 + 1024);
-    let stack = stack_limited(
-        &[],
-        ServeLimits {
-            nofile: Some((CHILD_NOFILE, CHILD_NOFILE)),
-        },
-    )
-    .await;
-    let flood = Flood::start(serve_addr(&stack), count, Attack::slow_body());
+    let (stack, flood, count) = flooded(Attack::slow_body()).await;
     // Every slot is full of requests whose bodies are still arriving.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let answered = until_a_delivery_is_answered(&stack, Duration::from_secs(30)).await;

@@ -252,10 +252,10 @@ struct BodyRead {
 
 impl BodyRead {
     fn done(&mut self) {
-        if let Some(tracker) = self.tracker.take() {
-            if let Some(c) = tracker.lock().get_mut(&self.id) {
-                c.reading_body = c.reading_body.saturating_sub(1);
-            }
+        if let Some(tracker) = self.tracker.take()
+            && let Some(c) = tracker.lock().get_mut(&self.id)
+        {
+            c.reading_body = c.reading_body.saturating_sub(1);
         }
     }
 }
@@ -569,7 +569,7 @@ mod tests {
         let tracker = Arc::new(Tracker::default());
         let limits = ConnectionLimits::for_descriptors(Some(1024), 1);
         let (slow, slow_close) = tracker.open();
-        let (request, mut body) = tracker.request_started(slow, true);
+        let (_request, _body) = tracker.request_started(slow, true);
         // Reading its body: evictable, and closed at the body deadline.
         let at = tracker.deadline(slow, &limits).unwrap();
         assert!(at <= Instant::now() + BODY_READ_TIMEOUT);
@@ -582,7 +582,6 @@ mod tests {
         assert_eq!(tracker.deadline(fast, &limits), None);
         assert!(!tracker.evict_longest_idle());
         assert!(!fast_close.is_cancelled());
-        drop((request, body.tracker.take()));
     }
 
     /// Connections waiting in the backlog are accepted one after another
