@@ -191,12 +191,8 @@ async fn serve_answers_health_readiness_and_refuses_bad_deliveries() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn run_serves_one_claimed_item_from_anthropic_variables() {
-    let mnt = tempfile::tempdir().unwrap();
+    let (server, _mnt) = devserver().await;
     let work = tempfile::tempdir().unwrap();
-    let server = TestServer::start_with(
-        DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
-    )
-    .await;
     let started = server
         .start_scenario(&common::scenario("notes-roundtrip"))
         .await;
@@ -651,28 +647,27 @@ workdir = "{wb}"
     }
 }
 
-/// `envworker poll --on-work CMD` as the reference's sandbox launcher: the
-/// command gets the item on stdin and the `ANTHROPIC_*` variables, and an
-/// `envworker run` inside it serves the session.
-#[tokio::test(flavor = "multi_thread")]
-async fn poll_hands_each_item_to_the_on_work_command_and_run_serves_it() {
+/// A devserver whose sessions mount their stores in a temporary folder
+/// (kept as long as the returned guard).
+async fn devserver() -> (TestServer, tempfile::TempDir) {
     let mnt = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(
         DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
     )
     .await;
-    let started = server
-        .start_scenario(&common::scenario("notes-roundtrip"))
-        .await;
-    let dir = work.path().to_path_buf();
-    let command = format!(
-        "cat > {d}/item.json; env | grep '^ANTHROPIC_' | sort > {d}/env.txt; \
-         exec {bin} run --max-idle 1s --memory-sync-interval 5s --workdir {d}",
-        d = dir.display(),
-        bin = env!("CARGO_BIN_EXE_envworker"),
-    );
-    let poll = common::toolbox::spawn_poll(&server.url(), &started, &command);
+    (server, mnt)
+}
+
+/// Run `envworker poll --on-work command` (its `RLIMIT_NOFILE` at `nofile`)
+/// until `started`'s report is final, then stop it: the report, the
+/// poller's output and its logs.
+async fn poll_until_reported(
+    server: &TestServer,
+    started: &common::Started,
+    command: &str,
+    nofile: Option<(u64, u64)>,
+) -> (Value, std::process::Output, String) {
+    let poll = common::toolbox::spawn_poll_limited(&server.url(), started, command, nofile);
     let report = server
         .final_report(&started.session_id, Duration::from_secs(60))
         .await;
@@ -683,6 +678,27 @@ async fn poll_hands_each_item_to_the_on_work_command_and_run_serves_it() {
         .await
         .unwrap();
     let logs = String::from_utf8_lossy(&out.stderr).into_owned();
+    (report, out, logs)
+}
+
+/// `envworker poll --on-work CMD` as the reference's sandbox launcher: the
+/// command gets the item on stdin and the `ANTHROPIC_*` variables, and an
+/// `envworker run` inside it serves the session.
+#[tokio::test(flavor = "multi_thread")]
+async fn poll_hands_each_item_to_the_on_work_command_and_run_serves_it() {
+    let (server, _mnt) = devserver().await;
+    let work = tempfile::tempdir().unwrap();
+    let started = server
+        .start_scenario(&common::scenario("notes-roundtrip"))
+        .await;
+    let dir = work.path().to_path_buf();
+    let command = format!(
+        "cat > {d}/item.json; env | grep '^ANTHROPIC_' | sort > {d}/env.txt; \
+         exec {bin} run --max-idle 1s --memory-sync-interval 5s --workdir {d}",
+        d = dir.display(),
+        bin = env!("CARGO_BIN_EXE_envworker"),
+    );
+    let (report, out, logs) = poll_until_reported(&server, &started, &command, None).await;
     assert_eq!(report["status"], "passed", "{report:#}\n{logs}");
     assert!(out.status.success(), "{logs}");
 
@@ -713,15 +729,42 @@ async fn poll_hands_each_item_to_the_on_work_command_and_run_serves_it() {
     );
 }
 
+/// The poller raises its own descriptor limit; the `--on-work` command, the
+/// `envworker run` inside it and so the agent's shell get the limit the
+/// poller was started with (before: the raised one, recorded by `run` as
+/// its original and handed on to the agent).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_on_work_command_and_the_agents_bash_keep_the_pollers_original_descriptor_limit() {
+    let (server, _mnt) = devserver().await;
+    let work = tempfile::tempdir().unwrap();
+    let started = server
+        .start_scenario(&json!({
+            "name": "on-work-ulimit",
+            "steps": [
+                {"tool": "bash", "input": {"command": "echo soft=$(ulimit -Sn) hard=$(ulimit -Hn)"},
+                 "expect": {"contains": "soft=1000 hard=4096"}}
+            ]
+        }))
+        .await;
+    let dir = work.path().to_path_buf();
+    let command = format!(
+        "ulimit -Sn > {d}/sh_nofile; \
+         exec {bin} run --max-idle 1s --memory-sync-interval 5s --workdir {d}",
+        d = dir.display(),
+        bin = env!("CARGO_BIN_EXE_envworker"),
+    );
+    let (report, _, logs) =
+        poll_until_reported(&server, &started, &command, Some((1000, 4096))).await;
+    let sh = std::fs::read_to_string(dir.join("sh_nofile")).unwrap();
+    assert_eq!(sh.trim(), "1000", "the --on-work shell's soft limit");
+    assert_eq!(report["status"], "passed", "{report:#}\n{logs}");
+}
+
 /// An `--on-work` command that cannot run would leave every item it is
 /// handed acked and unserved: the item is stopped and the poller exits.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_on_work_command_that_cannot_run_stops_the_item_and_the_poller() {
-    let mnt = tempfile::tempdir().unwrap();
-    let server = TestServer::start_with(
-        DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
-    )
-    .await;
+    let (server, _mnt) = devserver().await;
     let started = server
         .start_scenario(&common::scenario("notes-roundtrip"))
         .await;

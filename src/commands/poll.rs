@@ -104,7 +104,17 @@ async fn hand_off(
     let options = worker.options();
     // The reference's contract, plus what an `envworker run` inside needs:
     // the API it talks to and the item's secret.
-    let spawned = tokio::process::Command::new("/bin/sh")
+    let mut sh = tokio::process::Command::new("/bin/sh");
+    // The poller raised its descriptor limit for its own use; the command
+    // (and the `envworker run` inside, which records the limit it finds as
+    // the one to give the agent's shell) gets the limit we were started with.
+    if let Some(original) = crate::fdlimit::original() {
+        // SAFETY: one setrlimit syscall, async-signal-safe, no allocation.
+        unsafe {
+            sh.pre_exec(move || crate::fdlimit::restore_in_child(&original));
+        }
+    }
+    let spawned = sh
         .arg("-c")
         .arg(command)
         .env("ANTHROPIC_WORK_ID", &work.id)

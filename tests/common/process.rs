@@ -60,6 +60,24 @@ impl Drop for DevserverProcess {
     }
 }
 
+/// Start `command`'s child with `RLIMIT_NOFILE` at `soft` / `hard`.
+pub fn limit_nofile(command: &mut Command, soft: u64, hard: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs here.
+    unsafe {
+        command.pre_exec(move || {
+            rustix::process::setrlimit(
+                rustix::process::Resource::Nofile,
+                rustix::process::Rlimit {
+                    current: Some(soft),
+                    maximum: Some(hard),
+                },
+            )
+            .map_err(std::io::Error::from)
+        });
+    }
+}
+
 /// The URL `child` prints on its (piped) stdout after `prefix`, within 30 s;
 /// the rest of its stdout is drained in the background.
 pub fn announced_url(child: &mut Child, prefix: &'static str) -> Option<String> {

@@ -48,20 +48,7 @@ impl Serve {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some((soft, hard)) = limits.nofile {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: setrlimit is async-signal-safe; nothing else runs here.
-            unsafe {
-                command.pre_exec(move || {
-                    rustix::process::setrlimit(
-                        rustix::process::Resource::Nofile,
-                        rustix::process::Rlimit {
-                            current: Some(soft),
-                            maximum: Some(hard),
-                        },
-                    )
-                    .map_err(std::io::Error::from)
-                });
-            }
+            super::process::limit_nofile(&mut command, soft, hard);
         }
         let mut child = command.spawn().expect("envworker serve starts");
         let stderr = super::process::collect_stderr(&mut child);
@@ -195,14 +182,24 @@ impl Stack {
         id: &str,
         session_id: &str,
     ) -> reqwest::Result<reqwest::Response> {
+        let body = json!({"type": "event", "id": id, "created_at": "2026-01-01T00:00:00Z",
+            "data": {"type": "session.status_run_started", "id": session_id}})
+        .to_string();
+        self.deliver(http, id, body).await
+    }
+
+    /// POST `body`, signed as webhook-id `id`, to the default endpoint.
+    pub async fn deliver(
+        &self,
+        http: &reqwest::Client,
+        id: &str,
+        body: String,
+    ) -> reqwest::Result<reqwest::Response> {
         let key = SigningKey::parse(&self.secret).unwrap();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs() as i64;
-        let body = json!({"type": "event", "id": id, "created_at": "2026-01-01T00:00:00Z",
-            "data": {"type": "session.status_run_started", "id": session_id}})
-        .to_string();
         http.post(format!("{}/webhooks/default", self.serve.url))
             .header("content-type", "application/json")
             .header("webhook-id", id)

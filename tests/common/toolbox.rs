@@ -77,8 +77,21 @@ pub fn write(path: &Path, content: &str) {
 /// devserver at `url`, stderr piped; `command` typically ends in
 /// `exec envworker run …`.
 pub fn spawn_poll(url: &str, started: &Started, command: &str) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_envworker"))
-        .args(["poll", "--on-work", command])
+    spawn_poll_limited(url, started, command, None)
+}
+
+/// [`spawn_poll`] with the poller's `RLIMIT_NOFILE` (soft, hard).
+pub fn spawn_poll_limited(
+    url: &str,
+    started: &Started,
+    command: &str,
+    nofile: Option<(u64, u64)>,
+) -> Child {
+    let mut poll = Command::new(env!("CARGO_BIN_EXE_envworker"));
+    if let Some((soft, hard)) = nofile {
+        super::process::limit_nofile(&mut poll, soft, hard);
+    }
+    poll.args(["poll", "--on-work", command])
         .env_remove("ANTHROPIC_WORK_SECRET")
         .envs([
             ("ANTHROPIC_BASE_URL", url),
