@@ -131,10 +131,7 @@ async fn an_oversized_sparse_file_never_drives_memory_use() {
     if !common::runs_alone("an_oversized_sparse_file_never_drives_memory_use") {
         return;
     }
-    let mib: u64 = std::env::var("ENVWORKER_SPARSE_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512);
+    let mib = common::env_count("ENVWORKER_SPARSE_MIB", 512);
     let (t, store, root) = notes(json!({"/big.md": "small once"})).await;
     let before = common::peak_rss_kib();
     std::fs::File::create(root.join("big.md"))
@@ -268,10 +265,7 @@ async fn a_directory_chain_thousands_deep_never_aborts_a_sync() {
     if !common::runs_alone("a_directory_chain_thousands_deep_never_aborts_a_sync") {
         return;
     }
-    let depth: usize = std::env::var("ENVWORKER_DEEP_LEVELS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5_000);
+    let depth = common::env_count("ENVWORKER_DEEP_LEVELS", 5_000) as usize;
     let logs = Logs::capture();
     let (t, store, root) = notes(json!({})).await;
     common::deep_chain(&root, depth, "deep.md", "deep");

@@ -16,13 +16,6 @@ use std::time::{Duration, Instant};
 use common::toolbox::{T, write};
 use serde_json::json;
 
-fn env_or(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 /// Before the fix, `ENVWORKER_SPARSE_MIB=1024`: grep's `read_until` and the
 /// read tool's line streaming each buffered the whole 1 GiB "line" (see the
 /// commit for the figures).
@@ -31,7 +24,7 @@ async fn a_sparse_one_line_file_never_drives_memory_use() {
     if !common::runs_alone("a_sparse_one_line_file_never_drives_memory_use") {
         return;
     }
-    let mib = env_or("ENVWORKER_SPARSE_MIB", 1024);
+    let mib = common::env_count("ENVWORKER_SPARSE_MIB", 1024);
     let t = T::new();
     write(&t.p("work/f.txt"), &"x".repeat(600));
     std::fs::OpenOptions::new()
@@ -92,7 +85,7 @@ async fn a_sparse_one_line_file_never_drives_memory_use() {
 /// pending sibling) and found the deep file.
 #[tokio::test]
 async fn glob_and_grep_over_a_deep_chain_answer_in_bounded_time() {
-    let depth = env_or("ENVWORKER_DEEP_LEVELS", 5_000) as usize;
+    let depth = common::env_count("ENVWORKER_DEEP_LEVELS", 5_000) as usize;
     let t = T::new();
     write(&t.p("work/top.txt"), "needle at the top\n");
     common::deep_chain(&t.p("work"), depth, "deep.txt", "needle at the bottom\n");

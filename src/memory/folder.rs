@@ -35,6 +35,12 @@
 //! [`Folder::get`]. [`Folder::dispose`] removes the folder by fd, restoring
 //! the permissions it needs (the folder is the worker's own).
 //!
+//! The tree's shape never drives the stack or the descriptors (the agent
+//! can nest directories thousands deep): scans and removal walk with an
+//! explicit stack, a scan enters at most [`MAX_SCAN_DEPTH`] levels (deeper is
+//! unreadable: unknown, never deleted), and removal holds one directory's
+//! descriptor at a time, however deep the tree.
+//!
 //! Everything here blocks; callers run it on a blocking thread.
 
 use std::collections::BTreeMap;

@@ -1,5 +1,8 @@
 //! `glob` and `grep`, both built in (no dependency on ripgrep being
-//! installed) and both bounded: at most 50,000 entries walked, symlinks
+//! installed) and both bounded: at most 50,000 entries walked and 256
+//! levels entered ([`WALK_MAX_DEPTH`]), at most 100 MiB read of one file and
+//! 2,000 bytes held of one line (a one-line sparse file of gigabytes costs
+//! neither memory nor the call's deadline; see `lines.rs`), symlinks
 //! never followed (not even to a file), `.git` and `node_modules` skipped,
 //! FIFOs and devices never opened, and the call's deadline honoured.
 //!

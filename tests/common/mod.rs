@@ -514,3 +514,12 @@ pub fn deep_chain(root: &std::path::Path, depth: usize, bottom: &str, content: &
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").unwrap().count()
 }
+
+/// A count from the environment (a probe's size, e.g. `ENVWORKER_SPARSE_MIB`),
+/// or `default` when unset or not a number.
+pub fn env_count(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
