@@ -1498,6 +1498,47 @@ mod tests {
         assert!(!f.root().exists());
     }
 
+    /// A chain past [`MAX_SCAN_DEPTH`] (with a file beside every level and
+    /// a wide level in the middle): the scan stops at the cap and lists the
+    /// deeper directory as unreadable (so nothing below it reads as
+    /// deleted); dispose removes it all, bottom-up, holding one directory's
+    /// descriptor at a time.
+    #[test]
+    fn a_chain_deeper_than_the_cap_is_unknown_and_still_removed() {
+        let (_t, f) = folder();
+        let depth = MAX_SCAN_DEPTH + 50;
+        let mut dir = rustix::fs::open(f.root(), DIR_FLAGS, Mode::empty()).unwrap();
+        for level in 0..depth {
+            let file = rustix::fs::openat(
+                &dir,
+                "f.md",
+                OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+            .unwrap();
+            rustix::io::write(&file, b"f").unwrap();
+            if level == 3 {
+                for i in 0..20 {
+                    rustix::fs::mkdirat(&dir, format!("w{i}"), Mode::from_raw_mode(0o700)).unwrap();
+                }
+            }
+            rustix::fs::mkdirat(&dir, "d", Mode::from_raw_mode(0o700)).unwrap();
+            dir = rustix::fs::openat(&dir, "d", DIR_FLAGS, Mode::empty()).unwrap();
+        }
+        drop(dir);
+        let scan = f.scan().unwrap();
+        let capped = vec!["d"; MAX_SCAN_DEPTH + 1].join("/");
+        assert_eq!(scan.unreadable, [capped.clone()]);
+        assert_eq!(
+            scan.files.len(),
+            MAX_SCAN_DEPTH + 1,
+            "f.md at every level walked"
+        );
+        assert!(scan.is_unknown(&format!("{capped}/f.md")));
+        f.dispose().unwrap();
+        assert!(!f.root().exists());
+    }
+
     #[test]
     fn a_root_swapped_for_a_symlink_is_reported_and_never_followed() {
         let (t, f) = folder();
