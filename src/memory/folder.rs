@@ -1528,7 +1528,7 @@ mod tests {
         drop(dir);
         let scan = f.scan().unwrap();
         let capped = vec!["d"; MAX_SCAN_DEPTH + 1].join("/");
-        assert_eq!(scan.unreadable, [capped.clone()]);
+        assert_eq!(scan.unreadable, std::slice::from_ref(&capped));
         assert_eq!(
             scan.files.len(),
             MAX_SCAN_DEPTH + 1,
