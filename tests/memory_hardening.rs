@@ -4,7 +4,8 @@
 //! when the pass that did it is cut off or the final sync fails.
 //!
 //! `ENVWORKER_SPARSE_MIB` sets the size of the sparse file of the RSS check
-//! (default 512 MiB; it costs no disk and, fixed, no memory either).
+//! (default 512 MiB; it costs no disk and, fixed, no memory either);
+//! `ENVWORKER_DEEP_LEVELS` the depth of the directory chain (default 5,000).
 
 mod common;
 
@@ -130,10 +131,7 @@ async fn an_oversized_sparse_file_never_drives_memory_use() {
     if !common::runs_alone("an_oversized_sparse_file_never_drives_memory_use") {
         return;
     }
-    let mib: u64 = std::env::var("ENVWORKER_SPARSE_MIB")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(512);
+    let mib = common::env_count("ENVWORKER_SPARSE_MIB", 512);
     let (t, store, root) = notes(json!({"/big.md": "small once"})).await;
     let before = common::peak_rss_kib();
     std::fs::File::create(root.join("big.md"))
@@ -177,19 +175,32 @@ async fn an_edit_after_a_cut_off_pass_is_kept_not_overwritten() {
     let (t, store, root) = notes(json!({})).await;
     let b = t.memory_id(&store, "/dir/b.md").await;
     // b.md's upload hangs past the bound; a.md's lands at once.
-    t.s.add_faults(vec![json!({"method": "POST", "path": format!("/v1/memory_stores/{store}/memories/{b}"), "latency_ms": 3000})])
+    t.s.add_faults(vec![json!({"method": "POST", "path": format!("/v1/memory_stores/{store}/memories/{b}"), "latency_ms": 30_000})])
         .await;
     std::fs::write(root.join("a.md"), "a2").unwrap();
     std::fs::write(root.join("dir/b.md"), "b2").unwrap();
-    let cut = tokio::time::timeout(Duration::from_secs(1), t.stores.sync_now()).await;
-    assert!(cut.is_err(), "the pass was cut off");
-    assert_eq!(
-        t.s.store_memories(&store)
+    // Cut the pass off once a.md's upload has landed (polled, so a loaded
+    // machine cannot make the cut come first), while b.md's still hangs.
+    let mut pass = Box::pin(t.stores.sync_now());
+    let landed = async {
+        while t
+            .s
+            .store_memories(&store)
             .await
             .get("/a.md")
-            .map(String::as_str),
-        Some("a2")
-    );
+            .map(String::as_str)
+            != Some("a2")
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::select! {
+        _ = &mut pass => panic!("the pass ended although b.md's upload hangs"),
+        landed = tokio::time::timeout(Duration::from_secs(20), landed) => {
+            landed.expect("a.md's upload landed");
+        }
+    }
+    drop(pass); // the cut-off
     t.s.clear_faults().await;
     std::fs::write(root.join("a.md"), "a3, edited again").unwrap();
     t.stores.sync_now().await;
@@ -241,4 +252,53 @@ async fn a_failed_final_sync_still_flushes_every_edit() {
         Some("new, before the end")
     );
     assert!(!root.exists());
+}
+
+/// Decision 10: a tree's shape never drives the worker's stack or
+/// descriptors. Before the fix, the scan recursed once per level on a 2 MiB
+/// blocking thread: a 5,000-deep chain overflowed its stack at the next
+/// sync and aborted the whole process (every session's unsynced edits
+/// lost). Now what lies deeper than the cap is unknown (warned once, never
+/// read as deleted), the other edits sync, and dispose removes the chain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_chain_thousands_deep_never_aborts_a_sync() {
+    if !common::runs_alone("a_directory_chain_thousands_deep_never_aborts_a_sync") {
+        return;
+    }
+    let depth = common::env_count("ENVWORKER_DEEP_LEVELS", 5_000) as usize;
+    let logs = Logs::capture();
+    let (t, store, root) = notes(json!({})).await;
+    common::deep_chain(&root, depth, "deep.md", "deep");
+    std::fs::write(root.join("a.md"), "a2, the agent's edit").unwrap();
+    let fds = common::open_fds();
+    t.stores.sync_now().await;
+    t.stores.sync_now().await;
+    let report = t.stores.teardown(true, Duration::from_secs(30)).await;
+    let held = t.s.store_memories(&store).await;
+    assert_eq!(
+        held.get("/a.md").map(String::as_str),
+        Some("a2, the agent's edit"),
+        "{report:?}: {}",
+        logs.text()
+    );
+    for path in ["/dir/b.md", "/dir/c.md", "/locked.md"] {
+        assert!(held.contains_key(path), "{path} not deleted: {held:?}");
+    }
+    assert!(
+        held.keys().all(|k| !k.ends_with("/deep.md")),
+        "deeper than the cap: never uploaded"
+    );
+    let warned = logs
+        .text()
+        .lines()
+        .filter(|l| l.contains("cannot be read"))
+        .count();
+    // `d` and `e` at the cap, each warned once.
+    assert_eq!(warned, 2, "the deep entries warned once: {}", logs.text());
+    assert_eq!(logs.count("memory sync failed"), 0, "{}", logs.text());
+    assert!(!root.exists(), "dispose removed the chain: {}", logs.text());
+    println!(
+        "{depth}-deep chain: synced and removed; descriptors before {fds}, after {}",
+        common::open_fds()
+    );
 }

@@ -35,6 +35,12 @@
 //! [`Folder::get`]. [`Folder::dispose`] removes the folder by fd, restoring
 //! the permissions it needs (the folder is the worker's own).
 //!
+//! The tree's shape never drives the stack or the descriptors (the agent
+//! can nest directories thousands deep): scans and removal walk with an
+//! explicit stack, a scan enters at most [`MAX_SCAN_DEPTH`] levels (deeper is
+//! unreadable: unknown, never deleted), and removal holds one directory's
+//! descriptor at a time, however deep the tree.
+//!
 //! Everything here blocks; callers run it on a blocking thread.
 
 use std::collections::BTreeMap;
@@ -318,10 +324,97 @@ struct Walk {
     unreadable: Vec<String>,
 }
 
+/// Deepest directory a scan enters, counted from the root (whose entries
+/// are at depth 1). The agent can nest directories without limit; the scan
+/// holds one descriptor and the remaining names per level it is inside, so
+/// the cap bounds its descriptors (at most this many, well under the usual
+/// 1,024) and, with the explicit stack, rules out any stack overflow. A
+/// directory deeper than the cap is listed in [`Scan::unreadable`]: what it
+/// holds is unknown (warned once), never read as deleted.
+pub const MAX_SCAN_DEPTH: usize = 128;
+
+/// A directory a scan is inside: its fd (`None`: the root), its path and
+/// depth, and the names still to visit in it.
+struct Frame {
+    fd: Option<OwnedFd>,
+    prefix: String,
+    depth: usize,
+    names: std::vec::IntoIter<std::ffi::CString>,
+}
+
 impl Walk {
-    /// Walk one directory. An entry that cannot be read is listed in
-    /// `unreadable` and skipped; the walk goes on with the rest.
-    fn dir(&mut self, dir: &OwnedFd, prefix: &str) {
+    /// Walk the tree below `root` with an explicit stack (never recursion:
+    /// the agent decides the depth). An entry that cannot be read is listed
+    /// in `unreadable` and skipped; the walk goes on with the rest.
+    fn tree(&mut self, root: &OwnedFd) {
+        let mut stack: Vec<Frame> = Vec::new();
+        if let Some(names) = self.list(root, "") {
+            stack.push(Frame {
+                fd: None,
+                prefix: String::new(),
+                depth: 0,
+                names,
+            });
+        }
+        while let Some(frame) = stack.last_mut() {
+            let Some(name) = frame.names.next() else {
+                stack.pop();
+                continue;
+            };
+            let depth = frame.depth + 1;
+            let dir = frame.fd.as_ref().unwrap_or(root);
+            let Some((sub, rel)) = self.entry(dir, &frame.prefix, depth, &name) else {
+                continue;
+            };
+            if let Some(names) = self.list(&sub, &rel) {
+                stack.push(Frame {
+                    fd: Some(sub),
+                    prefix: rel,
+                    depth,
+                    names,
+                });
+            }
+        }
+    }
+
+    /// The names in `dir` (at `prefix`), its descriptor's duplicate closed
+    /// again at once; `None` (and `prefix` unreadable) when it cannot be
+    /// listed. A listing cut short by an error keeps what it read, and the
+    /// directory is unreadable all the same.
+    fn list(
+        &mut self,
+        dir: &OwnedFd,
+        prefix: &str,
+    ) -> Option<std::vec::IntoIter<std::ffi::CString>> {
+        let Ok(entries) = Dir::read_from(dir) else {
+            self.unreadable.push(prefix.to_string());
+            return None;
+        };
+        let mut names = Vec::new();
+        for entry in entries {
+            let Ok(entry) = entry else {
+                self.unreadable.push(prefix.to_string());
+                break;
+            };
+            let bytes = entry.file_name().to_bytes();
+            if bytes != b"." && bytes != b".." {
+                names.push(entry.file_name().to_owned());
+            }
+        }
+        Some(names.into_iter())
+    }
+
+    /// Visit the entry `raw` of `dir` (at `prefix`, the entry at `depth`):
+    /// a file is hashed into the scan; a directory is opened and returned
+    /// with its path, to be walked, unless it lies deeper than
+    /// [`MAX_SCAN_DEPTH`] (then it is unreadable).
+    fn entry(
+        &mut self,
+        dir: &OwnedFd,
+        prefix: &str,
+        depth: usize,
+        raw: &CStr,
+    ) -> Option<(OwnedFd, String)> {
         let shown = |name: &str| {
             if prefix.is_empty() {
                 name.to_string()
@@ -333,74 +426,65 @@ impl Walk {
                 rel
             }
         };
-        let Ok(entries) = Dir::read_from(dir) else {
-            self.unreadable.push(prefix.to_string());
-            return;
+        let bytes = raw.to_bytes();
+        let Ok(name) = std::str::from_utf8(bytes) else {
+            self.unrepresentable
+                .push(shown(&String::from_utf8_lossy(bytes)));
+            return None;
         };
-        for entry in entries {
-            let Ok(entry) = entry else {
-                self.unreadable.push(prefix.to_string());
-                return;
-            };
-            let raw: &CStr = entry.file_name();
-            let bytes = raw.to_bytes();
-            if bytes == b"." || bytes == b".." {
-                continue;
+        let rel = shown(name);
+        let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => return None, // a scan is a snapshot, not a lock
+            Err(_) => {
+                self.unreadable.push(rel);
+                return None;
             }
-            let Ok(name) = std::str::from_utf8(bytes) else {
-                self.unrepresentable
-                    .push(shown(&String::from_utf8_lossy(bytes)));
-                continue;
-            };
-            let rel = shown(name);
-            let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-                Ok(st) => st,
-                Err(Errno::NOENT) => continue, // a scan is a snapshot, not a lock
-                Err(_) => {
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {
+                if depth > MAX_SCAN_DEPTH {
                     self.unreadable.push(rel);
-                    continue;
+                    return None;
                 }
-            };
-            match FileType::from_raw_mode(st.st_mode) {
-                FileType::Directory => {
-                    let sub = match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
-                        .and_then(crate::fsx::refuse_pseudo_fs)
-                    {
-                        Ok(fd) => fd,
-                        Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => continue,
-                        Err(_) => {
-                            self.unreadable.push(rel);
-                            continue;
-                        }
-                    };
-                    self.dir(&sub, &rel);
-                }
-                FileType::RegularFile => {
-                    // A hit moves the entry from the old cache to the new one.
-                    if let Some((key, (stat, sha))) = self.old.remove_entry(&rel)
-                        && stat == stat_key(&st)
-                    {
-                        self.files.push((rel, sha.clone()));
-                        self.new.insert(key, (stat, sha));
-                        continue;
-                    }
-                    let hashed = match hash_fresh(dir, name, self.start) {
-                        Ok(hashed) => hashed,
-                        Err(_) => {
-                            self.unreadable.push(rel);
-                            continue;
-                        }
-                    };
-                    if let Some((sha, cacheable)) = hashed {
-                        if let Some(stat) = cacheable {
-                            self.new.insert(rel.clone(), (stat, sha.clone()));
-                        }
-                        self.files.push((rel, sha));
+                // A mount of /proc or /sys below the root is never scanned.
+                match rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty())
+                    .and_then(crate::fsx::refuse_pseudo_fs)
+                {
+                    Ok(fd) => Some((fd, rel)),
+                    Err(Errno::NOENT) | Err(Errno::LOOP) | Err(Errno::NOTDIR) => None,
+                    Err(_) => {
+                        self.unreadable.push(rel);
+                        None
                     }
                 }
-                // Symlinks, FIFOs, sockets, devices: never opened, never synced.
-                _ => {}
             }
+            FileType::RegularFile => {
+                // A hit moves the entry from the old cache to the new one.
+                if let Some((key, (stat, sha))) = self.old.remove_entry(&rel)
+                    && stat == stat_key(&st)
+                {
+                    self.files.push((rel, sha.clone()));
+                    self.new.insert(key, (stat, sha));
+                    return None;
+                }
+                let hashed = match hash_fresh(dir, name, self.start) {
+                    Ok(hashed) => hashed,
+                    Err(_) => {
+                        self.unreadable.push(rel);
+                        return None;
+                    }
+                };
+                if let Some((sha, cacheable)) = hashed {
+                    if let Some(stat) = cacheable {
+                        self.new.insert(rel.clone(), (stat, sha.clone()));
+                    }
+                    self.files.push((rel, sha));
+                }
+                None
+            }
+            // Symlinks, FIFOs, sockets, devices: never opened, never synced.
+            _ => None,
         }
     }
 }
@@ -824,7 +908,7 @@ impl Folder {
             unreadable: Vec::new(),
             old,
         };
-        walk.dir(&root, "");
+        walk.tree(&root);
         *cache = walk.new;
         Ok(Scan {
             files: BTreeMap::from_iter(walk.files),
@@ -885,40 +969,128 @@ impl Folder {
     }
 }
 
-/// Remove everything below the directory `dir`, depth first, by fd. A
-/// subdirectory the agent made unreadable or unwritable gets `0700` back
-/// first, through an `O_PATH` descriptor of that very directory (chmod via
-/// `/proc/self/fd`), so a name swapped for a symlink meanwhile is never
-/// followed.
+/// How many times [`remove_below`] starts over after the agent moved a
+/// directory it was emptying (see [`remove_pass`]).
+const REMOVE_RESTARTS: usize = 8;
+
+/// Remove everything below the directory `dir`, depth first, by fd, with
+/// an explicit stack (never recursion) and a bounded number of descriptors
+/// whatever the depth (see [`remove_pass`]). A subdirectory the agent made
+/// unreadable or unwritable gets `0700` back first, through an `O_PATH`
+/// descriptor of that very directory (chmod via `/proc/self/fd`), so a
+/// name swapped for a symlink meanwhile is never followed.
 fn remove_below(dir: &OwnedFd, shown: &str) -> Result<(), FolderError> {
-    let names: Vec<std::ffi::CString> = Dir::read_from(dir)
-        .map_err(|e| FolderError::io(shown, e))?
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_owned())
-        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
-        .collect();
-    for name in names {
-        let rel = format!("{shown}/{}", name.to_string_lossy());
-        let st = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            Err(Errno::NOENT) => continue,
-            Err(e) => return Err(FolderError::io(&rel, e)),
-        };
-        if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
-            let sub = open_for_removal(dir, &name).map_err(|e| FolderError::io(&rel, e))?;
-            remove_below(&sub, &rel)?;
-            match rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::REMOVEDIR) {
-                Ok(()) | Err(Errno::NOENT) => {}
-                Err(e) => return Err(FolderError::io(&rel, e)),
-            }
-        } else {
-            match rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::empty()) {
-                Ok(()) | Err(Errno::NOENT) => {}
-                Err(e) => return Err(FolderError::io(&rel, e)),
-            }
+    for _ in 0..REMOVE_RESTARTS {
+        // Done when a pass ran through and nothing was added (or renamed
+        // past its listing) meanwhile.
+        if remove_pass(dir, shown)?
+            && names_in(dir).map_err(|e| FolderError::io(shown, e))?.len() == 0
+        {
+            return Ok(());
         }
     }
-    Ok(())
+    Err(FolderError::io(shown, Errno::BUSY))
+}
+
+/// A directory [`remove_pass`] is inside, below the root: its name in its
+/// parent, the parent's identity, and the parent's names still to remove.
+struct Emptying {
+    name: std::ffi::CString,
+    parent: (u64, u64),
+    rest: std::vec::IntoIter<std::ffi::CString>,
+}
+
+fn dev_ino(fd: &OwnedFd) -> Result<(u64, u64), Errno> {
+    let st = rustix::fs::fstat(fd)?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+fn names_in(dir: &OwnedFd) -> Result<std::vec::IntoIter<std::ffi::CString>, Errno> {
+    let mut names = Vec::new();
+    for entry in Dir::read_from(dir)? {
+        let entry = entry?;
+        let bytes = entry.file_name().to_bytes();
+        if bytes != b"." && bytes != b".." {
+            names.push(entry.file_name().to_owned());
+        }
+    }
+    Ok(names.into_iter())
+}
+
+/// One removal pass. Only the current directory's descriptor is held (plus
+/// the root's): going back up opens `..` from it and checks that it is the
+/// very directory it was entered from (device and inode), so no chain,
+/// however deep, takes one descriptor per level. `Ok(false)` when a
+/// directory was moved meanwhile (its `..` is another): the caller starts
+/// over from the root.
+fn remove_pass(root: &OwnedFd, shown: &str) -> Result<bool, FolderError> {
+    let mut stack: Vec<Emptying> = Vec::new();
+    let path = |stack: &[Emptying], name: &CStr| {
+        let mut rel = shown.to_string();
+        for level in stack {
+            rel.push('/');
+            rel.push_str(&level.name.to_string_lossy());
+        }
+        rel.push('/');
+        rel.push_str(&name.to_string_lossy());
+        rel
+    };
+    let mut cur: Option<OwnedFd> = None;
+    let mut names = names_in(root).map_err(|e| FolderError::io(shown, e))?;
+    loop {
+        let dir = cur.as_ref().unwrap_or(root);
+        if let Some(name) = names.next() {
+            let st = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(FolderError::io(&path(&stack, &name), e)),
+            };
+            if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+                match rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::empty()) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(e) => return Err(FolderError::io(&path(&stack, &name), e)),
+                }
+                continue;
+            }
+            let fail = |e| FolderError::io(&path(&stack, &name), e);
+            let sub = match open_for_removal(dir, &name) {
+                Ok(sub) => sub,
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(fail(e)),
+            };
+            let parent = dev_ino(dir).map_err(fail)?;
+            let inside = names_in(&sub).map_err(fail)?;
+            let rest = std::mem::replace(&mut names, inside);
+            stack.push(Emptying { name, parent, rest });
+            cur = Some(sub);
+            continue;
+        }
+        // `dir` is empty now: back up to its parent and remove it there.
+        let Some(done) = stack.pop() else {
+            return Ok(true);
+        };
+        let sub = cur.take().expect("a directory below the root is held");
+        let parent = if stack.is_empty() {
+            None
+        } else {
+            let up = rustix::fs::openat(&sub, c"..", DIR_FLAGS, Mode::empty())
+                .map_err(|e| FolderError::io(&path(&stack, &done.name), e))?;
+            if dev_ino(&up).map_err(|e| FolderError::io(&path(&stack, &done.name), e))?
+                != done.parent
+            {
+                return Ok(false);
+            }
+            Some(up)
+        };
+        drop(sub);
+        let up = parent.as_ref().unwrap_or(root);
+        match rustix::fs::unlinkat(up, done.name.as_c_str(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(Errno::NOENT) => {}
+            Err(e) => return Err(FolderError::io(&path(&stack, &done.name), e)),
+        }
+        cur = parent;
+        names = done.rest;
+    }
 }
 
 /// Open the subdirectory `name` of `dir` for reading and removing its
@@ -1346,6 +1518,47 @@ mod tests {
             assert!(!scan.is_unknown("dirt.md") && !scan.is_unknown("ok.md"));
         }
         // Dispose removes it all anyway: the folder is the worker's own.
+        f.dispose().unwrap();
+        assert!(!f.root().exists());
+    }
+
+    /// A chain past [`MAX_SCAN_DEPTH`] (with a file beside every level and
+    /// a wide level in the middle): the scan stops at the cap and lists the
+    /// deeper directory as unreadable (so nothing below it reads as
+    /// deleted); dispose removes it all, bottom-up, holding one directory's
+    /// descriptor at a time.
+    #[test]
+    fn a_chain_deeper_than_the_cap_is_unknown_and_still_removed() {
+        let (_t, f) = folder();
+        let depth = MAX_SCAN_DEPTH + 50;
+        let mut dir = rustix::fs::open(f.root(), DIR_FLAGS, Mode::empty()).unwrap();
+        for level in 0..depth {
+            let file = rustix::fs::openat(
+                &dir,
+                "f.md",
+                OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )
+            .unwrap();
+            rustix::io::write(&file, b"f").unwrap();
+            if level == 3 {
+                for i in 0..20 {
+                    rustix::fs::mkdirat(&dir, format!("w{i}"), Mode::from_raw_mode(0o700)).unwrap();
+                }
+            }
+            rustix::fs::mkdirat(&dir, "d", Mode::from_raw_mode(0o700)).unwrap();
+            dir = rustix::fs::openat(&dir, "d", DIR_FLAGS, Mode::empty()).unwrap();
+        }
+        drop(dir);
+        let scan = f.scan().unwrap();
+        let capped = vec!["d"; MAX_SCAN_DEPTH + 1].join("/");
+        assert_eq!(scan.unreadable, std::slice::from_ref(&capped));
+        assert_eq!(
+            scan.files.len(),
+            MAX_SCAN_DEPTH + 1,
+            "f.md at every level walked"
+        );
+        assert!(scan.is_unknown(&format!("{capped}/f.md")));
         f.dispose().unwrap();
         assert!(!f.root().exists());
     }

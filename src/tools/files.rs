@@ -16,6 +16,7 @@ use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::time::Instant;
 
 use rand::RngExt;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
@@ -92,6 +93,7 @@ pub fn read(
     policy: &PathPolicy,
     max_bytes: Option<u64>,
     input: Value,
+    deadline: Instant,
 ) -> Result<ToolOutput, ToolError> {
     let input: ReadInput = super::parse_input("read", input)?;
     let p = input.file_path.as_str();
@@ -152,7 +154,7 @@ pub fn read(
         let Some((start, end)) = range else {
             return Err(too_large(size, limit));
         };
-        return read_line_range(file, p, start, end, limit);
+        return read_line_range(file, p, start, end, limit, deadline);
     }
     let bytes = match max_bytes {
         // Bounded even if the file grew since `fstat`.
@@ -164,7 +166,7 @@ pub fn read(
                         return Err(too_large(grown, limit));
                     };
                     let (file, _) = open_regular("read", &target, p)?;
-                    return read_line_range(file, p, start, end, limit);
+                    return read_line_range(file, p, start, end, limit, deadline);
                 }
             }
         }
@@ -197,16 +199,19 @@ pub fn read(
     }))
 }
 
-/// Lines `[start, end]` of a file too large to load whole, streamed; the
-/// selected bytes are capped at `limit`.
+/// Lines `[start, end]` of a file too large to load whole, streamed in
+/// bounded memory (see [`super::lines`]): a skipped line is never held, a
+/// selected one at most up to `limit`, and the deadline is checked at every
+/// buffer-full, so a one-line sparse file of gigabytes costs neither memory
+/// nor more than the call's time.
 fn read_line_range(
     file: File,
     p: &str,
     start: i64,
     end: i64,
     limit: u64,
+    deadline: Instant,
 ) -> Result<ToolOutput, ToolError> {
-    use std::io::BufRead;
     let from = (start.max(1) - 1) as u64;
     let to = if end > 0 { end as u64 } else { u64::MAX };
     if to <= from {
@@ -214,39 +219,44 @@ fn read_line_range(
     }
     let mut reader = io::BufReader::with_capacity(64 * 1024, file);
     let mut out: Vec<u8> = Vec::new();
-    let mut line = Vec::new();
     let mut index = 0u64;
-    while index < to {
-        line.clear();
-        let n = reader
-            .read_until(b'\n', &mut line)
-            .map_err(|e| fs_error("read", p, &e))?;
-        if n == 0 {
-            break;
-        }
+    let mut too_large = false;
+    // A skipped line needs none of its bytes; a selected one at most what
+    // is left of the limit (one more marks it over-long).
+    let keep = usize::try_from(limit).unwrap_or(usize::MAX);
+    let stop = super::lines::each_line(&mut reader, keep, u64::MAX, deadline, |line| {
         if index >= from {
-            let terminated = line.last() == Some(&b'\n');
-            if terminated {
-                line.pop();
+            if line.overlong || (out.len() + line.bytes.len()) as u64 > limit {
+                too_large = true;
+                return false;
             }
-            out.extend_from_slice(&line);
-            if terminated && index + 1 < to {
+            out.extend_from_slice(line.bytes);
+            if line.terminated && index + 1 < to {
                 out.push(b'\n');
             }
             if out.len() as u64 > limit {
-                return Err(ToolError::new(if to - from == 1 {
-                    format!(
-                        "read: line {} of {p} alone exceeds {limit}-byte limit. The read tool cannot return part of a line, so view_range cannot narrow this further.",
-                        from + 1
-                    )
-                } else {
-                    format!(
-                        "read: view_range [{start}, {end}] of {p} exceeds {limit}-byte limit. Narrow the view_range to read a smaller portion."
-                    )
-                }));
+                too_large = true;
+                return false;
             }
         }
         index += 1;
+        index < to
+    })
+    .map_err(|e| fs_error("read", p, &e))?;
+    if too_large {
+        return Err(ToolError::new(if to - from == 1 {
+            format!(
+                "read: line {} of {p} alone exceeds {limit}-byte limit. The read tool cannot return part of a line, so view_range cannot narrow this further.",
+                from + 1
+            )
+        } else {
+            format!(
+                "read: view_range [{start}, {end}] of {p} exceeds {limit}-byte limit. Narrow the view_range to read a smaller portion."
+            )
+        }));
+    }
+    if stop == super::lines::Stop::Deadline {
+        return Err(ToolError::new(format!("read: {p}: timed out")));
     }
     String::from_utf8(out).map(ToolOutput::Text).map_err(|_| {
         ToolError::new(format!(

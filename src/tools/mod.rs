@@ -18,6 +18,7 @@
 
 pub mod bash;
 pub mod files;
+mod lines;
 pub mod paths;
 pub mod search;
 pub mod skills;
@@ -246,7 +247,7 @@ impl Toolset {
             std::time::Instant::now() + deadline.saturating_duration_since(Instant::now());
         // File tools block on the filesystem: off the async threads.
         tokio::task::spawn_blocking(move || match name_owned.as_str() {
-            "read" => files::read(&policy, max, input),
+            "read" => files::read(&policy, max, input, std_deadline),
             "write" => files::write(&policy, input),
             "edit" => files::edit(&policy, max, input),
             "glob" => search::glob(&policy, input, std_deadline),

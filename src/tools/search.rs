@@ -1,5 +1,8 @@
 //! `glob` and `grep`, both built in (no dependency on ripgrep being
-//! installed) and both bounded: at most 50,000 entries walked, symlinks
+//! installed) and both bounded: at most 50,000 entries walked and 256
+//! levels entered ([`WALK_MAX_DEPTH`]), at most 100 MiB read of one file and
+//! 2,000 bytes held of one line (a one-line sparse file of gigabytes costs
+//! neither memory nor the call's deadline; see `lines.rs`), symlinks
 //! never followed (not even to a file), `.git` and `node_modules` skipped,
 //! FIFOs and devices never opened, and the call's deadline honoured.
 //!
@@ -11,7 +14,7 @@
 //! symlink mid-walk is skipped, never entered.
 
 use std::ffi::{CStr, CString, OsStr};
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -23,6 +26,7 @@ use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::lines;
 use super::paths::{PathPolicy, Target};
 use super::{ToolError, ToolOutput};
 use crate::fsx;
@@ -31,8 +35,19 @@ pub const GLOB_RESULT_LIMIT: usize = 200;
 pub const WALK_MAX_ENTRIES: usize = 50_000;
 pub const GREP_OUTPUT_LIMIT: usize = 100 * 1024;
 pub const GREP_MAX_LINE_LENGTH: usize = 2_000;
+/// Most bytes grep reads of one file (100 MiB, a notice says where it
+/// stopped): a sparse or huge file costs bounded time, not the whole call's
+/// deadline, and the other files are still searched.
+pub const GREP_MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
 
 const SKIPPED_DIRS: [&[u8]; 2] = [b".git", b"node_modules"];
+
+/// Deepest directory a walk enters, counted from the search root. The
+/// agent can nest directories without limit; each level entered holds one
+/// descriptor (shared by its pending subdirectories) and its path, so the
+/// cap bounds both: at most this many descriptors and this many paths at
+/// once. Deeper entries are skipped, as those past [`WALK_MAX_ENTRIES`] are.
+pub const WALK_MAX_DEPTH: usize = 256;
 
 /// One non-directory entry met by a walk: its directory's fd, its name
 /// there, its path below the search root, and what `fstatat` (no follow)
@@ -44,16 +59,25 @@ struct Entry<'a> {
     stat: Stat,
 }
 
-/// A directory still to walk: its parent's fd and its name there.
-struct Pending {
-    parent: Rc<OwnedFd>,
-    name: CString,
+/// A directory being walked: its fd, its path below the search root and
+/// its depth; shared by its pending subdirectories, so a path is held once
+/// per level, not once per pending sibling.
+struct Level {
+    fd: OwnedFd,
     rel: PathBuf,
+    depth: usize,
+}
+
+/// A directory still to walk: its parent and its name there.
+struct Pending {
+    parent: Rc<Level>,
+    name: CString,
 }
 
 /// Walk the directory `root` depth-first in name order without following
 /// symlinks, calling `visit` for every non-directory entry until it returns
 /// `false`, the entry budget is spent or the deadline passes (`Err(())`).
+/// Directories deeper than [`WALK_MAX_DEPTH`] are not entered.
 fn walk(
     root: OwnedFd,
     deadline: Instant,
@@ -61,28 +85,36 @@ fn walk(
 ) -> Result<(), ()> {
     let mut stack: Vec<Pending> = Vec::new();
     let mut seen = 0usize;
-    let mut next: Option<(OwnedFd, PathBuf)> = Some((root, PathBuf::new()));
+    let mut next = Some(Level {
+        fd: root,
+        rel: PathBuf::new(),
+        depth: 0,
+    });
     loop {
-        let (dir, rel_dir) = match next.take() {
-            Some(d) => d,
+        let level = match next.take() {
+            Some(level) => level,
             None => {
                 let Some(p) = stack.pop() else { return Ok(()) };
                 // A directory swapped for a symlink (or removed) since it was listed: skipped.
                 // A mount of /proc or /sys below the root (a root of `/`) is skipped.
                 match rustix::fs::openat(
-                    &*p.parent,
+                    &p.parent.fd,
                     p.name.as_c_str(),
                     fsx::DIR_FLAGS,
                     Mode::empty(),
                 )
                 .and_then(fsx::refuse_pseudo_fs)
                 {
-                    Ok(fd) => (fd, p.rel),
+                    Ok(fd) => Level {
+                        fd,
+                        rel: p.parent.rel.join(OsStr::from_bytes(p.name.as_bytes())),
+                        depth: p.parent.depth + 1,
+                    },
                     Err(_) => continue,
                 }
             }
         };
-        let Ok(entries) = rustix::fs::Dir::read_from(&dir) else {
+        let Ok(entries) = rustix::fs::Dir::read_from(&level.fd) else {
             continue;
         };
         let mut names: Vec<CString> = entries
@@ -91,7 +123,7 @@ fn walk(
             .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
             .collect();
         names.sort();
-        let dir = Rc::new(dir);
+        let level = Rc::new(level);
         // Depth-first in name order: push directories in reverse.
         let mut dirs = Vec::new();
         for name in names {
@@ -102,25 +134,24 @@ fn walk(
             if seen.is_multiple_of(256) && Instant::now() >= deadline {
                 return Err(());
             }
-            let Ok(stat) = rustix::fs::statat(&*dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
+            let Ok(stat) =
+                rustix::fs::statat(&level.fd, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
             else {
                 continue;
             };
-            let rel = rel_dir.join(OsStr::from_bytes(name.as_bytes()));
             if FileType::from_raw_mode(stat.st_mode) == FileType::Directory {
-                if !SKIPPED_DIRS.contains(&name.as_bytes()) {
+                if !SKIPPED_DIRS.contains(&name.as_bytes()) && level.depth < WALK_MAX_DEPTH {
                     dirs.push(Pending {
-                        parent: dir.clone(),
+                        parent: level.clone(),
                         name,
-                        rel,
                     });
                 }
                 continue;
             }
             if !visit(Entry {
-                dir: &dir,
+                dir: &level.fd,
                 name: &name,
-                rel,
+                rel: level.rel.join(OsStr::from_bytes(name.as_bytes())),
                 stat,
             }) {
                 return Ok(());
@@ -241,8 +272,15 @@ impl Hits {
 }
 
 /// Search one regular file (`name` in `dir`, opened without following a
-/// symlink); `false` when the output budget ran out.
-fn grep_at(rx: &regex::Regex, dir: &OwnedFd, name: &CStr, shown: &Path, hits: &mut Hits) -> bool {
+/// symlink); `false` when the output budget ran out or the deadline passed.
+fn grep_at(
+    rx: &regex::Regex,
+    dir: &OwnedFd,
+    name: &CStr,
+    shown: &Path,
+    hits: &mut Hits,
+    deadline: Instant,
+) -> bool {
     let Ok(fd) = rustix::fs::openat(
         dir,
         name,
@@ -251,11 +289,21 @@ fn grep_at(rx: &regex::Regex, dir: &OwnedFd, name: &CStr, shown: &Path, hits: &m
     ) else {
         return true;
     };
-    grep_fd(rx, fd, shown, hits)
+    grep_fd(rx, fd, shown, hits, deadline)
 }
 
-/// Search an open file, if it is a regular one.
-fn grep_fd(rx: &regex::Regex, fd: OwnedFd, path: &Path, hits: &mut Hits) -> bool {
+/// Search an open file, if it is a regular one, streaming its lines: at
+/// most [`GREP_MAX_LINE_LENGTH`] bytes of a line are held (a longer line is
+/// skipped without being buffered), at most [`GREP_MAX_FILE_BYTES`] are
+/// read, and the deadline is checked at every buffer-full. `false` when the
+/// output budget ran out or the deadline passed.
+fn grep_fd(
+    rx: &regex::Regex,
+    fd: OwnedFd,
+    path: &Path,
+    hits: &mut Hits,
+    deadline: Instant,
+) -> bool {
     if !rustix::fs::fstat(&fd)
         .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
     {
@@ -275,25 +323,37 @@ fn grep_fd(rx: &regex::Regex, fd: OwnedFd, path: &Path, hits: &mut Hits) -> bool
     if head[..filled].contains(&0) {
         return true;
     }
-    let mut stream = BufReader::new(std::io::Cursor::new(head[..filled].to_vec()).chain(file));
-    let mut raw = Vec::new();
+    let mut stream = BufReader::new(std::io::Cursor::new(&head[..filled]).chain(file));
     let mut number = 0usize;
-    loop {
-        raw.clear();
-        match stream.read_until(b'\n', &mut raw) {
-            Ok(0) | Err(_) => return true,
-            Ok(_) => {}
-        }
-        number += 1;
-        // Long lines are skipped, as the reference does (minified files, data blobs).
-        if raw.len() > GREP_MAX_LINE_LENGTH {
-            continue;
-        }
-        let line = String::from_utf8_lossy(&raw);
-        let line = line.trim_end_matches(['\r', '\n']);
-        if rx.is_match(line) && !hits.push(format!("{}:{number}:{line}", path.display())) {
-            return false;
-        }
+    let mut full = false;
+    let stop = lines::each_line(
+        &mut stream,
+        GREP_MAX_LINE_LENGTH,
+        GREP_MAX_FILE_BYTES,
+        deadline,
+        |line| {
+            number += 1;
+            // Long lines are skipped, as the reference does (minified files, data blobs).
+            if line.overlong {
+                return true;
+            }
+            let text = String::from_utf8_lossy(line.bytes);
+            let text = text.trim_end_matches('\r');
+            if rx.is_match(text) && !hits.push(format!("{}:{number}:{text}", path.display())) {
+                full = true;
+                return false;
+            }
+            true
+        },
+    );
+    match stop {
+        Ok(lines::Stop::Budget) => hits.push(format!(
+            "[{}: searched only the first {GREP_MAX_FILE_BYTES} bytes]",
+            path.display()
+        )),
+        Ok(lines::Stop::Deadline) => false,
+        Ok(lines::Stop::Visitor) => !full,
+        Ok(lines::Stop::End) | Err(_) => true,
     }
 }
 
@@ -313,7 +373,10 @@ pub fn grep(policy: &PathPolicy, input: Value, deadline: Instant) -> Result<Tool
     };
     match open_search_root("grep", &target)? {
         SearchRoot::File(fd) => {
-            grep_fd(&rx, fd, target.shown(), &mut hits);
+            grep_fd(&rx, fd, target.shown(), &mut hits, deadline);
+            if Instant::now() >= deadline {
+                return Err(ToolError::new("grep: timed out"));
+            }
         }
         SearchRoot::Dir(root) => {
             let walked = walk(root, deadline, |entry| {
@@ -324,7 +387,7 @@ pub fn grep(policy: &PathPolicy, input: Value, deadline: Instant) -> Result<Tool
                     return false;
                 }
                 let shown = target.shown().join(&entry.rel);
-                grep_at(&rx, entry.dir, entry.name, &shown, &mut hits)
+                grep_at(&rx, entry.dir, entry.name, &shown, &mut hits, deadline)
             });
             if walked.is_err() || Instant::now() >= deadline {
                 return Err(ToolError::new("grep: timed out"));

@@ -484,3 +484,42 @@ pub fn peak_rss_kib() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// Build a chain of `depth` nested directories named `d` below `root`, each
+/// level also holding an empty sibling directory `e` (so a walk keeps one
+/// pending sibling per level) and, at the bottom, `bottom` holding
+/// `content`. Made by fd (`mkdirat`/`openat`), so a chain thousands deep
+/// costs no path resolution; returns the chain's relative path.
+pub fn deep_chain(root: &std::path::Path, depth: usize, bottom: &str, content: &str) -> String {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::open(root, flags, Mode::empty()).unwrap();
+    for _ in 0..depth {
+        rustix::fs::mkdirat(&dir, "e", Mode::from_raw_mode(0o755)).unwrap();
+        rustix::fs::mkdirat(&dir, "d", Mode::from_raw_mode(0o755)).unwrap();
+        dir = rustix::fs::openat(&dir, "d", flags, Mode::empty()).unwrap();
+    }
+    let file = rustix::fs::openat(
+        &dir,
+        bottom,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    rustix::io::write(&file, content.as_bytes()).unwrap();
+    vec!["d"; depth].join("/")
+}
+
+/// The number of descriptors this process holds now.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").unwrap().count()
+}
+
+/// A count from the environment (a probe's size, e.g. `ENVWORKER_SPARSE_MIB`),
+/// or `default` when unset or not a number.
+pub fn env_count(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
