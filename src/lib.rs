@@ -36,6 +36,7 @@ pub mod cli;
 pub mod commands;
 pub mod config;
 pub mod devserver;
+pub mod duration;
 pub mod fdlimit;
 pub mod fsx;
 pub mod logging;

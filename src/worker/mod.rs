@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use crate::api::types::Redacted;
 use crate::api::{Client, Credential};
 use crate::memory::SyncReport;
-use crate::memory::options::{DeleteMode, SyncInterval};
+use crate::memory::options::{DeleteMode, MAX_TEARDOWN_BOUND, SyncInterval};
 use crate::session::{CallRecord, DEFAULT_MAX_IDLE, DEFAULT_TOOL_TIMEOUT};
 
 pub use item::{ItemOutcome, ItemReport, WorkItem};
@@ -193,9 +193,6 @@ impl WorkerOptions {
         Ok(())
     }
 }
-
-/// The longest memory teardown bound accepted (each of the final sync and the flush).
-pub const MAX_TEARDOWN_BOUND: Duration = Duration::from_secs(3600);
 
 /// Serves work items of one environment. Cheap to clone.
 #[derive(Clone)]
