@@ -2,11 +2,11 @@
 //! items are served, tools answer and memory reaches the server.
 //!
 //! Counters are fed from two places only: the webhook handler (one outcome
-//! per delivery) and [`Metrics::observe`], which the worker calls with every
-//! [`WorkerEvent`] it emits — so the numbers are exactly the events, and no
-//! module below the worker knows metrics exist. Labels are closed sets
-//! (outcomes, tool names the agent toolset defines, configured endpoint
-//! names); nothing a sender controls becomes a label.
+//! per delivery) and [`Metrics`] as a [`WorkerObserver`], told of every
+//! [`WorkerEvent`] the worker emits — so the numbers are exactly the events,
+//! and no module below this one, the worker included, knows metrics exist.
+//! Labels are closed sets (outcomes, tool names the agent toolset defines,
+//! configured endpoint names); nothing a sender controls becomes a label.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
@@ -18,9 +18,9 @@ use prometheus_client::registry::{Metric, Registry};
 
 use crate::memory::SyncReport;
 use crate::session::{CallOutcome, RunEnd};
-use crate::worker::WorkerEvent;
 use crate::worker::item::ItemOutcome;
 use crate::worker::lease::LeaseEnd;
+use crate::worker::{WorkerEvent, WorkerObserver};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct WebhookLabels {
@@ -217,8 +217,38 @@ impl Metrics {
             .set(i64::try_from(depth).unwrap_or(i64::MAX));
     }
 
+    fn synced(&self, report: &SyncReport, final_sync: bool) {
+        let kind = if final_sync { "final" } else { "periodic" };
+        self.memory_syncs.get_or_create(&SyncLabels { kind }).inc();
+        self.memory_uploads.inc_by(report.uploads as u64);
+        self.memory_pulls.inc_by(report.pulls as u64);
+        for (result, n) in [
+            ("sent", report.deletes),
+            ("held", report.deletes_held),
+            ("log_only", report.deletes_logged),
+        ] {
+            if n > 0 {
+                self.memory_deletes
+                    .get_or_create(&DeleteLabels { result })
+                    .inc_by(n as u64);
+            }
+        }
+        self.memory_conflicts.inc_by(report.conflicts as u64);
+        self.memory_refused_files.inc_by(report.refused as u64);
+    }
+
+    /// The registry in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl WorkerObserver for Metrics {
     /// Count what one worker event says happened.
-    pub fn observe(&self, event: &WorkerEvent) {
+    fn observe(&self, event: &WorkerEvent) {
         match event {
             WorkerEvent::Claimed { .. } => {
                 self.sessions_in_flight.inc();
@@ -285,34 +315,6 @@ impl Metrics {
                 }
             }
         }
-    }
-
-    fn synced(&self, report: &SyncReport, final_sync: bool) {
-        let kind = if final_sync { "final" } else { "periodic" };
-        self.memory_syncs.get_or_create(&SyncLabels { kind }).inc();
-        self.memory_uploads.inc_by(report.uploads as u64);
-        self.memory_pulls.inc_by(report.pulls as u64);
-        for (result, n) in [
-            ("sent", report.deletes),
-            ("held", report.deletes_held),
-            ("log_only", report.deletes_logged),
-        ] {
-            if n > 0 {
-                self.memory_deletes
-                    .get_or_create(&DeleteLabels { result })
-                    .inc_by(n as u64);
-            }
-        }
-        self.memory_conflicts.inc_by(report.conflicts as u64);
-        self.memory_refused_files.inc_by(report.refused as u64);
-    }
-
-    /// The registry in Prometheus text format.
-    pub fn render(&self) -> String {
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
-        out
     }
 }
 

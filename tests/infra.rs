@@ -12,7 +12,8 @@ use std::time::Duration;
 
 use clap::CommandFactory;
 use envworker::cli::Cli;
-use envworker::config::{ServeFile, parse_duration};
+use envworker::config::ServeFile;
+use envworker::duration::parse_duration;
 use envworker::memory::options::{DeleteMode, SyncInterval};
 
 /// Variables the deployment files set that are not flags: the agent's home.

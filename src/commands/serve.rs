@@ -47,7 +47,7 @@ pub fn endpoints_with_metrics(
             .context("ANTHROPIC_WEBHOOK_SIGNING_KEY")?;
         let mut options =
             super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
-        options.metrics = Some(metrics.clone());
+        options.observers.push(metrics.clone());
         let worker = EnvironmentWorker::new(options)?;
         out.push(Endpoint::new(
             "default",
@@ -94,7 +94,7 @@ pub fn endpoints_with_metrics(
         }
         options.extra_headers.extend(endpoint.extra_headers.clone());
         options.secret_env_vars = all_secret_vars.clone();
-        options.metrics = Some(metrics.clone());
+        options.observers.push(metrics.clone());
         let worker = EnvironmentWorker::new(options)
             .with_context(|| format!("endpoint {:?}", endpoint.name))?;
         out.push(Endpoint::new(

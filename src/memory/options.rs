@@ -12,6 +12,8 @@ pub const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 pub const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// The bound on each teardown pass (the final sync, then the flush).
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest memory teardown bound accepted (each of the final sync and the flush).
+pub const MAX_TEARDOWN_BOUND: Duration = Duration::from_secs(3600);
 
 /// Whether a file deleted locally may delete its memory on the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -134,7 +136,7 @@ impl FromStr for SyncInterval {
         match s.trim() {
             "off" | "none" | "disabled" => Ok(SyncInterval::OFF),
             other => SyncInterval::every(
-                crate::config::parse_duration(other).map_err(OptionError::Duration)?,
+                crate::duration::parse_duration(other).map_err(OptionError::Duration)?,
             ),
         }
     }

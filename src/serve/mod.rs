@@ -123,7 +123,7 @@ impl AppState {
     }
 
     /// A state exporting `metrics`, which the endpoints' workers also feed
-    /// (through [`crate::worker::WorkerOptions::metrics`]).
+    /// (one of their [`crate::worker::WorkerOptions::observers`]).
     pub fn with_metrics(endpoints: Vec<Endpoint>, mode: Mode, metrics: Arc<Metrics>) -> Self {
         AppState {
             inner: Arc::new(Shared {

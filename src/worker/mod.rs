@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use crate::api::types::Redacted;
 use crate::api::{Client, Credential};
 use crate::memory::SyncReport;
-use crate::memory::options::{DeleteMode, SyncInterval};
+use crate::memory::options::{DeleteMode, MAX_TEARDOWN_BOUND, SyncInterval};
 use crate::session::{CallRecord, DEFAULT_MAX_IDLE, DEFAULT_TOOL_TIMEOUT};
 
 pub use item::{ItemOutcome, ItemReport, WorkItem};
@@ -73,6 +73,16 @@ pub enum WorkerEvent {
 /// Where a worker sends its [`WorkerEvent`]s.
 pub type EventSink = mpsc::UnboundedSender<WorkerEvent>;
 
+/// Told of every [`WorkerEvent`] as it is emitted, on the emitting task.
+///
+/// The worker knows its observers only by this trait, so what subscribes
+/// (the server's `/metrics` counters, say) depends on the worker and never
+/// the other way round. `observe` must be quick and must not block: it runs
+/// inline, before the event reaches [`WorkerOptions::events`].
+pub trait WorkerObserver: Send + Sync {
+    fn observe(&self, event: &WorkerEvent);
+}
+
 /// Everything a worker is built from; [`WorkerOptions::validate`] checks it.
 #[derive(Clone)]
 pub struct WorkerOptions {
@@ -101,8 +111,8 @@ pub struct WorkerOptions {
     /// Mount paths under `advertised` really live under `actual` (Lambda: `/mnt/memory` → `/tmp/mnt/memory`).
     pub mount_remap: Option<crate::remap::MountRemap>,
     pub events: Option<EventSink>,
-    /// Counters fed from the same events (the server's `/metrics`).
-    pub metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// Told of the same events first, in order (the server's `/metrics` counters).
+    pub observers: Vec<Arc<dyn WorkerObserver>>,
 }
 
 impl std::fmt::Debug for WorkerOptions {
@@ -153,7 +163,7 @@ impl WorkerOptions {
             memory_teardown_bound: crate::memory::options::FLUSH_TIMEOUT,
             mount_remap: None,
             events: None,
-            metrics: None,
+            observers: Vec::new(),
         }
     }
 
@@ -193,9 +203,6 @@ impl WorkerOptions {
         Ok(())
     }
 }
-
-/// The longest memory teardown bound accepted (each of the final sync and the flush).
-pub const MAX_TEARDOWN_BOUND: Duration = Duration::from_secs(3600);
 
 /// Serves work items of one environment. Cheap to clone.
 #[derive(Clone)]
@@ -258,8 +265,8 @@ impl EnvironmentWorker {
     }
 
     pub(crate) fn emit(&self, event: WorkerEvent) {
-        if let Some(metrics) = &self.inner.options.metrics {
-            metrics.observe(&event);
+        for observer in &self.inner.options.observers {
+            observer.observe(&event);
         }
         if let Some(sink) = &self.inner.options.events {
             let _ = sink.send(event);
