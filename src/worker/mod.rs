@@ -108,6 +108,10 @@ pub struct WorkerOptions {
     pub max_file_bytes: Option<u64>,
     /// The bound of the final sync, and separately of the flush (30 s).
     pub memory_teardown_bound: Duration,
+    /// The bound of each periodic sync after a tool call (30 s), so a slow
+    /// memory API cannot hold the agent's next call. Its own option, not a
+    /// CLI flag: the reference has none.
+    pub memory_sync_bound: Duration,
     /// Mount paths under `advertised` really live under `actual` (Lambda: `/mnt/memory` → `/tmp/mnt/memory`).
     pub mount_remap: Option<crate::remap::MountRemap>,
     pub events: Option<EventSink>,
@@ -161,6 +165,7 @@ impl WorkerOptions {
             secret_env_vars: Vec::new(),
             max_file_bytes: Some(crate::tools::files::DEFAULT_MAX_FILE_BYTES),
             memory_teardown_bound: crate::memory::options::FLUSH_TIMEOUT,
+            memory_sync_bound: crate::memory::options::SYNC_BOUND,
             mount_remap: None,
             events: None,
             observers: Vec::new(),
@@ -193,6 +198,15 @@ impl WorkerOptions {
                 "the memory teardown bound must be between 1s and {}s (got {:?}); a shorter one cuts off every flush",
                 MAX_TEARDOWN_BOUND.as_secs(),
                 self.memory_teardown_bound
+            )));
+        }
+        if self.memory_sync_bound < Duration::from_secs(1)
+            || self.memory_sync_bound > MAX_TEARDOWN_BOUND
+        {
+            return Err(WorkerError::Config(format!(
+                "the memory sync bound must be between 1s and {}s (got {:?}); a shorter one cuts off every periodic sync",
+                MAX_TEARDOWN_BOUND.as_secs(),
+                self.memory_sync_bound
             )));
         }
         if self.tool_timeout.is_zero() {
@@ -298,6 +312,12 @@ mod tests {
             }),
             ("teardown bound over an hour", |o| {
                 o.memory_teardown_bound = MAX_TEARDOWN_BOUND + Duration::from_secs(1)
+            }),
+            ("sub-second sync bound", |o| {
+                o.memory_sync_bound = Duration::from_millis(500)
+            }),
+            ("sync bound over an hour", |o| {
+                o.memory_sync_bound = MAX_TEARDOWN_BOUND + Duration::from_secs(1)
             }),
             ("zero tool timeout", |o| o.tool_timeout = Duration::ZERO),
             ("relative workdir", |o| o.workdir = PathBuf::from("work")),
