@@ -191,24 +191,16 @@ impl WorkerOptions {
         if self.worker_id.is_empty() {
             return Err(WorkerError::Config("the worker id is empty".into()));
         }
-        if self.memory_teardown_bound < Duration::from_secs(1)
-            || self.memory_teardown_bound > MAX_TEARDOWN_BOUND
-        {
-            return Err(WorkerError::Config(format!(
-                "the memory teardown bound must be between 1s and {}s (got {:?}); a shorter one cuts off every flush",
-                MAX_TEARDOWN_BOUND.as_secs(),
-                self.memory_teardown_bound
-            )));
-        }
-        if self.memory_sync_bound < Duration::from_secs(1)
-            || self.memory_sync_bound > MAX_TEARDOWN_BOUND
-        {
-            return Err(WorkerError::Config(format!(
-                "the memory sync bound must be between 1s and {}s (got {:?}); a shorter one cuts off every periodic sync",
-                MAX_TEARDOWN_BOUND.as_secs(),
-                self.memory_sync_bound
-            )));
-        }
+        check_bound(
+            "memory teardown bound",
+            self.memory_teardown_bound,
+            "every flush",
+        )?;
+        check_bound(
+            "memory sync bound",
+            self.memory_sync_bound,
+            "every periodic sync",
+        )?;
         if self.tool_timeout.is_zero() {
             return Err(WorkerError::Config(
                 "the tool timeout must be more than zero".into(),
@@ -216,6 +208,17 @@ impl WorkerOptions {
         }
         Ok(())
     }
+}
+
+/// A memory bound between 1 s and an hour: a shorter one cuts off `what`.
+fn check_bound(name: &str, bound: Duration, what: &str) -> Result<(), WorkerError> {
+    if bound < Duration::from_secs(1) || bound > MAX_TEARDOWN_BOUND {
+        return Err(WorkerError::Config(format!(
+            "the {name} must be between 1s and {}s (got {bound:?}); a shorter one cuts off {what}",
+            MAX_TEARDOWN_BOUND.as_secs(),
+        )));
+    }
+    Ok(())
 }
 
 /// Serves work items of one environment. Cheap to clone.
