@@ -1625,6 +1625,7 @@ async fn a_periodic_sync_is_bounded_so_a_slow_memory_api_does_not_hold_the_next_
     let logs = Logs::capture();
     let worker = env.worker(&started, |o| {
         o.memory_sync_interval = SyncInterval::every(Duration::from_secs(5)).unwrap();
+        o.memory_sync_bound = Duration::from_secs(1);
         o.memory_teardown_bound = Duration::from_secs(1);
     });
     let drained = tokio::spawn(async move { drain(&worker).await });

@@ -10,6 +10,9 @@ pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(15);
 pub const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// The longest sync interval (a day): longer is as good as `off`, and says so.
 pub const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+/// The bound on each periodic sync after a tool call: a sync cut off there
+/// lets the agent's next call go on, and the next sync picks up the rest.
+pub const SYNC_BOUND: Duration = Duration::from_secs(30);
 /// The bound on each teardown pass (the final sync, then the flush).
 pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest memory teardown bound accepted (each of the final sync and the flush).

@@ -7,14 +7,27 @@
 //! skills removed → final sync on a clean end (≤ 30 s) → flush (≤ 30 s,
 //! always) → dispose → heartbeat stopped → force-stop unless the lease was
 //! lost. The teardown runs whatever failed before it.
+//!
+//! One [`ItemRun`] owns the item from the heartbeat's start to the
+//! force-stop: the lease, the credential, the memory stores once mounted,
+//! and the report. Its steps are methods in the order above, so no step
+//! hands state back through out-parameters.
+//!
+//! Two bounds, set apart: each periodic sync after a tool call is cut off
+//! after [`WorkerOptions::memory_sync_bound`](super::WorkerOptions::memory_sync_bound)
+//! (30 s, the reference's; not a CLI flag), so a slow memory API cannot hold
+//! the agent's next call; the final sync and the flush are each bounded by
+//! `--memory-teardown-bound` (30 s), shortened to fit before a hard deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
+use crate::api::Client;
 use crate::api::types::{Redacted, Session, SessionStatus, WorkSecret};
 use crate::memory::{SessionMemoryStores, TeardownReport};
 use crate::session::{RunEnd, RunStats, RunnerOptions, SendWindow, SessionRunner};
@@ -90,6 +103,64 @@ pub struct ItemReport {
     pub claimed: bool,
 }
 
+impl ItemReport {
+    /// The report of an item not started yet.
+    fn new(item: &WorkItem) -> Self {
+        ItemReport {
+            work_id: item.id.clone(),
+            session_id: item.data_id.clone(),
+            outcome: ItemOutcome::Failed("not started".into()),
+            lease: None,
+            stopped: false,
+            stats: RunStats::default(),
+            teardown: TeardownReport::default(),
+            duration: Duration::ZERO,
+            claimed: false,
+        }
+    }
+}
+
+/// Whom an item acts as. The sessions token in the item's secret is scoped
+/// to its one session and is the only credential the memory endpoints
+/// accept; without one, the item runs on the environment key (no memory).
+enum ItemCredential {
+    /// Extracted from the work item's secret payload.
+    SessionsToken(Redacted),
+    /// The worker's own key: the secret carried no sessions token.
+    EnvironmentKey(Redacted),
+}
+
+impl ItemCredential {
+    /// The secret's sessions token, else the environment key; `None` when
+    /// there is neither.
+    fn choose(item: &WorkItem, environment_key: Option<&Redacted>) -> Option<Self> {
+        let token = item
+            .secret
+            .as_ref()
+            .and_then(|s| WorkSecret::sessions_token(s.expose()));
+        if item.secret.is_some() && token.is_none() {
+            warn!(
+                "work item carried a secret payload but no sessions token could be extracted; falling back to the environment key"
+            );
+        }
+        match token {
+            Some(token) => Some(ItemCredential::SessionsToken(token)),
+            None => environment_key.cloned().map(ItemCredential::EnvironmentKey),
+        }
+    }
+
+    fn bearer(&self) -> &Redacted {
+        match self {
+            ItemCredential::SessionsToken(c) | ItemCredential::EnvironmentKey(c) => c,
+        }
+    }
+
+    /// Whether the memory endpoints accept it (they refuse the environment key).
+    fn reaches_memory(&self) -> bool {
+        matches!(self, ItemCredential::SessionsToken(_))
+    }
+}
+
 impl EnvironmentWorker {
     /// Serve one claimed (and acknowledged) item. Never fails: what went
     /// wrong is in the report, and the teardown ran. `cancel` ends the
@@ -112,30 +183,10 @@ impl EnvironmentWorker {
         deadline: Option<Instant>,
     ) -> ItemReport {
         let started = Instant::now();
-        let opts = self.options();
-        let mut report = ItemReport {
-            work_id: item.id.clone(),
-            session_id: item.data_id.clone(),
-            outcome: ItemOutcome::Failed("not started".into()),
-            lease: None,
-            stopped: false,
-            stats: RunStats::default(),
-            teardown: TeardownReport::default(),
-            duration: Duration::ZERO,
-            claimed: false,
-        };
-
-        // The per-item credential: the secret's sessions token, else the environment key.
-        let token = item
-            .secret
-            .as_ref()
-            .and_then(|s| WorkSecret::sessions_token(s.expose()));
-        if item.secret.is_some() && token.is_none() {
-            warn!(
-                "work item carried a secret payload but no sessions token could be extracted; falling back to the environment key"
-            );
-        }
-        let Some(credential) = token.clone().or_else(|| opts.environment_key.clone()) else {
+        let mut report = ItemReport::new(&item);
+        let Some(credential) =
+            ItemCredential::choose(&item, self.options().environment_key.as_ref())
+        else {
             let e = WorkerError::NoCredential;
             error!(error = %e, "work item failed");
             report.outcome = ItemOutcome::Failed(e.to_string());
@@ -143,13 +194,53 @@ impl EnvironmentWorker {
             self.emit(WorkerEvent::Finished(Box::new(report.clone())));
             return report;
         };
-        let client = self.client(&credential, "environments-worker");
+        let mut run = ItemRun::start(self, item, credential, report, cancel, deadline, started);
+        run.report.outcome = run.run_session().await;
+        run.teardown_memory().await;
+        run.release().await
+    }
+}
 
-        // The heartbeat runs before anything slow.
+/// One item's run, from the heartbeat's start to the force-stop: what it
+/// acts as, its lease, its memory stores once mounted, and its report.
+struct ItemRun<'w> {
+    worker: &'w EnvironmentWorker,
+    item: WorkItem,
+    credential: ItemCredential,
+    client: Client,
+    lease: Arc<Lease>,
+    window: SendWindow,
+    /// Ends the heartbeat once the teardown is done.
+    release: CancellationToken,
+    heartbeat: JoinHandle<()>,
+    /// Ends the session early: shutdown, the lease's end, a near deadline.
+    stop: CancellationToken,
+    watcher: JoinHandle<()>,
+    deadline: Option<Instant>,
+    started: Instant,
+    /// Set as soon as the stores exist, so the teardown runs even when the download failed.
+    stores: Option<Arc<SessionMemoryStores>>,
+    report: ItemReport,
+}
+
+impl<'w> ItemRun<'w> {
+    /// Start the heartbeat before anything slow, then the watcher that ends
+    /// the session on shutdown, on the lease's end, and in time for the
+    /// teardown before a hard deadline.
+    fn start(
+        worker: &'w EnvironmentWorker,
+        item: WorkItem,
+        credential: ItemCredential,
+        report: ItemReport,
+        cancel: CancellationToken,
+        deadline: Option<Instant>,
+        started: Instant,
+    ) -> Self {
+        let client = worker.client(credential.bearer(), "environments-worker");
         let lease = Lease::new();
         let window = SendWindow::default();
         let release = CancellationToken::new();
-        let beating = tokio::spawn(
+        let heartbeat = tokio::spawn(
             lease::heartbeat(
                 client.clone(),
                 item.environment_id.clone(),
@@ -160,12 +251,10 @@ impl EnvironmentWorker {
             )
             .in_current_span(),
         );
-        // The session ends early on shutdown, on the lease's end, and in
-        // time for the teardown before a hard deadline.
-        let stop_session = CancellationToken::new();
-        let reserve = opts.teardown_reserve();
+        let stop = CancellationToken::new();
+        let reserve = worker.options().teardown_reserve();
         let watcher = {
-            let (stop, cancel, ended) = (stop_session.clone(), cancel.clone(), lease.ended.clone());
+            let (stop, cancel, ended) = (stop.clone(), cancel, lease.ended.clone());
             tokio::spawn(async move {
                 let before_deadline = async {
                     match deadline {
@@ -184,41 +273,203 @@ impl EnvironmentWorker {
                 stop.cancel();
             })
         };
-
-        let mut stores: Option<Arc<SessionMemoryStores>> = None;
-        let outcome = self
-            .run_session(
-                &item,
-                &client,
-                token.is_some(),
-                &window,
-                &stop_session,
-                &mut stores,
-                &mut report,
-            )
-            .await;
-        report.outcome = outcome;
-
-        // Teardown: the runner closed the tools; memory next.
-        if let Some(stores) = &stores {
-            let clean = matches!(&report.outcome, ItemOutcome::Served(end) if end.is_clean());
-            let bound = match deadline {
-                // Both bounds must fit before a hard deadline.
-                Some(at) => opts.memory_teardown_bound.min(
-                    at.saturating_duration_since(Instant::now())
-                        .saturating_sub(STOP_TIMEOUT + Duration::from_secs(2))
-                        / 2,
-                ),
-                None => opts.memory_teardown_bound,
-            };
-            report.teardown = stores.teardown(clean, bound).await;
-            if report.teardown.flush_cut_off {
-                warn!("memory flush was cut off; see the warning above for what was not saved");
-            }
+        ItemRun {
+            worker,
+            item,
+            credential,
+            client,
+            lease,
+            window,
+            release,
+            heartbeat,
+            stop,
+            watcher,
+            deadline,
+            started,
+            stores: None,
+            report,
         }
+    }
+
+    /// Everything between the heartbeat's start and the teardown.
+    async fn run_session(&mut self) -> ItemOutcome {
+        let opts = self.worker.options();
+        if self.item.kind != "session" {
+            debug!(kind = %self.item.kind, "skipping non-session work item");
+            return ItemOutcome::NotASession;
+        }
+        let sessions = self.client.sessions();
+        let session: Session = tokio::select! {
+            _ = self.stop.cancelled() => return ItemOutcome::Served(RunEnd::Cancelled),
+            fetched = sessions.retrieve(&self.item.data_id) => match fetched {
+                Ok(s) => s,
+                Err(source) => {
+                    return ItemOutcome::Failed(WorkerError::Session { session_id: self.item.data_id.clone(), source: Box::new(source) }.to_string());
+                }
+            },
+        };
+        self.worker.emit(WorkerEvent::Claimed {
+            work_id: self.item.id.clone(),
+            session_id: session.id.clone(),
+        });
+        self.report.claimed = true;
+        if session.status == SessionStatus::Terminated {
+            info!("session already terminated; stopping the item without running tools");
+            return ItemOutcome::AlreadyTerminated;
+        }
+
+        // Memory needs the item's own token: the memory endpoints refuse the environment key.
+        let memory_on = opts.memory_sync_interval.interval().is_some();
+        let has_stores = session.memory_stores().next().is_some();
+        if memory_on && has_stores && !self.credential.reaches_memory() {
+            let e = WorkerError::MemoryNoToken {
+                work_id: self.item.id.clone(),
+                session_id: session.id.clone(),
+            };
+            error!(error = %e, "memory stores cannot be mounted");
+            return ItemOutcome::Failed(e.to_string());
+        }
+        if !memory_on || !has_stores {
+            debug!("memory stores disabled for this item");
+        }
+
+        if let Err(e) = tokio::fs::create_dir_all(&opts.workdir).await {
+            return ItemOutcome::Failed(format!(
+                "cannot create the workdir {}: {e}",
+                opts.workdir.display()
+            ));
+        }
+
+        // Skills: a failure is logged by the download and never fails the item.
+        let skills = tokio::select! {
+            _ = self.stop.cancelled() => return ItemOutcome::Served(RunEnd::Cancelled),
+            dirs = crate::tools::skills::download_session_skills(&self.client, &session, &opts.workdir) => dirs,
+        };
+        let outcome = self.serve_tools(&session, memory_on && has_stores).await;
+        // The runner closed the tools; the skills go before the memory teardown.
+        crate::tools::skills::remove_skills(&skills).await;
+        outcome
+    }
+
+    /// Mount the stores (when the session has them and memory is on), then
+    /// run the tools until the session ends, a due sync after each call.
+    async fn serve_tools(&mut self, session: &Session, with_memory: bool) -> ItemOutcome {
+        let opts = self.worker.options();
+        let mut ctx = ToolContext::new(&opts.workdir);
+        ctx.max_file_bytes = opts.max_file_bytes;
+        ctx.bash_env = scrubbed_env(&opts.secret_env_vars);
+        ctx.remap = opts.mount_remap.clone();
+        if with_memory {
+            let mut stores = SessionMemoryStores::new(
+                Arc::new(self.client.clone()),
+                &opts.workdir,
+                opts.memory_sync_interval,
+                opts.memory_sync_deletions,
+            )
+            .with_remap(opts.mount_remap.clone());
+            let downloaded = tokio::select! {
+                _ = self.stop.cancelled() => Err(None),
+                d = stores.download(session) => d.map_err(Some),
+            };
+            let stores = Arc::new(stores);
+            self.stores = Some(stores.clone());
+            match downloaded {
+                Ok(()) => {}
+                Err(None) => return ItemOutcome::Served(RunEnd::Cancelled),
+                Err(Some(e)) => return ItemOutcome::Failed(e.to_string()),
+            }
+            ctx.allowed_roots = stores.roots();
+            ctx.read_only_roots = stores.read_only_roots();
+        }
+
+        let tools = Arc::new(Toolset::new(ctx));
+        let after_call = self.stores.clone().map(|stores| {
+            let worker = self.worker.clone();
+            let work_id = self.item.id.clone();
+            let bound = opts.memory_sync_bound;
+            let hook: crate::session::AfterCall = Arc::new(move || {
+                let (stores, worker, work_id) = (stores.clone(), worker.clone(), work_id.clone());
+                Box::pin(async move {
+                    if let Some(report) = stores.sync_if_due_within(bound).await {
+                        worker.emit(WorkerEvent::Synced {
+                            work_id,
+                            report,
+                            final_sync: false,
+                        });
+                    }
+                })
+            });
+            hook
+        });
+        let observer = {
+            let worker = self.worker.clone();
+            let work_id = self.item.id.clone();
+            let observer: crate::session::Observer = Arc::new(move |record| {
+                worker.emit(WorkerEvent::Call {
+                    work_id: work_id.clone(),
+                    record: record.clone(),
+                });
+            });
+            Some(observer)
+        };
+        let runner = SessionRunner::new(
+            self.client.clone(),
+            &session.id,
+            tools,
+            RunnerOptions {
+                max_idle: opts.max_idle,
+                tool_timeout: opts.tool_timeout,
+                send_window: self.window.clone(),
+                after_call,
+                observer,
+                ..Default::default()
+            },
+        );
+        let run = runner.run(self.stop.clone()).await;
+        self.report.stats = run.stats;
+        ItemOutcome::Served(run.end)
+    }
+
+    /// The runner closed the tools; memory next: the final sync on a clean
+    /// end, the flush, dispose — each pass bounded, both fitting before a
+    /// hard deadline.
+    async fn teardown_memory(&mut self) {
+        let Some(stores) = &self.stores else { return };
+        let opts = self.worker.options();
+        let clean = matches!(&self.report.outcome, ItemOutcome::Served(end) if end.is_clean());
+        let bound = match self.deadline {
+            // Both bounds must fit before a hard deadline.
+            Some(at) => opts.memory_teardown_bound.min(
+                at.saturating_duration_since(Instant::now())
+                    .saturating_sub(STOP_TIMEOUT + Duration::from_secs(2))
+                    / 2,
+            ),
+            None => opts.memory_teardown_bound,
+        };
+        self.report.teardown = stores.teardown(clean, bound).await;
+        if self.report.teardown.flush_cut_off {
+            warn!("memory flush was cut off; see the warning above for what was not saved");
+        }
+    }
+
+    /// Stop the watcher and the heartbeat, force-stop the item unless the
+    /// lease was lost, and report.
+    async fn release(self) -> ItemReport {
+        let ItemRun {
+            worker,
+            item,
+            client,
+            lease,
+            release,
+            heartbeat,
+            watcher,
+            started,
+            mut report,
+            ..
+        } = self;
         watcher.abort();
         release.cancel();
-        let _ = beating.await;
+        let _ = heartbeat.await;
         report.lease = lease.end();
         if lease.is_lost() {
             warn!("lease lost; released without stopping it");
@@ -243,176 +494,7 @@ impl EnvironmentWorker {
                 info!(outcome = ?outcome, duration_ms = report.duration.as_millis() as u64, tool_calls = report.stats.executed, "work item done")
             }
         }
-        self.emit(WorkerEvent::Finished(Box::new(report.clone())));
+        worker.emit(WorkerEvent::Finished(Box::new(report.clone())));
         report
-    }
-
-    /// Everything between the heartbeat's start and the teardown.
-    #[allow(clippy::too_many_arguments)]
-    async fn run_session(
-        &self,
-        item: &WorkItem,
-        client: &crate::api::Client,
-        has_token: bool,
-        window: &SendWindow,
-        stop: &CancellationToken,
-        stores_out: &mut Option<Arc<SessionMemoryStores>>,
-        report: &mut ItemReport,
-    ) -> ItemOutcome {
-        let opts = self.options();
-        if item.kind != "session" {
-            debug!(kind = %item.kind, "skipping non-session work item");
-            return ItemOutcome::NotASession;
-        }
-        let sessions = client.sessions();
-        let session: Session = tokio::select! {
-            _ = stop.cancelled() => return ItemOutcome::Served(RunEnd::Cancelled),
-            fetched = sessions.retrieve(&item.data_id) => match fetched {
-                Ok(s) => s,
-                Err(source) => {
-                    return ItemOutcome::Failed(WorkerError::Session { session_id: item.data_id.clone(), source: Box::new(source) }.to_string());
-                }
-            },
-        };
-        self.emit(WorkerEvent::Claimed {
-            work_id: item.id.clone(),
-            session_id: session.id.clone(),
-        });
-        report.claimed = true;
-        if session.status == SessionStatus::Terminated {
-            info!("session already terminated; stopping the item without running tools");
-            return ItemOutcome::AlreadyTerminated;
-        }
-
-        // Memory needs the item's own token: the memory endpoints refuse the environment key.
-        let memory_on = opts.memory_sync_interval.interval().is_some();
-        let has_stores = session.memory_stores().next().is_some();
-        if memory_on && has_stores && !has_token {
-            let e = WorkerError::MemoryNoToken {
-                work_id: item.id.clone(),
-                session_id: session.id.clone(),
-            };
-            error!(error = %e, "memory stores cannot be mounted");
-            return ItemOutcome::Failed(e.to_string());
-        }
-        if !memory_on || !has_stores {
-            debug!("memory stores disabled for this item");
-        }
-
-        if let Err(e) = tokio::fs::create_dir_all(&opts.workdir).await {
-            return ItemOutcome::Failed(format!(
-                "cannot create the workdir {}: {e}",
-                opts.workdir.display()
-            ));
-        }
-
-        // Skills: a failure is logged by the download and never fails the item.
-        let skills = tokio::select! {
-            _ = stop.cancelled() => return ItemOutcome::Served(RunEnd::Cancelled),
-            dirs = crate::tools::skills::download_session_skills(client, &session, &opts.workdir) => dirs,
-        };
-        let outcome = self
-            .serve_tools(
-                item,
-                client,
-                &session,
-                window,
-                stop,
-                stores_out,
-                report,
-                memory_on && has_stores,
-            )
-            .await;
-        // The runner closed the tools; the skills go before the memory teardown.
-        crate::tools::skills::remove_skills(&skills).await;
-        outcome
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn serve_tools(
-        &self,
-        item: &WorkItem,
-        client: &crate::api::Client,
-        session: &Session,
-        window: &SendWindow,
-        stop: &CancellationToken,
-        stores_out: &mut Option<Arc<SessionMemoryStores>>,
-        report: &mut ItemReport,
-        with_memory: bool,
-    ) -> ItemOutcome {
-        let opts = self.options();
-        let mut ctx = ToolContext::new(&opts.workdir);
-        ctx.max_file_bytes = opts.max_file_bytes;
-        ctx.bash_env = scrubbed_env(&opts.secret_env_vars);
-        ctx.remap = opts.mount_remap.clone();
-        if with_memory {
-            let mut stores = SessionMemoryStores::new(
-                Arc::new(client.clone()),
-                &opts.workdir,
-                opts.memory_sync_interval,
-                opts.memory_sync_deletions,
-            )
-            .with_remap(opts.mount_remap.clone());
-            let downloaded = tokio::select! {
-                _ = stop.cancelled() => Err(None),
-                d = stores.download(session) => d.map_err(Some),
-            };
-            let stores = Arc::new(stores);
-            *stores_out = Some(stores.clone());
-            match downloaded {
-                Ok(()) => {}
-                Err(None) => return ItemOutcome::Served(RunEnd::Cancelled),
-                Err(Some(e)) => return ItemOutcome::Failed(e.to_string()),
-            }
-            ctx.allowed_roots = stores.roots();
-            ctx.read_only_roots = stores.read_only_roots();
-        }
-
-        let tools = Arc::new(Toolset::new(ctx));
-        let after_call = stores_out.clone().map(|stores| {
-            let worker = self.clone();
-            let work_id = item.id.clone();
-            let bound = opts.memory_teardown_bound;
-            let hook: crate::session::AfterCall = Arc::new(move || {
-                let (stores, worker, work_id) = (stores.clone(), worker.clone(), work_id.clone());
-                Box::pin(async move {
-                    if let Some(report) = stores.sync_if_due_within(bound).await {
-                        worker.emit(WorkerEvent::Synced {
-                            work_id,
-                            report,
-                            final_sync: false,
-                        });
-                    }
-                })
-            });
-            hook
-        });
-        let observer = {
-            let worker = self.clone();
-            let work_id = item.id.clone();
-            let observer: crate::session::Observer = Arc::new(move |record| {
-                worker.emit(WorkerEvent::Call {
-                    work_id: work_id.clone(),
-                    record: record.clone(),
-                });
-            });
-            Some(observer)
-        };
-        let runner = SessionRunner::new(
-            client.clone(),
-            &session.id,
-            tools,
-            RunnerOptions {
-                max_idle: opts.max_idle,
-                tool_timeout: opts.tool_timeout,
-                send_window: window.clone(),
-                after_call,
-                observer,
-                ..Default::default()
-            },
-        );
-        let run = runner.run(stop.clone()).await;
-        report.stats = run.stats;
-        ItemOutcome::Served(run.end)
     }
 }

@@ -108,6 +108,10 @@ pub struct WorkerOptions {
     pub max_file_bytes: Option<u64>,
     /// The bound of the final sync, and separately of the flush (30 s).
     pub memory_teardown_bound: Duration,
+    /// The bound of each periodic sync after a tool call (30 s), so a slow
+    /// memory API cannot hold the agent's next call. Its own option, not a
+    /// CLI flag: the reference has none.
+    pub memory_sync_bound: Duration,
     /// Mount paths under `advertised` really live under `actual` (Lambda: `/mnt/memory` → `/tmp/mnt/memory`).
     pub mount_remap: Option<crate::remap::MountRemap>,
     pub events: Option<EventSink>,
@@ -161,6 +165,7 @@ impl WorkerOptions {
             secret_env_vars: Vec::new(),
             max_file_bytes: Some(crate::tools::files::DEFAULT_MAX_FILE_BYTES),
             memory_teardown_bound: crate::memory::options::FLUSH_TIMEOUT,
+            memory_sync_bound: crate::memory::options::SYNC_BOUND,
             mount_remap: None,
             events: None,
             observers: Vec::new(),
@@ -186,15 +191,16 @@ impl WorkerOptions {
         if self.worker_id.is_empty() {
             return Err(WorkerError::Config("the worker id is empty".into()));
         }
-        if self.memory_teardown_bound < Duration::from_secs(1)
-            || self.memory_teardown_bound > MAX_TEARDOWN_BOUND
-        {
-            return Err(WorkerError::Config(format!(
-                "the memory teardown bound must be between 1s and {}s (got {:?}); a shorter one cuts off every flush",
-                MAX_TEARDOWN_BOUND.as_secs(),
-                self.memory_teardown_bound
-            )));
-        }
+        check_bound(
+            "memory teardown bound",
+            self.memory_teardown_bound,
+            "every flush",
+        )?;
+        check_bound(
+            "memory sync bound",
+            self.memory_sync_bound,
+            "every periodic sync",
+        )?;
         if self.tool_timeout.is_zero() {
             return Err(WorkerError::Config(
                 "the tool timeout must be more than zero".into(),
@@ -202,6 +208,17 @@ impl WorkerOptions {
         }
         Ok(())
     }
+}
+
+/// A memory bound between 1 s and an hour: a shorter one cuts off `what`.
+fn check_bound(name: &str, bound: Duration, what: &str) -> Result<(), WorkerError> {
+    if bound < Duration::from_secs(1) || bound > MAX_TEARDOWN_BOUND {
+        return Err(WorkerError::Config(format!(
+            "the {name} must be between 1s and {}s (got {bound:?}); a shorter one cuts off {what}",
+            MAX_TEARDOWN_BOUND.as_secs(),
+        )));
+    }
+    Ok(())
 }
 
 /// Serves work items of one environment. Cheap to clone.
@@ -298,6 +315,12 @@ mod tests {
             }),
             ("teardown bound over an hour", |o| {
                 o.memory_teardown_bound = MAX_TEARDOWN_BOUND + Duration::from_secs(1)
+            }),
+            ("sub-second sync bound", |o| {
+                o.memory_sync_bound = Duration::from_millis(500)
+            }),
+            ("sync bound over an hour", |o| {
+                o.memory_sync_bound = MAX_TEARDOWN_BOUND + Duration::from_secs(1)
             }),
             ("zero tool timeout", |o| o.tool_timeout = Duration::ZERO),
             ("relative workdir", |o| o.workdir = PathBuf::from("work")),
