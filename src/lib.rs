@@ -21,7 +21,10 @@
 //! What a session runs on:
 //!
 //! - [`tools`] — the agent toolset (`bash`, `read`, `write`, `edit`, `glob`,
-//!   `grep`) with its path policy, and the agent's skills.
+//!   `grep`) with its path policy.
+//! - [`skills`] — session set-up, not an agent tool: the agent's skills
+//!   downloaded into `<workdir>/skills/<name>/` (hostile archives screened)
+//!   and removed at the end.
 //! - [`memory`] — memory stores on disk: the confined folder, the pure
 //!   three-way planner, the sync executor, deletes, flush, dispose; the
 //!   memory options and their bounds.
@@ -63,6 +66,7 @@ pub mod metrics;
 pub mod remap;
 pub mod serve;
 pub mod session;
+pub mod skills;
 pub mod tools;
 pub mod webhook;
 pub mod worker;

@@ -15,7 +15,7 @@ use base64::Engine;
 use common::{ADMIN_KEY, Answer, TestServer};
 use envworker::api::types::Session;
 use envworker::api::{Client, Credential};
-use envworker::tools::skills::{download_session_skills, remove_skills};
+use envworker::skills::{download_session_skills, remove_skills};
 use reqwest::Method;
 use serde_json::{Value, json};
 

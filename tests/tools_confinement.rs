@@ -340,7 +340,7 @@ async fn skill_cleanup_never_follows_a_skills_dir_replaced_by_a_symlink() {
     let installed = vec![t.p("work/skills/pdf")];
     std::fs::rename(t.p("work/skills"), t.p("work/skills-moved")).unwrap();
     symlink(t.p("outside"), t.p("work/skills")).unwrap();
-    envworker::tools::skills::remove_skills(&installed).await;
+    envworker::skills::remove_skills(&installed).await;
     assert!(
         t.p("outside/pdf/keep.txt").exists(),
         "removed outside files"
@@ -349,7 +349,7 @@ async fn skill_cleanup_never_follows_a_skills_dir_replaced_by_a_symlink() {
     std::fs::remove_file(t.p("work/skills")).unwrap();
     std::fs::rename(t.p("work/skills-moved"), t.p("work/skills")).unwrap();
     symlink(t.p("outside"), t.p("work/skills/pdf/escape")).unwrap();
-    envworker::tools::skills::remove_skills(&installed).await;
+    envworker::skills::remove_skills(&installed).await;
     assert!(!t.p("work/skills/pdf").exists());
     assert!(t.p("outside/pdf/keep.txt").exists());
 }

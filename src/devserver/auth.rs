@@ -16,9 +16,9 @@ use rusqlite::{OptionalExtension, Transaction, params};
 
 use crate::api::types::Actor;
 
-use super::AppState;
 use super::error::{HttpError, HttpResult};
 use super::ids;
+use super::state::AppState;
 
 const ENVIRONMENT_KEY: &str = "environment_key";
 const SESSIONS_TOKEN: &str = "sessions_token";

@@ -12,7 +12,7 @@ use crate::api::types::{Environment, EnvironmentConfig, Page};
 use super::auth::{self, Principal};
 use super::error::{HttpError, HttpResult};
 use super::http::{JsonBody, OptionalJsonBody, QueryParams};
-use super::{AppState, cursor, ids, validate};
+use super::{cursor, ids, state::AppState, validate};
 
 const COLUMNS: &str =
     "id, name, description, metadata, config_type, scope, created_at, updated_at, archived_at";
@@ -151,7 +151,7 @@ pub async fn list(
 ) -> HttpResult<Json<Page<Environment>>> {
     principal.require_org("list environments")?;
     let q = QueryParams::parse(raw.as_deref());
-    let limit = q.integer("limit", 1, 1000)?.unwrap_or(20) as usize;
+    let limit = q.limit_up_to(1000)?;
     let include_archived = q.boolean("include_archived")?.unwrap_or(false);
     let cursor: Option<cursor::Before> = cursor::decode(q.get("page"))?;
     let page = state
@@ -165,23 +165,12 @@ pub async fn list(
                 params![
                     include_archived,
                     cursor.map_or(i64::MAX, |c| c.before),
-                    (limit + 1) as i64
+                    cursor::fetch_limit(limit)
                 ],
                 |r| Ok((r.get::<_, i64>(0)?, from_row(r, 1)?)),
             )?;
-            let mut items = rows.collect::<Result<Vec<_>, _>>()?;
-            let next_page = if items.len() > limit {
-                items.truncate(limit);
-                items
-                    .last()
-                    .map(|(seq, _)| cursor::encode(&cursor::Before { before: *seq }))
-            } else {
-                None
-            };
-            Ok(Page {
-                data: items.into_iter().map(|(_, e)| e).collect(),
-                next_page,
-            })
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            Ok(cursor::newest_first(rows, limit))
         })
         .await?;
     Ok(Json(page))

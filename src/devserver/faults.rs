@@ -26,9 +26,9 @@ use rand::RngExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::AppState;
 use super::error::{HttpError, HttpResult};
 use super::http::JsonBody;
+use super::state::AppState;
 
 /// Rules active at once (from `--fault` and `POST /dev/faults` together).
 pub const MAX_RULES: usize = 100;

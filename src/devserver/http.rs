@@ -12,9 +12,9 @@ use serde::de::DeserializeOwned;
 use crate::api::types::{MemoryOperation, Timestamp, View};
 use crate::api::{ANTHROPIC_VERSION, ApiFamily, BETA_AGENT_MEMORY, BETA_MANAGED_AGENTS};
 
-use super::AppState;
 use super::auth::{Principal, authenticate};
 use super::error::{HttpError, HttpResult};
+use super::state::AppState;
 
 /// Largest request body accepted; larger bodies get 413 `request_too_large`.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
@@ -154,9 +154,15 @@ impl QueryParams {
             .collect()
     }
 
-    /// `limit`, 1–100, default 20.
+    /// `limit`, 1–100, default 20 (the memory store lists).
     pub fn limit(&self) -> HttpResult<usize> {
-        Ok(self.integer("limit", 1, 100)?.unwrap_or(20) as usize)
+        self.limit_up_to(100)
+    }
+
+    /// `limit`, 1–`max`, default 20 (the Managed Agents and skills lists
+    /// take up to 1000).
+    pub fn limit_up_to(&self, max: i64) -> HttpResult<usize> {
+        Ok(self.integer("limit", 1, max)?.unwrap_or(20) as usize)
     }
 
     pub fn boolean(&self, name: &str) -> HttpResult<Option<bool>> {

@@ -31,6 +31,7 @@ mod memory;
 pub mod scenario;
 pub mod sessions;
 pub mod skills;
+pub mod state;
 pub mod validate;
 pub mod webhooks;
 pub mod work;
@@ -38,7 +39,6 @@ pub mod work;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -46,8 +46,6 @@ use axum::http::{HeaderValue, Request};
 use axum::middleware;
 use axum::response::Response;
 use axum::routing::{get, post};
-use rusqlite::Transaction;
-use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -56,10 +54,9 @@ use crate::api::ApiFamily;
 use crate::webhook::SigningKey;
 
 use self::db::{Db, DbError};
-use self::error::{HttpError, HttpResult};
-use self::faults::{FaultRule, Faults};
-use self::live::{Effects, Live};
-use self::webhooks::WebhookSender;
+use self::error::HttpError;
+use self::faults::FaultRule;
+use self::state::AppState;
 
 /// Default lease TTL of a work item, in seconds.
 pub const DEFAULT_LEASE_TTL_SECONDS: i64 = 30;
@@ -169,98 +166,6 @@ pub enum DevserverError {
     Listener(#[source] std::io::Error),
 }
 
-/// Shared state of every handler.
-#[derive(Clone)]
-pub struct AppState {
-    inner: Arc<StateInner>,
-}
-
-struct StateInner {
-    db: Db,
-    admin_key_sha256: [u8; 32],
-    admin_key_id: String,
-    mount_root: String,
-    lease_ttl_seconds: i64,
-    ping_interval: Duration,
-    live: Live,
-    faults: Faults,
-    webhook: Option<WebhookSender>,
-    shutdown: CancellationToken,
-}
-
-impl AppState {
-    pub fn db(&self) -> &Db {
-        &self.inner.db
-    }
-
-    pub fn live(&self) -> &Live {
-        &self.inner.live
-    }
-
-    pub fn faults(&self) -> &Faults {
-        &self.inner.faults
-    }
-
-    pub fn mount_root(&self) -> String {
-        self.inner.mount_root.clone()
-    }
-
-    pub fn lease_ttl_seconds(&self) -> i64 {
-        self.inner.lease_ttl_seconds
-    }
-
-    pub fn ping_interval(&self) -> Duration {
-        self.inner.ping_interval
-    }
-
-    pub fn shutdown_token(&self) -> CancellationToken {
-        self.inner.shutdown.clone()
-    }
-
-    /// Compare digests rather than the keys themselves, so the comparison
-    /// time says nothing about the key.
-    pub fn is_admin_key(&self, key: &str) -> bool {
-        let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        digest == self.inner.admin_key_sha256
-    }
-
-    /// The admin key's public id (`apikey_…`), recorded as the actor of its writes.
-    pub fn admin_key_id(&self) -> &str {
-        &self.inner.admin_key_id
-    }
-
-    /// Set in motion what a committed transaction produced.
-    pub fn apply(&self, fx: Effects) {
-        self.inner.live.publish(fx.events);
-        if fx.work_available {
-            self.inner.live.work_available.notify_waiters();
-        }
-        if let Some(webhook) = &self.inner.webhook {
-            for session_id in &fx.run_started {
-                webhook.run_started(session_id);
-            }
-        }
-    }
-
-    /// Run `f` in a transaction and apply its effects once it committed.
-    pub async fn commit<T, F>(&self, f: F) -> HttpResult<T>
-    where
-        T: Send + 'static,
-        F: FnOnce(&Transaction<'_>, &mut Effects) -> HttpResult<T> + Send + 'static,
-    {
-        let (value, fx) = self
-            .db()
-            .transaction(move |tx| {
-                let mut fx = Effects::default();
-                let value = f(tx, &mut fx)?;
-                Ok((value, fx))
-            })
-            .await?;
-        self.apply(fx);
-        Ok(value)
-    }
-}
-
 /// A devserver ready to serve.
 pub struct Devserver {
     state: AppState,
@@ -287,26 +192,8 @@ impl Devserver {
             rule.check().map_err(DevserverError::Faults)?;
         }
         let db = Db::open(config.data_dir.as_deref())?;
-        let digest: [u8; 32] = Sha256::digest(config.admin_key.as_bytes()).into();
-        let admin_key_id = format!("apikey_01{}", &hex::encode(digest)[..22]);
-        let webhook = config
-            .webhook
-            .map(|(url, key)| WebhookSender::new(url, key, config.webhook_backoff));
         Ok(Devserver {
-            state: AppState {
-                inner: Arc::new(StateInner {
-                    db,
-                    admin_key_sha256: digest,
-                    admin_key_id,
-                    mount_root: config.mount_root,
-                    lease_ttl_seconds: config.lease_ttl_seconds,
-                    ping_interval: config.ping_interval,
-                    live: Live::default(),
-                    faults: Faults::new(config.faults),
-                    webhook,
-                    shutdown: CancellationToken::new(),
-                }),
-            },
+            state: AppState::new(db, config),
         })
     }
 

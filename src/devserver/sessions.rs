@@ -27,7 +27,7 @@ use super::environments;
 use super::error::{HttpError, HttpResult};
 use super::http::{JsonBody, QueryParams};
 use super::live::{Effects, StoredEvent};
-use super::{AppState, cursor, ids, validate, work};
+use super::{cursor, ids, state::AppState, validate, work};
 
 /// At most this many memory stores may be attached to one session.
 pub const MAX_MEMORY_STORES: usize = 8;
@@ -354,7 +354,7 @@ pub async fn list(
 ) -> HttpResult<Json<Page<Session>>> {
     principal.require_org("list sessions")?;
     let q = QueryParams::parse(raw.as_deref());
-    let limit = q.integer("limit", 1, 1000)?.unwrap_or(20) as usize;
+    let limit = q.limit_up_to(1000)?;
     let ascending = order(&q)?.unwrap_or(false);
     let cursor: Option<SeqCursor> = cursor::decode(q.get("page"))?;
     let page = state
@@ -369,15 +369,11 @@ pub async fn list(
                 "SELECT seq, {COLUMNS} FROM sessions WHERE seq {cmp} ?1 ORDER BY seq {dir} LIMIT ?2"
             ))?;
             let rows = stmt.query_map(
-                params![cursor.map_or(start, |c| c.seq), (limit + 1) as i64],
+                params![cursor.map_or(start, |c| c.seq), cursor::fetch_limit(limit)],
                 |r| Ok((r.get::<_, i64>(0)?, from_row(r, 1)?)),
             )?;
-            let mut items = rows.collect::<Result<Vec<_>, _>>()?;
-            let next_page = paged(&mut items, limit);
-            Ok(Page {
-                data: items.into_iter().map(|(_, s)| s).collect(),
-                next_page,
-            })
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            Ok(cursor::page(rows, limit, seq_cursor, |(_, s)| s))
         })
         .await?;
     Ok(Json(page))
@@ -393,16 +389,9 @@ fn order(q: &QueryParams) -> HttpResult<Option<bool>> {
     }
 }
 
-/// Trim `items` to `limit` and return the cursor of the next page, if any.
-fn paged<T>(items: &mut Vec<(i64, T)>, limit: usize) -> Option<String> {
-    if items.len() > limit {
-        items.truncate(limit);
-        items
-            .last()
-            .map(|(seq, _)| cursor::encode(&SeqCursor { seq: *seq }))
-    } else {
-        None
-    }
+/// The position after a `(seq, item)` row, for [`cursor::page`].
+fn seq_cursor<T>((seq, _): &(i64, T)) -> SeqCursor {
+    SeqCursor { seq: *seq }
 }
 
 /// Append one event; it gets its `id` and `processed_at` here.
@@ -753,9 +742,6 @@ pub async fn send_events(
     Ok(Json(json!({ "data": recorded })))
 }
 
-/// A page of the event log: `(seq, event)` pairs and the next cursor.
-pub type EventPage = (Vec<(i64, Value)>, Option<String>);
-
 /// Events of a session, oldest first unless `descending`, after `cursor`.
 pub fn list_events_page(
     tx: &Transaction<'_>,
@@ -765,7 +751,7 @@ pub fn list_events_page(
     limit: usize,
     types: &[String],
     created: (Option<i64>, Option<i64>),
-) -> HttpResult<EventPage> {
+) -> HttpResult<Page<Value>> {
     let (cmp, dir) = if ascending {
         (">", "ASC")
     } else {
@@ -796,7 +782,7 @@ pub fn list_events_page(
             start,
             created.0.unwrap_or(i64::MIN),
             created.1.unwrap_or(i64::MAX),
-            (limit + 1) as i64
+            cursor::fetch_limit(limit)
         ],
         |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
     )?;
@@ -805,8 +791,7 @@ pub fn list_events_page(
         let (seq, body) = row?;
         items.push((seq, serde_json::from_str(&body).unwrap_or(Value::Null)));
     }
-    let next = paged(&mut items, limit);
-    Ok((items, next))
+    Ok(cursor::page(items, limit, seq_cursor, |(_, event)| event))
 }
 
 pub async fn list_events(
@@ -816,7 +801,7 @@ pub async fn list_events(
     RawQuery(raw): RawQuery,
 ) -> HttpResult<Json<Page<Value>>> {
     let q = QueryParams::parse(raw.as_deref());
-    let limit = q.integer("limit", 1, 1000)?.unwrap_or(20) as usize;
+    let limit = q.limit_up_to(1000)?;
     let ascending = order(&q)?.unwrap_or(true);
     let cursor: Option<SeqCursor> = cursor::decode(q.get("page"))?;
     let types = q.all("types[]");
@@ -845,7 +830,7 @@ pub async fn list_events(
         .db()
         .transaction(move |tx| {
             load_for(tx, &principal, &id)?;
-            let (items, next_page) = list_events_page(
+            list_events_page(
                 tx,
                 &id,
                 ascending,
@@ -853,11 +838,7 @@ pub async fn list_events(
                 limit,
                 &types,
                 (gte, lte),
-            )?;
-            Ok(Page {
-                data: items.into_iter().map(|(_, v)| v).collect(),
-                next_page,
-            })
+            )
         })
         .await?;
     Ok(Json(page))

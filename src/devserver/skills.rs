@@ -30,7 +30,7 @@ use crate::api::types::{Page, SkillVersion};
 
 use super::error::{HttpError, HttpResult};
 use super::http::{JsonBody, QueryParams};
-use super::{AppState, cursor, ids, validate};
+use super::{cursor, ids, state::AppState, validate};
 
 /// The alias every version endpoint but the content one resolves.
 const LATEST: &str = "latest";
@@ -177,7 +177,7 @@ pub async fn list(
     RawQuery(raw): RawQuery,
 ) -> HttpResult<Json<Page<SkillVersion>>> {
     let q = QueryParams::parse(raw.as_deref());
-    let limit = q.integer("limit", 1, 1000)?.unwrap_or(20) as usize;
+    let limit = q.limit_up_to(1000)?;
     let cursor: Option<cursor::Before> = cursor::decode(q.get("page"))?;
     let page = state
         .db()
@@ -198,23 +198,17 @@ pub async fn list(
                 params![
                     skill_id,
                     cursor.map_or(i64::MAX, |c| c.before),
-                    (limit + 1) as i64
+                    cursor::fetch_limit(limit)
                 ],
                 row_at,
             )?;
-            let mut items = rows.collect::<Result<Vec<_>, _>>()?;
-            let next_page = if items.len() > limit {
-                items.truncate(limit);
-                items
-                    .last()
-                    .map(|r| cursor::encode(&cursor::Before { before: r.version }))
-            } else {
-                None
-            };
-            Ok(Page {
-                data: items.into_iter().map(Row::into_api).collect(),
-                next_page,
-            })
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            Ok(cursor::page(
+                rows,
+                limit,
+                |r| cursor::Before { before: r.version },
+                Row::into_api,
+            ))
         })
         .await?;
     Ok(Json(page))

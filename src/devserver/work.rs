@@ -33,7 +33,7 @@ use super::environments;
 use super::error::{HttpError, HttpResult};
 use super::http::{JsonBody, OptionalJsonBody, QueryParams};
 use super::live::Effects;
-use super::{AppState, cursor, ids};
+use super::{cursor, ids, state::AppState};
 
 /// Default `reclaim_older_than_ms` when a poll does not say.
 pub const DEFAULT_RECLAIM_MS: i64 = 5_000;
@@ -510,7 +510,7 @@ pub async fn list(
 ) -> HttpResult<Json<Page<Work>>> {
     principal.require_environment(&environment_id, None)?;
     let q = QueryParams::parse(raw.as_deref());
-    let limit = q.integer("limit", 1, 1000)?.unwrap_or(20) as usize;
+    let limit = q.limit_up_to(1000)?;
     let cursor: Option<cursor::Before> = cursor::decode(q.get("page"))?;
     let page = state
         .db()
@@ -525,23 +525,12 @@ pub async fn list(
                 params![
                     environment_id,
                     cursor.map_or(i64::MAX, |c| c.before),
-                    (limit + 1) as i64
+                    cursor::fetch_limit(limit)
                 ],
                 |r| Ok((r.get::<_, i64>(0)?, row_at(r, 1)?.work)),
             )?;
-            let mut items = rows.collect::<Result<Vec<_>, _>>()?;
-            let next_page = if items.len() > limit {
-                items.truncate(limit);
-                items
-                    .last()
-                    .map(|(seq, _)| cursor::encode(&cursor::Before { before: *seq }))
-            } else {
-                None
-            };
-            Ok(Page {
-                data: items.into_iter().map(|(_, w)| w).collect(),
-                next_page,
-            })
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            Ok(cursor::newest_first(rows, limit))
         })
         .await?;
     Ok(Json(page))

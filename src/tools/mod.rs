@@ -7,8 +7,7 @@
 //!   without following a symlink (read-only roots refuse writes);
 //! - [`files`] — `read`, `write`, `edit`;
 //! - [`search`] — `glob`, `grep` (built in);
-//! - [`bash`] — the persistent shell;
-//! - [`skills`] — the agent's skills, downloaded into the workdir.
+//! - [`bash`] — the persistent shell.
 //!
 //! Trust model: the file tools are confined to the workdir and the allowed
 //! roots, whatever the agent renames or symlinks meanwhile; `bash` is not
@@ -21,7 +20,6 @@ pub mod files;
 mod lines;
 pub mod paths;
 pub mod search;
-pub mod skills;
 
 use std::path::PathBuf;
 

@@ -343,11 +343,11 @@ impl<'w> ItemRun<'w> {
         // Skills: a failure is logged by the download and never fails the item.
         let skills = tokio::select! {
             _ = self.stop.cancelled() => return ItemOutcome::Served(RunEnd::Cancelled),
-            dirs = crate::tools::skills::download_session_skills(&self.client, &session, &opts.workdir) => dirs,
+            dirs = crate::skills::download_session_skills(&self.client, &session, &opts.workdir) => dirs,
         };
         let outcome = self.serve_tools(&session, memory_on && has_stores).await;
         // The runner closed the tools; the skills go before the memory teardown.
-        crate::tools::skills::remove_skills(&skills).await;
+        crate::skills::remove_skills(&skills).await;
         outcome
     }
 

@@ -12,7 +12,7 @@ use crate::api::types::{
 use super::super::auth::Principal;
 use super::super::error::{HttpError, HttpResult};
 use super::super::http::{JsonBody, QueryParams};
-use super::super::{AppState, cursor, validate};
+use super::super::{cursor, state::AppState, validate};
 use super::authorize_store;
 use super::rows::{
     MEMORY_COLUMNS, conflict_error, insert_memory, load_memory, load_store, load_writable_store,
@@ -292,24 +292,18 @@ fn list_page(
             break;
         }
     }
-    let next_page = if items.len() > limit {
-        items.truncate(limit);
-        items.last().map(|last| {
-            cursor::encode(&match last {
-                MemoryListItem::Prefix(p) => MemoryCursor::From(prefix_upper_bound(&p.path)),
-                MemoryListItem::Memory(m) => MemoryCursor::After(m.path.clone()),
-                MemoryListItem::Other(_) => {
-                    unreachable!("the devserver lists memories and prefixes only")
-                }
-            })
-        })
-    } else {
-        None
-    };
-    Ok(Page {
-        data: items,
-        next_page,
-    })
+    Ok(cursor::page(
+        items,
+        limit,
+        |last| match last {
+            MemoryListItem::Prefix(p) => MemoryCursor::From(prefix_upper_bound(&p.path)),
+            MemoryListItem::Memory(m) => MemoryCursor::After(m.path.clone()),
+            MemoryListItem::Other(_) => {
+                unreachable!("the devserver lists memories and prefixes only")
+            }
+        },
+        |item| item,
+    ))
 }
 
 #[cfg(test)]

@@ -11,9 +11,9 @@ use rusqlite::{OptionalExtension, Transaction};
 
 use crate::api::types::{Access, SessionResource};
 
-use super::AppState;
 use super::auth::Principal;
 use super::error::{HttpError, HttpResult};
+use super::state::AppState;
 
 /// Routes under `/v1/memory_stores`.
 pub fn routes() -> Router<AppState> {

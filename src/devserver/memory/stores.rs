@@ -11,7 +11,7 @@ use crate::api::types::{
 use super::super::auth::Principal;
 use super::super::error::{HttpError, HttpResult};
 use super::super::http::{JsonBody, QueryParams};
-use super::super::{AppState, cursor, ids, validate};
+use super::super::{cursor, ids, state::AppState, validate};
 use super::authorize_store;
 use super::rows::{self, STORE_COLUMNS, load_store, metadata_json, store_at};
 
@@ -70,23 +70,12 @@ pub async fn list(
                     gte.unwrap_or(i64::MIN),
                     lte.unwrap_or(i64::MAX),
                     cursor.map_or(i64::MAX, |c| c.before),
-                    (limit + 1) as i64,
+                    cursor::fetch_limit(limit),
                 ],
                 |r| Ok((r.get::<_, i64>(0)?, store_at(r, 1)?)),
             )?;
-            let mut items = rows.collect::<Result<Vec<_>, _>>()?;
-            let next_page = if items.len() > limit {
-                items.truncate(limit);
-                items
-                    .last()
-                    .map(|(seq, _)| cursor::encode(&cursor::Before { before: *seq }))
-            } else {
-                None
-            };
-            Ok(Page {
-                data: items.into_iter().map(|(_, s)| s).collect(),
-                next_page,
-            })
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            Ok(cursor::newest_first(rows, limit))
         })
         .await?;
     Ok(Json(page))

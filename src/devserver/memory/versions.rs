@@ -10,7 +10,7 @@ use crate::api::types::{MemoryVersion, Page, View};
 use super::super::auth::Principal;
 use super::super::error::{HttpError, HttpResult};
 use super::super::http::QueryParams;
-use super::super::{AppState, cursor, ids};
+use super::super::{cursor, ids, state::AppState};
 use super::authorize_store;
 use super::memories::FULL_VIEW_PAGE_CAP;
 use super::rows::{VERSION_COLUMNS, load_store, version_at, version_from_row};
@@ -61,7 +61,7 @@ pub async fn list(
     if let Some(t) = q.timestamp("created_at[lte]")? {
         filter("created_at <= ?", SqlValue::Integer(t.timestamp_micros()));
     }
-    values.push(SqlValue::Integer((limit + 1) as i64));
+    values.push(SqlValue::Integer(cursor::fetch_limit(limit)));
     let sql = format!(
         "SELECT seq, {VERSION_COLUMNS} FROM memory_versions WHERE {} ORDER BY seq DESC LIMIT ?",
         conditions.join(" AND ")
@@ -76,19 +76,8 @@ pub async fn list(
             let rows = stmt.query_map(params_from_iter(values), |r| {
                 Ok((r.get::<_, i64>(0)?, version_at(r, 1, view == View::Full)?))
             })?;
-            let mut items = rows.collect::<Result<Vec<_>, _>>()?;
-            let next_page = if items.len() > limit {
-                items.truncate(limit);
-                items
-                    .last()
-                    .map(|(seq, _)| cursor::encode(&cursor::Before { before: *seq }))
-            } else {
-                None
-            };
-            Ok(Page {
-                data: items.into_iter().map(|(_, v)| v).collect(),
-                next_page,
-            })
+            let rows = rows.collect::<Result<Vec<_>, _>>()?;
+            Ok(cursor::newest_first(rows, limit))
         })
         .await?;
     Ok(Json(page))

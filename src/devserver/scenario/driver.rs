@@ -17,11 +17,11 @@ use tokio::sync::broadcast::error::RecvError;
 
 use crate::api::types::SessionStatus;
 
-use super::super::AppState;
 use super::super::error::{HttpError, HttpResult};
 use super::super::ids;
 use super::super::memory::rows;
 use super::super::sessions;
+use super::super::state::AppState;
 use super::format::{RemoteOp, Step, ToolStep, substitute, substitute_str};
 use super::report::{Report, ReportStatus, StepOutcome, StepStatus, diff_store, truncate};
 

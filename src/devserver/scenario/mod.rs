@@ -18,7 +18,7 @@ use crate::api::types::{Actor, SessionResource};
 use super::error::{HttpError, HttpResult};
 use super::http::JsonBody;
 use super::memory::rows;
-use super::{AppState, auth, environments, sessions};
+use super::{auth, environments, sessions, state::AppState};
 use report::{Report, ReportStatus, StoreInfo};
 
 /// Answer of `POST /dev/scenarios`.
