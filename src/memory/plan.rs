@@ -298,335 +298,651 @@ pub fn delete_cap(baseline_len: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
+    //! The planner's rules as data: one row per case — the path's facts, the
+    //! pass's options, the plan expected — and one test that runs every row
+    //! and names each row that fails (in the style of Mutagen's reconcile
+    //! tests). A row holds under every combination of the option values it
+    //! lists, so "any access mode" is one row, not six.
+
     use super::*;
+    use DeleteMode::{Disabled, Enabled, LogOnly};
 
     const V1: &str = "sha-v1";
     const V2: &str = "sha-v2";
     const V3: &str = "sha-v3";
     const ID: &str = "mem_1";
 
-    /// One row of the sync matrix: disk and server relative to a shared v1.
-    #[derive(Clone, Copy, Debug)]
-    enum Side {
-        Same,
-        Edited,
-        Deleted,
+    // Times are offsets from the run's start: an `Instant` is no constant.
+    const T0: Duration = Duration::ZERO;
+    const WINDOW: Duration = DELETE_CORROBORATION;
+    const JUST_BEFORE: Duration = DELETE_CORROBORATION.saturating_sub(Duration::from_millis(1));
+
+    const ANY_ACCESS: &[bool] = &[false, true];
+    const WRITABLE: &[bool] = &[false];
+    const READ_ONLY: &[bool] = &[true];
+    const ANY_MODE: &[DeleteMode] = &[Enabled, LogOnly, Disabled];
+    /// The modes in which a corroborated deletion is planned (`log_only`
+    /// only logs it, which is the executor's business).
+    const DELETING: &[DeleteMode] = &[Enabled, LogOnly];
+    const ANY_SYNC: &[bool] = &[false, true];
+    const NOT_FINAL: &[bool] = &[false];
+    const FINAL: &[bool] = &[true];
+    /// The first pass and one a whole window later: the plan does not
+    /// depend on the clock.
+    const ANY_TIME: &[Duration] = &[T0, WINDOW];
+
+    /// The expected decision, with borrowed hashes so a row is a constant.
+    #[derive(Debug, Clone, Copy)]
+    enum Want {
+        Forget,
+        Keep(&'static str),
+        /// Pull, keeping this baseline until the pull lands.
+        Pull(Option<&'static str>),
+        /// An update of memory `ID` guarded by this listed hash, which is
+        /// also the baseline if the upload fails.
+        Update(&'static str),
+        Create,
+        RemoveLocal(&'static str),
+        /// Delete memory `ID` guarded by this baseline.
+        Delete(&'static str),
+        HoldDelete(&'static str),
     }
 
-    fn facts(local: Side, remote: Side) -> PathFacts<'static> {
-        PathFacts {
-            local: match local {
-                Side::Same => Some(V1),
-                Side::Edited => Some(V2),
-                Side::Deleted => None,
-            },
-            baseline: Some(V1),
-            remote: match remote {
-                Side::Same => Some(Listed { id: ID, sha: V1 }),
-                // Both edited: the server holds another edit than the disk.
-                Side::Edited if matches!(local, Side::Edited) => Some(Listed { id: ID, sha: V3 }),
-                Side::Edited => Some(Listed { id: ID, sha: V2 }),
-                Side::Deleted => None,
-            },
-            refused: None,
-            missing_since: None,
-            tentative: false,
-            unreadable: false,
-        }
-    }
-
-    fn pass(read_only: bool, deletions: DeleteMode, now: Instant) -> PassFacts {
-        PassFacts {
-            read_only,
-            deletions,
-            final_sync: false,
-            now,
-        }
-    }
-
-    fn keep(s: &str) -> Decision {
-        Decision::Keep(s.into())
-    }
-
-    fn pull() -> Decision {
-        Decision::Pull {
-            keep: Some(V1.into()),
-        }
-    }
-
-    /// Every row of the matrix, for both access modes and all three delete
-    /// modes: the decision of the first pass and of a pass after the window.
-    #[test]
-    fn the_sync_matrix() {
-        use Side::*;
-        let t0 = Instant::now();
-        let later = t0 + DELETE_CORROBORATION;
-        let update = Decision::Upload {
-            update: Some((ID.into(), V1.into())),
-            fallback: Some(V1.into()),
-        };
-        let create = Decision::Upload {
-            update: None,
-            fallback: None,
-        };
-        for read_only in [false, true] {
-            for mode in [
-                DeleteMode::Enabled,
-                DeleteMode::LogOnly,
-                DeleteMode::Disabled,
-            ] {
-                let rows: Vec<(Side, Side, Decision, Option<Note>)> = vec![
-                    (Same, Same, keep(V1), None),
-                    (
-                        Edited,
-                        Same,
-                        if read_only { keep(V1) } else { update.clone() },
-                        None,
-                    ),
-                    (Same, Edited, pull(), None),
-                    (Edited, Edited, pull(), Some(Note::BothChanged)),
-                    (
-                        Same,
-                        Deleted,
-                        Decision::RemoveLocal { base: V1.into() },
-                        None,
-                    ),
-                    (Deleted, Deleted, Decision::Forget, None),
-                    (Deleted, Edited, pull(), Some(Note::RestoredRemote)),
-                    (
-                        Edited,
-                        Deleted,
-                        if read_only {
-                            Decision::Forget
-                        } else {
-                            create.clone()
-                        },
-                        Some(if read_only {
-                            Note::ReadOnlyKeepsEdit
-                        } else {
-                            Note::Recreating
-                        }),
-                    ),
-                ];
-                for (local, remote, want, note) in rows {
-                    let got = plan(facts(local, remote), pass(read_only, mode, t0));
-                    assert_eq!(
-                        got.decision, want,
-                        "{local:?}/{remote:?} ro={read_only} {mode:?}"
-                    );
-                    assert_eq!(
-                        got.note, note,
-                        "{local:?}/{remote:?} ro={read_only} {mode:?}"
-                    );
-                    // Nothing but a local deletion depends on the clock.
-                    let again = plan(facts(local, remote), pass(read_only, mode, later));
-                    assert_eq!(again.decision, want);
-                }
-
-                // The local deletion of an unchanged memory: the row that waits.
-                let first = plan(facts(Deleted, Same), pass(read_only, mode, t0));
-                let mut second_facts = facts(Deleted, Same);
-                if let Pending::Since(since) = first.pending {
-                    second_facts.missing_since = Some(since);
-                }
-                let just_before = plan(
-                    second_facts,
-                    pass(read_only, mode, later - Duration::from_millis(1)),
-                );
-                let after = plan(second_facts, pass(read_only, mode, later));
-                match (read_only, mode) {
-                    // A read-only store never deletes on the server, nor restores.
-                    (true, _) => {
-                        for p in [&first, &just_before, &after] {
-                            assert_eq!(p.decision, keep(V1));
-                            assert_eq!(p.pending, Pending::Unchanged);
-                        }
-                    }
-                    (false, DeleteMode::Disabled) => {
-                        for p in [&first, &after] {
-                            assert_eq!(p.decision, Decision::HoldDelete { base: V1.into() });
-                            assert_eq!(p.note, Some(Note::DeleteSuppressed));
-                        }
-                    }
-                    (false, _) => {
-                        assert_eq!(first.decision, Decision::HoldDelete { base: V1.into() });
-                        assert_eq!(
-                            first.pending,
-                            Pending::Since(t0),
-                            "the first miss is recorded"
-                        );
-                        assert_eq!(
-                            just_before.decision,
-                            Decision::HoldDelete { base: V1.into() }
-                        );
-                        assert_eq!(
-                            just_before.pending,
-                            Pending::Since(t0),
-                            "the first sighting is kept"
-                        );
-                        assert_eq!(
-                            after.decision,
-                            Decision::Delete {
-                                id: ID.into(),
-                                base: V1.into()
-                            }
-                        );
-                    }
-                }
+    impl Want {
+        fn decision(self) -> Decision {
+            match self {
+                Want::Forget => Decision::Forget,
+                Want::Keep(sha) => Decision::Keep(sha.into()),
+                Want::Pull(keep) => Decision::Pull { keep: owned(keep) },
+                Want::Update(sha) => Decision::Upload {
+                    update: Some((ID.into(), sha.into())),
+                    fallback: Some(sha.into()),
+                },
+                Want::Create => Decision::Upload {
+                    update: None,
+                    fallback: None,
+                },
+                Want::RemoveLocal(base) => Decision::RemoveLocal { base: base.into() },
+                Want::Delete(base) => Decision::Delete {
+                    id: ID.into(),
+                    base: base.into(),
+                },
+                Want::HoldDelete(base) => Decision::HoldDelete { base: base.into() },
             }
         }
     }
 
-    #[test]
-    fn the_final_sync_waives_the_window() {
-        let t0 = Instant::now();
-        let mut p = pass(false, DeleteMode::Enabled, t0);
-        p.final_sync = true;
-        assert_eq!(
-            plan(facts(Side::Deleted, Side::Same), p).decision,
-            Decision::Delete {
-                id: ID.into(),
-                base: V1.into()
-            }
-        );
+    /// The expected pending-delete record.
+    #[derive(Debug, Clone, Copy)]
+    enum Pend {
+        Unchanged,
+        Clear,
+        /// Missing since this offset from the start.
+        Since(Duration),
     }
 
-    #[test]
-    fn adopt_new_files_new_memories_and_refusals() {
-        let now = Instant::now();
-        let rw = pass(false, DeleteMode::Enabled, now);
-        let ro = pass(true, DeleteMode::Enabled, now);
-        // The file already holds the server's new bytes: adopt, no fetch.
-        let adopt = PathFacts {
-            local: Some(V2),
-            baseline: Some(V1),
-            remote: Some(Listed { id: ID, sha: V2 }),
-            ..Default::default()
-        };
-        assert_eq!(plan(adopt, rw).decision, keep(V2));
-        assert_eq!(plan(adopt, ro).decision, keep(V2));
-        // A new file: created (writable), ignored (read-only), not re-offered once refused.
-        let new_file = PathFacts {
+    impl Pend {
+        fn at(self, start: Instant) -> Pending {
+            match self {
+                Pend::Unchanged => Pending::Unchanged,
+                Pend::Clear => Pending::Clear,
+                Pend::Since(offset) => Pending::Since(start + offset),
+            }
+        }
+    }
+
+    /// One case. Hashes are `None` where the side has nothing: `local` on
+    /// disk, `baseline` at the last sync, `remote` on the server (memory `ID`).
+    #[derive(Debug, Clone, Copy)]
+    struct Case {
+        name: &'static str,
+        // The path's facts.
+        local: Option<&'static str>,
+        baseline: Option<&'static str>,
+        remote: Option<&'static str>,
+        refused: Option<&'static str>,
+        missing_since: Option<Duration>,
+        tentative: bool,
+        unreadable: bool,
+        // The pass's options: the row holds for every combination.
+        read_only: &'static [bool],
+        deletions: &'static [DeleteMode],
+        final_sync: &'static [bool],
+        now: &'static [Duration],
+        // The plan.
+        decision: Want,
+        pending: Pend,
+        note: Option<Note>,
+    }
+
+    /// What a row leaves out: nothing known, any options, forget.
+    const CASE: Case = Case {
+        name: "",
+        local: None,
+        baseline: None,
+        remote: None,
+        refused: None,
+        missing_since: None,
+        tentative: false,
+        unreadable: false,
+        read_only: ANY_ACCESS,
+        deletions: ANY_MODE,
+        final_sync: ANY_SYNC,
+        now: ANY_TIME,
+        decision: Want::Forget,
+        pending: Pend::Unchanged,
+        note: None,
+    };
+
+    /// The sync matrix: disk and server each unchanged, edited or deleted
+    /// since a shared baseline `V1` (an edit on both sides differs: `V2`
+    /// here, `V3` there).
+    const MATRIX: &[Case] = &[
+        Case {
+            name: "unchanged both sides: keep",
             local: Some(V1),
-            ..Default::default()
-        };
-        assert_eq!(
-            plan(new_file, rw).decision,
-            Decision::Upload {
-                update: None,
-                fallback: None
-            }
-        );
-        assert_eq!(plan(new_file, ro).decision, Decision::Forget);
-        let refused = PathFacts {
-            refused: Some(V1),
-            ..new_file
-        };
-        assert_eq!(plan(refused, rw).decision, Decision::Forget);
-        // A refused edit of an existing memory keeps the listed hash.
-        let refused_edit = PathFacts {
+            baseline: Some(V1),
+            remote: Some(V1),
+            decision: Want::Keep(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "edited here, unchanged there: upload guarded by the listed hash",
             local: Some(V2),
             baseline: Some(V1),
-            remote: Some(Listed { id: ID, sha: V1 }),
+            remote: Some(V1),
+            read_only: WRITABLE,
+            decision: Want::Update(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "edited here, unchanged there, read-only: never uploaded",
+            local: Some(V2),
+            baseline: Some(V1),
+            remote: Some(V1),
+            read_only: READ_ONLY,
+            decision: Want::Keep(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "unchanged here, edited there: pull",
+            local: Some(V1),
+            baseline: Some(V1),
+            remote: Some(V2),
+            decision: Want::Pull(Some(V1)),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "edited both sides: pull, the server wins with a warning",
+            local: Some(V2),
+            baseline: Some(V1),
+            remote: Some(V3),
+            decision: Want::Pull(Some(V1)),
+            pending: Pend::Clear,
+            note: Some(Note::BothChanged),
+            ..CASE
+        },
+        Case {
+            name: "deleted here, unchanged there: the first miss starts the window",
+            baseline: Some(V1),
+            remote: Some(V1),
+            read_only: WRITABLE,
+            deletions: DELETING,
+            final_sync: NOT_FINAL,
+            now: &[T0],
+            decision: Want::HoldDelete(V1),
+            pending: Pend::Since(T0),
+            ..CASE
+        },
+        Case {
+            name: "deleted here, unchanged there: held inside the window, the first miss kept",
+            baseline: Some(V1),
+            remote: Some(V1),
+            missing_since: Some(T0),
+            read_only: WRITABLE,
+            deletions: DELETING,
+            final_sync: NOT_FINAL,
+            now: &[T0, JUST_BEFORE],
+            decision: Want::HoldDelete(V1),
+            pending: Pend::Since(T0),
+            ..CASE
+        },
+        Case {
+            name: "deleted here, unchanged there: deleted on the server once the window passed",
+            baseline: Some(V1),
+            remote: Some(V1),
+            missing_since: Some(T0),
+            read_only: WRITABLE,
+            deletions: DELETING,
+            now: &[WINDOW],
+            decision: Want::Delete(V1),
+            pending: Pend::Since(T0),
+            ..CASE
+        },
+        Case {
+            name: "deleted here, unchanged there: the final sync waives the window",
+            baseline: Some(V1),
+            remote: Some(V1),
+            read_only: WRITABLE,
+            deletions: DELETING,
+            final_sync: FINAL,
+            now: &[T0],
+            decision: Want::Delete(V1),
+            pending: Pend::Since(T0),
+            ..CASE
+        },
+        Case {
+            name: "deleted here, unchanged there, deletions disabled: held with a note, even at the final sync",
+            baseline: Some(V1),
+            remote: Some(V1),
+            read_only: WRITABLE,
+            deletions: &[Disabled],
+            decision: Want::HoldDelete(V1),
+            pending: Pend::Unchanged,
+            note: Some(Note::DeleteSuppressed),
+            ..CASE
+        },
+        Case {
+            name: "deleted here, unchanged there, read-only: neither deleted nor restored",
+            baseline: Some(V1),
+            remote: Some(V1),
+            read_only: READ_ONLY,
+            now: &[T0, JUST_BEFORE, WINDOW],
+            decision: Want::Keep(V1),
+            pending: Pend::Unchanged,
+            ..CASE
+        },
+        Case {
+            name: "unchanged here, deleted there: remove the file after a re-check",
+            local: Some(V1),
+            baseline: Some(V1),
+            decision: Want::RemoveLocal(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "deleted both sides: forget",
+            baseline: Some(V1),
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "deleted here, edited there: restore",
+            baseline: Some(V1),
+            remote: Some(V2),
+            decision: Want::Pull(Some(V1)),
+            pending: Pend::Clear,
+            note: Some(Note::RestoredRemote),
+            ..CASE
+        },
+        Case {
+            name: "deleted here while a delete was pending, edited there: restore, the record cleared",
+            baseline: Some(V1),
+            remote: Some(V2),
+            missing_since: Some(T0),
+            decision: Want::Pull(Some(V1)),
+            pending: Pend::Clear,
+            note: Some(Note::RestoredRemote),
+            ..CASE
+        },
+        Case {
+            name: "edited here, deleted there: the only copy re-creates the memory",
+            local: Some(V2),
+            baseline: Some(V1),
+            read_only: WRITABLE,
+            decision: Want::Create,
+            pending: Pend::Clear,
+            note: Some(Note::Recreating),
+            ..CASE
+        },
+        Case {
+            name: "edited here, deleted there, read-only: the file is kept unsynced",
+            local: Some(V2),
+            baseline: Some(V1),
+            read_only: READ_ONLY,
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            note: Some(Note::ReadOnlyKeepsEdit),
+            ..CASE
+        },
+    ];
+
+    /// New files and memories, adoption, and the server's refusals.
+    const ADOPT_AND_REFUSE: &[Case] = &[
+        Case {
+            name: "the file already holds the server's new bytes: adopt, no fetch",
+            local: Some(V2),
+            baseline: Some(V1),
+            remote: Some(V2),
+            decision: Want::Keep(V2),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "a new file: created",
+            local: Some(V1),
+            read_only: WRITABLE,
+            decision: Want::Create,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "a new file, read-only: ignored",
+            local: Some(V1),
+            read_only: READ_ONLY,
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "a refused new file: not offered again",
+            local: Some(V1),
+            refused: Some(V1),
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "a refused new file edited since: offered again",
+            local: Some(V2),
+            refused: Some(V1),
+            read_only: WRITABLE,
+            decision: Want::Create,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "a refused edit: the listed hash is kept",
+            local: Some(V2),
+            baseline: Some(V1),
+            remote: Some(V1),
             refused: Some(V2),
-            missing_since: None,
-            tentative: false,
-            unreadable: false,
-        };
-        assert_eq!(plan(refused_edit, rw).decision, keep(V1));
-        // ...and a refused edit that survives a remote delete is not re-created.
-        let refused_orphan = PathFacts {
-            remote: None,
-            ..refused_edit
-        };
-        let p = plan(refused_orphan, rw);
-        assert_eq!((p.decision, p.note), (Decision::Forget, None));
-        // A new memory: pulled, with no baseline until it lands.
-        let new_memory = PathFacts {
-            remote: Some(Listed { id: ID, sha: V1 }),
-            ..Default::default()
-        };
-        assert_eq!(plan(new_memory, rw).decision, Decision::Pull { keep: None });
-        // A file on disk clears a pending delete.
-        let back = PathFacts {
-            missing_since: Some(now),
-            ..facts(Side::Same, Side::Same)
-        };
-        assert_eq!(plan(back, rw).pending, Pending::Clear);
-    }
+            decision: Want::Keep(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "a refused edit edited again: offered again",
+            local: Some(V3),
+            baseline: Some(V1),
+            remote: Some(V1),
+            refused: Some(V2),
+            read_only: WRITABLE,
+            decision: Want::Update(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "a refused edit, edited on the server: pull, the server wins",
+            local: Some(V2),
+            baseline: Some(V1),
+            remote: Some(V3),
+            refused: Some(V2),
+            decision: Want::Pull(Some(V1)),
+            pending: Pend::Clear,
+            note: Some(Note::BothChanged),
+            ..CASE
+        },
+        Case {
+            name: "a refused edit the server deleted: not re-created, not announced",
+            local: Some(V2),
+            baseline: Some(V1),
+            refused: Some(V2),
+            read_only: WRITABLE,
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "a new memory: pulled, no baseline until it lands",
+            remote: Some(V1),
+            decision: Want::Pull(None),
+            pending: Pend::Unchanged,
+            ..CASE
+        },
+        Case {
+            name: "a file back on disk clears its pending delete",
+            local: Some(V1),
+            baseline: Some(V1),
+            remote: Some(V1),
+            missing_since: Some(T0),
+            decision: Want::Keep(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "gone everywhere with a pending delete: forgotten, the record cleared",
+            missing_since: Some(T0),
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            ..CASE
+        },
+    ];
 
-    #[test]
-    fn an_unreadable_path_is_unknown_never_deleted_pulled_or_pushed() {
-        let now = Instant::now();
-        let unknown = |remote| PathFacts {
+    /// A path the scan could not read is unknown, not missing.
+    const UNREADABLE: &[Case] = &[
+        Case {
+            name: "unreadable, unchanged on the server: kept, never deleted, even past the window",
+            baseline: Some(V1),
+            remote: Some(V1),
+            missing_since: Some(T0),
             unreadable: true,
-            missing_since: Some(now),
-            ..facts(Side::Deleted, remote)
-        };
-        use Side::*;
-        for final_sync in [false, true] {
-            let pass = PassFacts {
-                final_sync,
-                ..pass(false, DeleteMode::Enabled, now + DELETE_CORROBORATION)
+            decision: Want::Keep(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "unreadable, edited on the server: not pulled over the unknown file",
+            baseline: Some(V1),
+            remote: Some(V2),
+            missing_since: Some(T0),
+            unreadable: true,
+            decision: Want::Keep(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "unreadable, deleted on the server: nothing removed locally",
+            baseline: Some(V1),
+            missing_since: Some(T0),
+            unreadable: true,
+            decision: Want::Keep(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "unreadable: a new memory is not pulled into it",
+            remote: Some(V1),
+            unreadable: true,
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "unreadable: a tentative baseline is not made a real one",
+            baseline: Some(V1),
+            remote: Some(V1),
+            missing_since: Some(T0),
+            tentative: true,
+            unreadable: true,
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "unreadable, but the scan read the file: planned as usual",
+            local: Some(V2),
+            baseline: Some(V1),
+            remote: Some(V1),
+            unreadable: true,
+            read_only: WRITABLE,
+            decision: Want::Update(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+    ];
+
+    /// A tentative baseline (from before a re-download that did not
+    /// re-establish it) tells an edit from a conflict, never a deletion.
+    const TENTATIVE: &[Case] = &[
+        Case {
+            name: "tentative, unchanged both sides: keep",
+            local: Some(V1),
+            baseline: Some(V1),
+            remote: Some(V1),
+            tentative: true,
+            decision: Want::Keep(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "tentative, edited here, unchanged there: an upload, not a conflict",
+            local: Some(V2),
+            baseline: Some(V1),
+            remote: Some(V1),
+            tentative: true,
+            read_only: WRITABLE,
+            decision: Want::Update(V1),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "tentative, unchanged here, edited there: pull",
+            local: Some(V1),
+            baseline: Some(V1),
+            remote: Some(V2),
+            tentative: true,
+            decision: Want::Pull(Some(V1)),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "tentative, edited both sides: pull, the server wins",
+            local: Some(V2),
+            baseline: Some(V1),
+            remote: Some(V3),
+            tentative: true,
+            decision: Want::Pull(Some(V1)),
+            pending: Pend::Clear,
+            note: Some(Note::BothChanged),
+            ..CASE
+        },
+        Case {
+            name: "tentative, deleted here, unchanged there: restored, never a delete candidate",
+            baseline: Some(V1),
+            remote: Some(V1),
+            tentative: true,
+            decision: Want::Pull(None),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "tentative, deleted here, edited there: restored",
+            baseline: Some(V1),
+            remote: Some(V2),
+            tentative: true,
+            decision: Want::Pull(None),
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "tentative, unchanged here, deleted there: a new file, never a local removal",
+            local: Some(V1),
+            baseline: Some(V1),
+            tentative: true,
+            read_only: WRITABLE,
+            decision: Want::Create,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "tentative, edited here, deleted there: a new file, no re-creation warning",
+            local: Some(V2),
+            baseline: Some(V1),
+            tentative: true,
+            read_only: WRITABLE,
+            decision: Want::Create,
+            pending: Pend::Clear,
+            ..CASE
+        },
+        Case {
+            name: "tentative, deleted both sides: forget",
+            baseline: Some(V1),
+            tentative: true,
+            decision: Want::Forget,
+            pending: Pend::Clear,
+            ..CASE
+        },
+    ];
+
+    const TABLES: &[&[Case]] = &[MATRIX, ADOPT_AND_REFUSE, UNREADABLE, TENTATIVE];
+
+    /// Every row under every combination of its options; every failure is
+    /// collected, so one run names every broken row.
+    #[test]
+    fn every_case_plans_as_the_table_says() {
+        let start = Instant::now();
+        let mut failures = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        let mut checked = 0;
+        for case in TABLES.iter().flat_map(|t| t.iter()) {
+            if !names.insert(case.name) {
+                failures.push(format!("{}: the name is used twice", case.name));
+            }
+            let want = Plan {
+                decision: case.decision.decision(),
+                pending: case.pending.at(start),
+                note: case.note,
             };
-            // Unchanged on the server: kept (no delete, even past the window).
-            let p = plan(unknown(Same), pass);
-            assert_eq!((p.decision, p.pending), (keep(V1), Pending::Clear));
-            // Edited on the server: not pulled over the unknown file.
-            assert_eq!(plan(unknown(Edited), pass).decision, keep(V1));
-            // Deleted on the server: nothing removed locally.
-            assert_eq!(plan(unknown(Deleted), pass).decision, keep(V1));
+            let mut combinations = 0;
+            for &read_only in case.read_only {
+                for &deletions in case.deletions {
+                    for &final_sync in case.final_sync {
+                        for &now in case.now {
+                            let facts = PathFacts {
+                                local: case.local,
+                                baseline: case.baseline,
+                                remote: case.remote.map(|sha| Listed { id: ID, sha }),
+                                refused: case.refused,
+                                missing_since: case.missing_since.map(|t| start + t),
+                                tentative: case.tentative,
+                                unreadable: case.unreadable,
+                            };
+                            let pass = PassFacts {
+                                read_only,
+                                deletions,
+                                final_sync,
+                                now: start + now,
+                            };
+                            let got = plan(facts, pass);
+                            combinations += 1;
+                            if got != want {
+                                failures.push(format!(
+                                    "{} (read_only={read_only} {deletions:?} \
+                                     final_sync={final_sync} now=+{now:?}):\n    \
+                                     got  {got:?}\n    want {want:?}",
+                                    case.name
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            if combinations == 0 {
+                failures.push(format!("{}: no combination of options", case.name));
+            }
+            checked += combinations;
         }
-        // A new memory below an unreadable folder is not pulled into it.
-        let new_memory = PathFacts {
-            remote: Some(Listed { id: ID, sha: V1 }),
-            unreadable: true,
-            ..Default::default()
-        };
-        let rw = pass(false, DeleteMode::Enabled, now);
-        assert_eq!(plan(new_memory, rw).decision, Decision::Forget);
-        // A tentative baseline is never made a real one by an unknown path.
-        let held = PathFacts {
-            tentative: true,
-            ..unknown(Same)
-        };
-        assert_eq!(plan(held, rw).decision, Decision::Forget);
-        // A file the scan did read is planned as usual.
-        let read = PathFacts {
-            unreadable: true,
-            ..facts(Side::Edited, Side::Same)
-        };
-        assert!(matches!(plan(read, rw).decision, Decision::Upload { .. }));
-    }
-
-    #[test]
-    fn a_tentative_baseline_tells_edits_from_conflicts_but_never_deletes() {
-        let rw = pass(false, DeleteMode::Enabled, Instant::now());
-        let tentative = |local, remote| PathFacts {
-            tentative: true,
-            ..facts(local, remote)
-        };
-        use Side::*;
-        // Missing: restored, never a delete candidate.
-        assert_eq!(
-            plan(tentative(Deleted, Same), rw).decision,
-            Decision::Pull { keep: None }
-        );
-        // Edited against an unchanged server: an upload, not a conflict.
-        assert!(matches!(
-            plan(tentative(Edited, Same), rw).decision,
-            Decision::Upload {
-                update: Some(_),
-                ..
-            }
-        ));
-        // The file as it was and the server gone: a new file, never a local removal.
-        assert_eq!(
-            plan(tentative(Same, Deleted), rw).decision,
-            Decision::Upload {
-                update: None,
-                fallback: None
-            }
+        assert!(
+            failures.is_empty(),
+            "{} of {checked} planned cases failed:\n{}",
+            failures.len(),
+            failures.join("\n")
         );
     }
 
