@@ -51,6 +51,19 @@ fn marker_sha(store_id: &str) -> String {
     sha256_hex(marker_content(store_id).as_bytes())
 }
 
+/// The one marker check: does the marker found at a store folder (its
+/// hash, `None` when there is none) name the store `store_id`? `None` when
+/// it does; otherwise why not, in words fit for the log. The scan and the
+/// second phase of a local deletion both ask it, so a folder is trusted by
+/// one rule.
+fn marker_distrust(found: Option<&str>, store_id: &str) -> Option<&'static str> {
+    match found {
+        Some(sha) if sha == marker_sha(store_id) => None,
+        Some(_) => Some("the marker file does not match this store"),
+        None => Some("the marker file is gone"),
+    }
+}
+
 /// A download's write: private while nothing else can write to the folder
 /// (see [`Folder::put_private`]).
 fn put(folder: &Folder, rel: &str, data: &[u8], private: bool) -> Result<(), FolderError> {
@@ -198,11 +211,7 @@ impl AttachedStore {
                 }
             }
         }
-        let mut distrust = match files.remove(MARKER_PATH) {
-            Some(sha) if sha == marker_sha(&self.id) => None,
-            Some(_) => Some("the marker file does not match this store"),
-            None => Some("the marker file is gone"),
-        };
+        let mut distrust = marker_distrust(files.remove(MARKER_PATH).as_deref(), &self.id);
         // A marker made unreadable in the very directory the mount created
         // is still ours: stamp it again rather than distrust the folder.
         if unreadable.iter().any(|u| u == MARKER_PATH) && self.folder.is_original_root() {
@@ -830,7 +839,7 @@ impl AttachedStore {
         let Ok(Ok((marker, file))) = recheck else {
             return keep;
         };
-        if marker.as_deref() != Some(marker_sha(&self.id).as_str()) {
+        if marker_distrust(marker.as_deref(), &self.id).is_some() {
             return keep;
         }
         if file.is_some() {
