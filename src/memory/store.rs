@@ -26,7 +26,9 @@ use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
 
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
 use super::options::DeleteMode;
-use super::plan::{Decision, Listed, Note, PassFacts, PathFacts, Pending, delete_cap, plan};
+use super::plan::{
+    Decision, DeleteBudget, DeleteVerdict, Listed, Note, PassFacts, PathFacts, Pending, plan,
+};
 use super::remote::MemoryApi;
 
 /// The reserved marker at every store root; never synced.
@@ -465,7 +467,7 @@ impl AttachedStore {
         let mut removals = Vec::new();
         let mut deletes = Vec::new();
         let mut suppressed = 0;
-        let cap;
+        let mut budget;
         {
             let mut guard = self.state();
             let State {
@@ -475,7 +477,7 @@ impl AttachedStore {
                 pending,
                 ..
             } = &mut *guard;
-            cap = delete_cap(baseline.len());
+            budget = DeleteBudget::new(deletions, baseline.len());
             let mut remote_it = remote.iter().peekable();
             let mut local_it = scan.files.iter().peekable();
             let mut baseline_it = baseline.iter().peekable();
@@ -604,30 +606,17 @@ impl AttachedStore {
             stats.conflicts += std::mem::take(&mut state.lost_uploads);
         }
 
-        let mut attempted = 0;
-        let mut capped = 0;
         for (rel, id, base) in deletes {
             let kept = self
-                .confirm_delete(
-                    api,
-                    &rel,
-                    &id,
-                    &base,
-                    deletions,
-                    cap,
-                    &mut attempted,
-                    &mut capped,
-                )
+                .confirm_delete(api, &rel, &id, &base, &mut budget)
                 .await;
             if kept.is_none() {
                 stats.deletes += 1;
             }
             self.record(rel, kept);
         }
-        if deletions == DeleteMode::LogOnly {
-            stats.deletes_logged = attempted;
-        }
-        stats.deletes_held = capped;
+        stats.deletes_logged = budget.logged();
+        stats.deletes_held = budget.held();
 
         {
             let mut guard = self.state();
@@ -648,11 +637,10 @@ impl AttachedStore {
                 "remote deletes are disabled; locally deleted memories stay on the server"
             );
         }
-        if capped > 0 {
+        if let Some((verb, attempted, capped)) = budget.cap_reached() {
             warn!(
                 memory_store.id = %self.id,
-                "delete cap reached: {} {attempted} deletes, held {capped} for later syncs",
-                if deletions == DeleteMode::LogOnly { "would send" } else { "sent" }
+                "delete cap reached: {verb} {attempted} deletes, held {capped} for later syncs"
             );
         }
         Ok(())
@@ -812,20 +800,17 @@ impl AttachedStore {
     }
 
     /// The second phase of a local deletion: re-check the marker and the
-    /// file now (not from the scan), take a slot under the cap, then delete
-    /// on the server (or only log). Returns the baseline entry to keep, or
-    /// `None` when the path leaves the baseline.
-    #[allow(clippy::too_many_arguments)]
+    /// file now (not from the scan), then carry out the budget's verdict
+    /// (see [`DeleteBudget`]): delete on the server, only log, or hold.
+    /// Returns the baseline entry to keep, or `None` when the path leaves
+    /// the baseline.
     async fn confirm_delete(
         &self,
         api: &dyn MemoryApi,
         rel: &str,
         id: &str,
         base: &str,
-        mode: DeleteMode,
-        cap: usize,
-        attempted: &mut usize,
-        capped: &mut usize,
+        budget: &mut DeleteBudget,
     ) -> Option<String> {
         let keep = Some(base.to_string());
         let folder = self.folder.clone();
@@ -847,14 +832,13 @@ impl AttachedStore {
             self.state().pending.remove(rel);
             return keep;
         }
-        if *attempted >= cap {
-            *capped += 1;
-            return keep;
-        }
-        *attempted += 1;
-        if mode == DeleteMode::LogOnly {
-            info!(memory_store.id = %self.id, memory.path = %rel, "log-only: sync would delete this memory on the server");
-            return keep;
+        match budget.take() {
+            DeleteVerdict::Send => {}
+            DeleteVerdict::OverCap | DeleteVerdict::Suppressed => return keep,
+            DeleteVerdict::LogOnly => {
+                info!(memory_store.id = %self.id, memory.path = %rel, "log-only: sync would delete this memory on the server");
+                return keep;
+            }
         }
         match api.delete(&self.id, id, base).await {
             Ok(()) => {
