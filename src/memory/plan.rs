@@ -23,6 +23,13 @@
 //! read (an unreadable file, or anything below an unreadable directory) is
 //! unknown, not missing: it keeps its baseline, and nothing is deleted,
 //! pulled over it or uploaded for it.
+//!
+//! The delete budget of a pass is decided here too ([`DeleteBudget`]): in
+//! `disabled` a local deletion is held (the plan of the path says so); in
+//! `enabled` and `log_only` each corroborated deletion that passes its
+//! re-check is sent, or only logged, until the pass's cap is spent, and
+//! the rest are held for later passes. The executor only carries out the
+//! verdicts.
 
 use std::time::Duration;
 
@@ -93,7 +100,8 @@ pub enum Decision {
     /// the scan is planned again as an edit.
     RemoveLocal { base: String },
     /// A corroborated local deletion: re-check the marker and the file, then
-    /// delete on the server guarded by `base` (or only log, in `log_only`).
+    /// carry out the pass's [`DeleteBudget`] verdict — delete on the server
+    /// guarded by `base`, only log (`log_only`), or hold (cap reached).
     Delete { id: String, base: String },
     /// A local deletion that must wait (inside its window, or deletions off).
     HoldDelete { base: String },
@@ -292,8 +300,100 @@ pub fn plan(f: PathFacts<'_>, pass: PassFacts) -> Plan {
 
 /// The most deletes one pass sends: a quarter of the baseline, at least 8
 /// and at most 50.
-pub fn delete_cap(baseline_len: usize) -> usize {
+fn delete_cap(baseline_len: usize) -> usize {
     (baseline_len / 4).clamp(8, 50)
+}
+
+/// What one corroborated local deletion may do in this pass, once its
+/// re-check (marker and file, read now) has passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeleteVerdict {
+    /// Delete the memory on the server.
+    Send,
+    /// `log_only`: log that the sync would delete it; the memory stays.
+    LogOnly,
+    /// The pass has spent its cap: hold the delete for a later pass.
+    OverCap,
+    /// `disabled`: nothing is sent or counted. The planner already holds
+    /// such a deletion (with [`Note::DeleteSuppressed`]), so no delete
+    /// reaches the budget in this mode; the budget refuses it all the same.
+    Suppressed,
+}
+
+/// The delete budget of one pass, in all three modes: how many deletes
+/// the pass may send given the cap ([`delete_cap`] of the baseline the
+/// pass started from), and whether each is sent or only logged.
+///
+/// The deletes are counted in the order the executor confirms them; a
+/// delete whose re-check fails takes no slot. In `log_only` a logged
+/// delete takes a slot as a sent one would, so the log shows exactly what
+/// `enabled` would send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeleteBudget {
+    mode: DeleteMode,
+    cap: usize,
+    /// Deletes sent (or, in `log_only`, logged) so far.
+    taken: usize,
+    /// Deletes held over the cap so far.
+    held: usize,
+}
+
+impl DeleteBudget {
+    /// The budget of a pass over a store whose baseline holds
+    /// `baseline_len` paths when the pass is planned.
+    pub fn new(mode: DeleteMode, baseline_len: usize) -> DeleteBudget {
+        DeleteBudget {
+            mode,
+            cap: delete_cap(baseline_len),
+            taken: 0,
+            held: 0,
+        }
+    }
+
+    /// The verdict on the next confirmed delete, which takes its slot.
+    pub fn take(&mut self) -> DeleteVerdict {
+        if self.mode == DeleteMode::Disabled {
+            return DeleteVerdict::Suppressed;
+        }
+        if self.taken >= self.cap {
+            self.held += 1;
+            return DeleteVerdict::OverCap;
+        }
+        self.taken += 1;
+        match self.mode {
+            DeleteMode::LogOnly => DeleteVerdict::LogOnly,
+            _ => DeleteVerdict::Send,
+        }
+    }
+
+    /// Deletes held over the cap in this pass.
+    pub fn held(&self) -> usize {
+        self.held
+    }
+
+    /// Deletes only logged in this pass (`log_only`; zero otherwise).
+    pub fn logged(&self) -> usize {
+        if self.mode == DeleteMode::LogOnly {
+            self.taken
+        } else {
+            0
+        }
+    }
+
+    /// When the cap held deletes back: the verb for what the pass did with
+    /// the deletes under the cap ("sent", or "would send" in `log_only`),
+    /// how many those were, and how many were held.
+    pub fn cap_reached(&self) -> Option<(&'static str, usize, usize)> {
+        if self.held == 0 {
+            return None;
+        }
+        let verb = if self.mode == DeleteMode::LogOnly {
+            "would send"
+        } else {
+            "sent"
+        };
+        Some((verb, self.taken, self.held))
+    }
 }
 
 #[cfg(test)]
@@ -321,8 +421,8 @@ mod tests {
     const WRITABLE: &[bool] = &[false];
     const READ_ONLY: &[bool] = &[true];
     const ANY_MODE: &[DeleteMode] = &[Enabled, LogOnly, Disabled];
-    /// The modes in which a corroborated deletion is planned (`log_only`
-    /// only logs it, which is the executor's business).
+    /// The modes in which a corroborated deletion is planned (whether it is
+    /// sent or only logged is the budget's verdict: see `BUDGET`).
     const DELETING: &[DeleteMode] = &[Enabled, LogOnly];
     const ANY_SYNC: &[bool] = &[false, true];
     const NOT_FINAL: &[bool] = &[false];
@@ -942,6 +1042,143 @@ mod tests {
             failures.is_empty(),
             "{} of {checked} planned cases failed:\n{}",
             failures.len(),
+            failures.join("\n")
+        );
+    }
+
+    /// One pass's delete budget: the mode, the baseline the pass started
+    /// from, how many deletes passed their re-check (in order), and what
+    /// the budget says of each.
+    #[derive(Debug, Clone, Copy)]
+    struct BudgetCase {
+        name: &'static str,
+        mode: DeleteMode,
+        baseline_len: usize,
+        confirmed: usize,
+        /// The verdicts in order, run-length encoded: (verdict, how many).
+        verdicts: &'static [(DeleteVerdict, usize)],
+        logged: usize,
+        held: usize,
+        /// The cap warning's verb and counts, if the cap held any back.
+        cap_reached: Option<(&'static str, usize, usize)>,
+    }
+
+    const BUDGET: &[BudgetCase] = {
+        use DeleteVerdict::{LogOnly as Logged, OverCap, Send, Suppressed};
+        &[
+            BudgetCase {
+                name: "enabled, no delete: nothing to report",
+                mode: Enabled,
+                baseline_len: 4,
+                confirmed: 0,
+                verdicts: &[],
+                logged: 0,
+                held: 0,
+                cap_reached: None,
+            },
+            BudgetCase {
+                name: "enabled, under the cap: every delete is sent",
+                mode: Enabled,
+                baseline_len: 4,
+                confirmed: 8,
+                verdicts: &[(Send, 8)],
+                logged: 0,
+                held: 0,
+                cap_reached: None,
+            },
+            BudgetCase {
+                name: "enabled, cap reached (at least 8): the rest held for later passes",
+                mode: Enabled,
+                baseline_len: 4,
+                confirmed: 11,
+                verdicts: &[(Send, 8), (OverCap, 3)],
+                logged: 0,
+                held: 3,
+                cap_reached: Some(("sent", 8, 3)),
+            },
+            BudgetCase {
+                name: "enabled, cap reached (a quarter of the baseline)",
+                mode: Enabled,
+                baseline_len: 40,
+                confirmed: 12,
+                verdicts: &[(Send, 10), (OverCap, 2)],
+                logged: 0,
+                held: 2,
+                cap_reached: Some(("sent", 10, 2)),
+            },
+            BudgetCase {
+                name: "enabled, cap reached (at most 50)",
+                mode: Enabled,
+                baseline_len: 2_000,
+                confirmed: 51,
+                verdicts: &[(Send, 50), (OverCap, 1)],
+                logged: 0,
+                held: 1,
+                cap_reached: Some(("sent", 50, 1)),
+            },
+            BudgetCase {
+                name: "log_only, under the cap: every delete only logged",
+                mode: LogOnly,
+                baseline_len: 4,
+                confirmed: 3,
+                verdicts: &[(Logged, 3)],
+                logged: 3,
+                held: 0,
+                cap_reached: None,
+            },
+            BudgetCase {
+                name: "log_only, cap reached: the cap counts logged deletes as sent ones",
+                mode: LogOnly,
+                baseline_len: 4,
+                confirmed: 10,
+                verdicts: &[(Logged, 8), (OverCap, 2)],
+                logged: 8,
+                held: 2,
+                cap_reached: Some(("would send", 8, 2)),
+            },
+            BudgetCase {
+                name: "disabled: nothing sent, logged or held, whatever the count",
+                mode: Disabled,
+                baseline_len: 4,
+                confirmed: 60,
+                verdicts: &[(Suppressed, 60)],
+                logged: 0,
+                held: 0,
+                cap_reached: None,
+            },
+        ]
+    };
+
+    /// Every budget row; every failure collected, each row named.
+    #[test]
+    fn every_budget_case_counts_as_the_table_says() {
+        let mut failures = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        for case in BUDGET {
+            if !names.insert(case.name) {
+                failures.push(format!("{}: the name is used twice", case.name));
+            }
+            let want: Vec<DeleteVerdict> = case
+                .verdicts
+                .iter()
+                .flat_map(|&(v, n)| std::iter::repeat_n(v, n))
+                .collect();
+            let mut budget = DeleteBudget::new(case.mode, case.baseline_len);
+            let got: Vec<DeleteVerdict> = (0..case.confirmed).map(|_| budget.take()).collect();
+            let got = (got, budget.logged(), budget.held(), budget.cap_reached());
+            let want = (want, case.logged, case.held, case.cap_reached);
+            if got != want {
+                failures.push(format!(
+                    "{}:\n    got  {got:?}\n    want {want:?}",
+                    case.name
+                ));
+            }
+        }
+        assert!(
+            failures.is_empty(),
+            "{} of {} budget cases failed:\n{}",
+            failures.len(),
+            BUDGET.len(),
             failures.join("\n")
         );
     }

@@ -26,7 +26,9 @@ use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
 
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
 use super::options::DeleteMode;
-use super::plan::{Decision, Listed, Note, PassFacts, PathFacts, Pending, delete_cap, plan};
+use super::plan::{
+    Decision, DeleteBudget, DeleteVerdict, Listed, Note, PassFacts, PathFacts, Pending, plan,
+};
 use super::remote::MemoryApi;
 
 /// The reserved marker at every store root; never synced.
@@ -49,6 +51,19 @@ fn sha256_hex(bytes: &[u8]) -> String {
 
 fn marker_sha(store_id: &str) -> String {
     sha256_hex(marker_content(store_id).as_bytes())
+}
+
+/// The one marker check: does the marker found at a store folder (its
+/// hash, `None` when there is none) name the store `store_id`? `None` when
+/// it does; otherwise why not, in words fit for the log. The scan and the
+/// second phase of a local deletion both ask it, so a folder is trusted by
+/// one rule.
+fn marker_distrust(found: Option<&str>, store_id: &str) -> Option<&'static str> {
+    match found {
+        Some(sha) if sha == marker_sha(store_id) => None,
+        Some(_) => Some("the marker file does not match this store"),
+        None => Some("the marker file is gone"),
+    }
 }
 
 /// A download's write: private while nothing else can write to the folder
@@ -198,11 +213,7 @@ impl AttachedStore {
                 }
             }
         }
-        let mut distrust = match files.remove(MARKER_PATH) {
-            Some(sha) if sha == marker_sha(&self.id) => None,
-            Some(_) => Some("the marker file does not match this store"),
-            None => Some("the marker file is gone"),
-        };
+        let mut distrust = marker_distrust(files.remove(MARKER_PATH).as_deref(), &self.id);
         // A marker made unreadable in the very directory the mount created
         // is still ours: stamp it again rather than distrust the folder.
         if unreadable.iter().any(|u| u == MARKER_PATH) && self.folder.is_original_root() {
@@ -456,7 +467,7 @@ impl AttachedStore {
         let mut removals = Vec::new();
         let mut deletes = Vec::new();
         let mut suppressed = 0;
-        let cap;
+        let mut budget;
         {
             let mut guard = self.state();
             let State {
@@ -466,7 +477,7 @@ impl AttachedStore {
                 pending,
                 ..
             } = &mut *guard;
-            cap = delete_cap(baseline.len());
+            budget = DeleteBudget::new(deletions, baseline.len());
             let mut remote_it = remote.iter().peekable();
             let mut local_it = scan.files.iter().peekable();
             let mut baseline_it = baseline.iter().peekable();
@@ -595,30 +606,17 @@ impl AttachedStore {
             stats.conflicts += std::mem::take(&mut state.lost_uploads);
         }
 
-        let mut attempted = 0;
-        let mut capped = 0;
         for (rel, id, base) in deletes {
             let kept = self
-                .confirm_delete(
-                    api,
-                    &rel,
-                    &id,
-                    &base,
-                    deletions,
-                    cap,
-                    &mut attempted,
-                    &mut capped,
-                )
+                .confirm_delete(api, &rel, &id, &base, &mut budget)
                 .await;
             if kept.is_none() {
                 stats.deletes += 1;
             }
             self.record(rel, kept);
         }
-        if deletions == DeleteMode::LogOnly {
-            stats.deletes_logged = attempted;
-        }
-        stats.deletes_held = capped;
+        stats.deletes_logged = budget.logged();
+        stats.deletes_held = budget.held();
 
         {
             let mut guard = self.state();
@@ -639,11 +637,10 @@ impl AttachedStore {
                 "remote deletes are disabled; locally deleted memories stay on the server"
             );
         }
-        if capped > 0 {
+        if let Some((verb, attempted, capped)) = budget.cap_reached() {
             warn!(
                 memory_store.id = %self.id,
-                "delete cap reached: {} {attempted} deletes, held {capped} for later syncs",
-                if deletions == DeleteMode::LogOnly { "would send" } else { "sent" }
+                "delete cap reached: {verb} {attempted} deletes, held {capped} for later syncs"
             );
         }
         Ok(())
@@ -803,20 +800,17 @@ impl AttachedStore {
     }
 
     /// The second phase of a local deletion: re-check the marker and the
-    /// file now (not from the scan), take a slot under the cap, then delete
-    /// on the server (or only log). Returns the baseline entry to keep, or
-    /// `None` when the path leaves the baseline.
-    #[allow(clippy::too_many_arguments)]
+    /// file now (not from the scan), then carry out the budget's verdict
+    /// (see [`DeleteBudget`]): delete on the server, only log, or hold.
+    /// Returns the baseline entry to keep, or `None` when the path leaves
+    /// the baseline.
     async fn confirm_delete(
         &self,
         api: &dyn MemoryApi,
         rel: &str,
         id: &str,
         base: &str,
-        mode: DeleteMode,
-        cap: usize,
-        attempted: &mut usize,
-        capped: &mut usize,
+        budget: &mut DeleteBudget,
     ) -> Option<String> {
         let keep = Some(base.to_string());
         let folder = self.folder.clone();
@@ -830,7 +824,7 @@ impl AttachedStore {
         let Ok(Ok((marker, file))) = recheck else {
             return keep;
         };
-        if marker.as_deref() != Some(marker_sha(&self.id).as_str()) {
+        if marker_distrust(marker.as_deref(), &self.id).is_some() {
             return keep;
         }
         if file.is_some() {
@@ -838,14 +832,13 @@ impl AttachedStore {
             self.state().pending.remove(rel);
             return keep;
         }
-        if *attempted >= cap {
-            *capped += 1;
-            return keep;
-        }
-        *attempted += 1;
-        if mode == DeleteMode::LogOnly {
-            info!(memory_store.id = %self.id, memory.path = %rel, "log-only: sync would delete this memory on the server");
-            return keep;
+        match budget.take() {
+            DeleteVerdict::Send => {}
+            DeleteVerdict::OverCap | DeleteVerdict::Suppressed => return keep,
+            DeleteVerdict::LogOnly => {
+                info!(memory_store.id = %self.id, memory.path = %rel, "log-only: sync would delete this memory on the server");
+                return keep;
+            }
         }
         match api.delete(&self.id, id, base).await {
             Ok(()) => {
