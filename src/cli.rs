@@ -50,14 +50,14 @@ pub enum WebhookCommand {
 pub struct SignArgs {
     /// The signing key (whsec_…).
     #[arg(long, env = "ANTHROPIC_WEBHOOK_SIGNING_KEY", hide_env_values = true)]
-    pub key: String,
+    pub(crate) key: String,
 
     /// The body to sign (a JSON webhook event); `-` reads stdin.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
 
     /// The URL in the printed curl line.
     #[arg(long, default_value = "http://127.0.0.1:8080/webhooks/default")]
-    pub url: String,
+    pub(crate) url: String,
 
     /// The webhook-id (default: the body's `id`, else a fresh one).
     #[arg(long)]
@@ -69,7 +69,7 @@ pub struct SignArgs {
 pub struct WorkerArgs {
     /// The API to talk to (point it at `envworker devserver` for local runs).
     #[arg(long, env = "ANTHROPIC_BASE_URL", default_value = crate::api::DEFAULT_BASE_URL)]
-    pub base_url: String,
+    pub(crate) base_url: String,
 
     /// Where tools run, and where stores without a mount path land (default: the current directory).
     #[arg(long, env = "ENVWORKER_WORKDIR")]
@@ -77,11 +77,11 @@ pub struct WorkerArgs {
 
     /// Stop serving a session this long after its turn ended with no new event, at most 24h (`off` never stops).
     #[arg(long, env = "ENVWORKER_MAX_IDLE", default_value = "60s")]
-    pub max_idle: crate::config::MaxIdle,
+    pub(crate) max_idle: crate::config::MaxIdle,
 
     /// How often memory stores sync while the agent works: `15s`, `5`, `1m`, or `off` (no memory). 5s–24h.
     #[arg(long, env = "ENVWORKER_MEMORY_SYNC_INTERVAL", default_value = "15s")]
-    pub memory_sync_interval: SyncInterval,
+    pub(crate) memory_sync_interval: SyncInterval,
 
     /// Whether local deletions reach the server: enabled, log_only or disabled.
     #[arg(
@@ -89,28 +89,28 @@ pub struct WorkerArgs {
         env = "ENVWORKER_MEMORY_SYNC_DELETIONS",
         default_value = "enabled"
     )]
-    pub memory_sync_deletions: DeleteMode,
+    pub(crate) memory_sync_deletions: DeleteMode,
 
     /// The bound of the final memory sync, and separately of the flush, when a session ends (1s–1h).
     #[arg(long, env = "ENVWORKER_MEMORY_TEARDOWN_BOUND", default_value = "30s", value_parser = crate::config::parse_memory_teardown_bound)]
-    pub memory_teardown_bound: Duration,
+    pub(crate) memory_teardown_bound: Duration,
 
     /// The bound of one tool call (1s–24h).
     #[arg(long, env = "ENVWORKER_TOOL_TIMEOUT", default_value = "120s", value_parser = crate::config::parse_tool_timeout)]
-    pub tool_timeout: Duration,
+    pub(crate) tool_timeout: Duration,
 
     /// Sent as Anthropic-Worker-ID on polls (default: <hostname>-<random>).
     #[arg(long, env = "ANTHROPIC_WORKER_ID")]
-    pub worker_id: Option<String>,
+    pub(crate) worker_id: Option<String>,
 
     /// Mount stores advertised under FROM under TO instead, keeping FROM paths working for the
     /// agent (e.g. /mnt/memory=/tmp/mnt/memory where only /tmp is writable; the default on Lambda).
     #[arg(long, env = "ENVWORKER_MOUNT_REMAP", value_name = "FROM=TO")]
-    pub mount_remap: Option<crate::remap::MountRemap>,
+    pub(crate) mount_remap: Option<crate::remap::MountRemap>,
 
     /// A header added to every API request, NAME=VALUE (repeatable).
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
-    pub headers: Vec<(String, String)>,
+    pub(crate) headers: Vec<(String, String)>,
 }
 
 fn parse_header(text: &str) -> Result<(String, String), String> {
@@ -133,78 +133,78 @@ pub struct ServeArgs {
     /// Endpoint file (TOML, one [[endpoint]] per route). Without it: one endpoint,
     /// POST /webhooks/default, from the ANTHROPIC_* variables.
     #[arg(long, env = "ENVWORKER_CONFIG")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
 
     /// The default endpoint's environment.
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_ID")]
-    pub environment_id: Option<String>,
+    pub(crate) environment_id: Option<String>,
 
     /// The default endpoint's environment key.
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_KEY", hide_env_values = true)]
-    pub environment_key: Option<String>,
+    pub(crate) environment_key: Option<String>,
 
     /// The default endpoint's signing key(s), whsec_…; several (rotation) separated by spaces or commas.
     #[arg(long, env = "ANTHROPIC_WEBHOOK_SIGNING_KEY", hide_env_values = true)]
-    pub signing_key: Option<String>,
+    pub(crate) signing_key: Option<String>,
 
     /// Work items served at once per endpoint, 1–64 (default endpoint; the file sets its own).
     #[arg(long, env = "ENVWORKER_MAX_CONCURRENT_ITEMS", default_value = "1", value_parser = crate::config::parse_max_concurrent_items)]
-    pub max_concurrent_items: usize,
+    pub(crate) max_concurrent_items: usize,
 
     /// On Lambda: claim no item unless this much time is left beyond the teardown reserve
     /// (twice the memory teardown bound, plus 10s for the force-stop and 5s). 0s–15m.
     #[arg(long, env = "ENVWORKER_MIN_SERVING_TIME", default_value = "60s", value_parser = crate::config::parse_min_serving_time)]
-    pub min_serving_time: Duration,
+    pub(crate) min_serving_time: Duration,
 
     /// After SIGTERM, how long running items get to end and flush before the process exits (1s–1h).
     #[arg(long, env = "ENVWORKER_STOP_GRACE", default_value = "75s", value_parser = crate::config::parse_stop_grace)]
-    pub stop_grace: Duration,
+    pub(crate) stop_grace: Duration,
 
     #[command(flatten)]
-    pub worker: WorkerArgs,
+    pub(crate) worker: WorkerArgs,
 }
 
 /// `envworker poll`.
 #[derive(Debug, Args)]
 pub struct PollArgs {
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_ID")]
-    pub environment_id: String,
+    pub(crate) environment_id: String,
 
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_KEY", hide_env_values = true)]
-    pub environment_key: String,
+    pub(crate) environment_key: String,
 
     /// Hand each claimed item to this shell command instead of serving it here. It gets
     /// ANTHROPIC_WORK_ID, ANTHROPIC_ENVIRONMENT_ID, ANTHROPIC_SESSION_ID and
     /// ANTHROPIC_WORK_SECRET, and the work item as JSON on stdin.
     #[arg(long, env = "ENVWORKER_ON_WORK")]
-    pub on_work: Option<String>,
+    pub(crate) on_work: Option<String>,
 
     #[command(flatten)]
-    pub worker: WorkerArgs,
+    pub(crate) worker: WorkerArgs,
 }
 
 /// `envworker run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[arg(long, env = "ANTHROPIC_WORK_ID")]
-    pub work_id: Option<String>,
+    pub(crate) work_id: Option<String>,
 
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_ID")]
-    pub environment_id: Option<String>,
+    pub(crate) environment_id: Option<String>,
 
     #[arg(long, env = "ANTHROPIC_SESSION_ID")]
-    pub session_id: Option<String>,
+    pub(crate) session_id: Option<String>,
 
     /// Optional when the work secret carries a sessions token.
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_KEY", hide_env_values = true)]
-    pub environment_key: Option<String>,
+    pub(crate) environment_key: Option<String>,
 
     /// The work item's `secret` (it carries the per-session token).
     #[arg(long, env = "ANTHROPIC_WORK_SECRET", hide_env_values = true)]
-    pub work_secret: Option<String>,
+    pub(crate) work_secret: Option<String>,
 
     #[command(flatten)]
-    pub worker: WorkerArgs,
+    pub(crate) worker: WorkerArgs,
 }
 
 /// `envworker dev`.
@@ -212,11 +212,11 @@ pub struct RunArgs {
 pub struct DevArgs {
     /// A scenario file to run instead of the built-in demo (events/scenarios/two-stores-sync.json).
     #[arg(long)]
-    pub scenario: Option<PathBuf>,
+    pub(crate) scenario: Option<PathBuf>,
 
     /// Keep the temporary directory (database, workdir, mounts) and print where it is.
     #[arg(long)]
-    pub keep: bool,
+    pub(crate) keep: bool,
 }
 
 /// `envworker devserver`.

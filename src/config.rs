@@ -20,51 +20,51 @@ use crate::webhook::SigningKey;
 /// Bounds of the numeric options (README, "Bounds"). Each is checked where
 /// the value is parsed, so a bad value stops the process at start with a
 /// message naming the option and its range, never a panic or an overflow.
-pub mod bounds {
+pub(crate) mod bounds {
     use std::time::Duration;
 
     /// Work items per endpoint at once (`--max-concurrent-items`, `max_concurrent_items`).
-    pub const MAX_CONCURRENT_ITEMS: usize = 64;
+    pub(crate) const MAX_CONCURRENT_ITEMS: usize = 64;
     /// `--max-idle` / `max_idle` (`off` disables it).
-    pub const MAX_IDLE: Duration = Duration::from_secs(24 * 3600);
+    pub(crate) const MAX_IDLE: Duration = Duration::from_secs(24 * 3600);
     /// `--tool-timeout`.
-    pub const TOOL_TIMEOUT: (Duration, Duration) =
+    pub(crate) const TOOL_TIMEOUT: (Duration, Duration) =
         (Duration::from_secs(1), Duration::from_secs(24 * 3600));
     /// `--stop-grace`.
-    pub const STOP_GRACE: (Duration, Duration) =
+    pub(crate) const STOP_GRACE: (Duration, Duration) =
         (Duration::from_secs(1), Duration::from_secs(3600));
     /// `--min-serving-time` (a Lambda invocation lasts at most 15 minutes).
-    pub const MIN_SERVING_TIME: (Duration, Duration) =
+    pub(crate) const MIN_SERVING_TIME: (Duration, Duration) =
         (Duration::ZERO, Duration::from_secs(15 * 60));
     /// `--memory-teardown-bound` (also checked by the worker's options).
-    pub const MEMORY_TEARDOWN_BOUND: (Duration, Duration) = (
+    pub(crate) const MEMORY_TEARDOWN_BOUND: (Duration, Duration) = (
         Duration::from_secs(1),
         crate::memory::options::MAX_TEARDOWN_BOUND,
     );
     /// The endpoint file's size.
-    pub const ENDPOINT_FILE_BYTES: u64 = 1024 * 1024;
+    pub(crate) const ENDPOINT_FILE_BYTES: u64 = 1024 * 1024;
     /// Endpoints in the endpoint file.
-    pub const ENDPOINTS: usize = 64;
+    pub(crate) const ENDPOINTS: usize = 64;
 }
 
-pub fn parse_tool_timeout(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_tool_timeout(text: &str) -> Result<Duration, String> {
     parse_duration_within(text, bounds::TOOL_TIMEOUT)
 }
 
-pub fn parse_stop_grace(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_stop_grace(text: &str) -> Result<Duration, String> {
     parse_duration_within(text, bounds::STOP_GRACE)
 }
 
-pub fn parse_min_serving_time(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_min_serving_time(text: &str) -> Result<Duration, String> {
     parse_duration_within(text, bounds::MIN_SERVING_TIME)
 }
 
-pub fn parse_memory_teardown_bound(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_memory_teardown_bound(text: &str) -> Result<Duration, String> {
     parse_duration_within(text, bounds::MEMORY_TEARDOWN_BOUND)
 }
 
 /// Work items at once: 1 to [`bounds::MAX_CONCURRENT_ITEMS`].
-pub fn parse_max_concurrent_items(text: &str) -> Result<usize, String> {
+pub(crate) fn parse_max_concurrent_items(text: &str) -> Result<usize, String> {
     let n: usize = text
         .trim()
         .parse()
@@ -72,7 +72,7 @@ pub fn parse_max_concurrent_items(text: &str) -> Result<usize, String> {
     check_max_concurrent_items(n)
 }
 
-pub fn check_max_concurrent_items(n: usize) -> Result<usize, String> {
+pub(crate) fn check_max_concurrent_items(n: usize) -> Result<usize, String> {
     if !(1..=bounds::MAX_CONCURRENT_ITEMS).contains(&n) {
         return Err(format!(
             "{n} is out of range: it must be between 1 and {}",
@@ -177,7 +177,7 @@ impl std::str::FromStr for MaxIdle {
 }
 
 /// `off`/`none`/`0` disable the idle end; anything else is a duration.
-pub fn parse_max_idle(text: &str) -> Result<Option<Duration>, String> {
+pub(crate) fn parse_max_idle(text: &str) -> Result<Option<Duration>, String> {
     match text.trim() {
         "off" | "none" | "disabled" => Ok(None),
         other => {

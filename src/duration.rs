@@ -63,10 +63,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 /// The longest duration any option takes (a year): beyond it, deadline
 /// arithmetic (`Instant + d`) could overflow.
-pub const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
+pub(crate) const MAX_DURATION: Duration = Duration::from_secs(366 * 86_400);
 
 /// A duration within `[min, max]`, refused with both ends named.
-pub fn parse_duration_within(
+pub(crate) fn parse_duration_within(
     text: &str,
     (min, max): (Duration, Duration),
 ) -> Result<Duration, String> {
@@ -82,7 +82,7 @@ pub fn parse_duration_within(
 }
 
 /// `90s`, `15m`, `1h`, `250ms`: a bound as a user would write it.
-pub fn show_duration(d: Duration) -> String {
+pub(crate) fn show_duration(d: Duration) -> String {
     let ms = d.as_millis();
     match ms {
         0 => "0s".into(),

@@ -55,18 +55,18 @@ pub fn raise_to_hard() -> std::io::Result<Raised> {
 }
 
 /// The soft limit now (`None`: unlimited).
-pub fn soft_limit() -> Option<u64> {
+pub(crate) fn soft_limit() -> Option<u64> {
     getrlimit(Resource::Nofile).current
 }
 
 /// The limit the process started with, if [`raise_to_hard`] changed it.
-pub fn original() -> Option<Rlimit> {
+pub(crate) fn original() -> Option<Rlimit> {
     let original = *ORIGINAL.get()?;
     (original.current != soft_limit()).then_some(original)
 }
 
 /// Put the original limit back; for `pre_exec` (async-signal-safe: one
 /// syscall, no allocation). Lowering a soft limit never needs privileges.
-pub fn restore_in_child(original: &Rlimit) -> std::io::Result<()> {
+pub(crate) fn restore_in_child(original: &Rlimit) -> std::io::Result<()> {
     setrlimit(Resource::Nofile, *original).map_err(std::io::Error::from)
 }

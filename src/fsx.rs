@@ -30,7 +30,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 /// Flags of a directory opened to walk through: never a symlink in its place.
-pub const DIR_FLAGS: OFlags = OFlags::RDONLY
+pub(crate) const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::DIRECTORY)
     .union(OFlags::NOFOLLOW)
     .union(OFlags::CLOEXEC);
@@ -72,7 +72,11 @@ pub fn openat2_in_use() -> bool {
 /// `dirfd` without following any symlink on the way or at the leaf. No
 /// components opens `dirfd` itself again with `flags`. A symlink anywhere
 /// answers `ELOOP`.
-pub fn open_beneath<Fd: AsFd>(dirfd: Fd, comps: &[&str], flags: OFlags) -> Result<OwnedFd, Errno> {
+pub(crate) fn open_beneath<Fd: AsFd>(
+    dirfd: Fd,
+    comps: &[&str],
+    flags: OFlags,
+) -> Result<OwnedFd, Errno> {
     let dirfd = dirfd.as_fd();
     let flags = flags | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     if comps.is_empty() {
@@ -138,7 +142,7 @@ fn walk(
 /// Open the directory `name` in `parent`, never through a symlink: a
 /// symlink answers `ELOOP` (whatever `O_DIRECTORY` said first), a directory
 /// of a pseudo-filesystem `EXDEV`.
-pub fn open_dir_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<OwnedFd, Errno> {
+pub(crate) fn open_dir_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<OwnedFd, Errno> {
     let parent = parent.as_fd();
     rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty())
         .map_err(|e| symlink_errno(parent, name, e))
@@ -162,7 +166,7 @@ const PSEUDO_FS: [u64; 8] = [
 /// `fd` itself, unless it lies in a kernel pseudo-filesystem ([`PSEUDO_FS`]):
 /// then `EXDEV`. Nothing the worker syncs or the file tools serve lives
 /// there, and `/proc/<worker pid>/` holds the worker's environment.
-pub fn refuse_pseudo_fs(fd: OwnedFd) -> Result<OwnedFd, Errno> {
+pub(crate) fn refuse_pseudo_fs(fd: OwnedFd) -> Result<OwnedFd, Errno> {
     let fs = rustix::fs::fstatfs(&fd)?;
     #[allow(clippy::unnecessary_cast)] // `f_type`'s width differs by target
     if PSEUDO_FS.contains(&(fs.f_type as u64)) {
@@ -184,7 +188,7 @@ fn symlink_errno(parent: std::os::fd::BorrowedFd<'_>, name: &str, e: Errno) -> E
 }
 
 /// The (device, inode) of an open fd: the identity a path is compared with.
-pub fn identity<Fd: AsFd>(fd: Fd) -> Result<(u64, u64), Errno> {
+pub(crate) fn identity<Fd: AsFd>(fd: Fd) -> Result<(u64, u64), Errno> {
     let st = rustix::fs::fstat(fd)?;
     Ok((st.st_dev, st.st_ino))
 }
@@ -192,7 +196,7 @@ pub fn identity<Fd: AsFd>(fd: Fd) -> Result<(u64, u64), Errno> {
 /// Remove `name` in `parent` and everything below it, by fd: each directory
 /// opened `O_NOFOLLOW` from its parent, entries unlinked by name in that
 /// fd, symlinks removed (never followed). `Ok` when `name` is already gone.
-pub fn remove_tree_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<(), Errno> {
+pub(crate) fn remove_tree_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<(), Errno> {
     let parent = parent.as_fd();
     match rustix::fs::unlinkat(parent, name, AtFlags::empty()) {
         Ok(()) | Err(Errno::NOENT) => return Ok(()),

@@ -10,11 +10,11 @@
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MountRemap {
+pub(crate) struct MountRemap {
     /// What the agent and the server use, e.g. `/mnt/memory`.
-    pub advertised: PathBuf,
+    pub(crate) advertised: PathBuf,
     /// Where the files are, e.g. `/tmp/mnt/memory`.
-    pub actual: PathBuf,
+    pub(crate) actual: PathBuf,
 }
 
 impl std::str::FromStr for MountRemap {
@@ -59,7 +59,7 @@ fn replace_prefix(text: &str, from: &str, to: &str) -> String {
 
 impl MountRemap {
     /// A path as the agent gave it → where it really is.
-    pub fn to_actual_path(&self, path: &Path) -> PathBuf {
+    pub(crate) fn to_actual_path(&self, path: &Path) -> PathBuf {
         match path.strip_prefix(&self.advertised) {
             Ok(rest) => self.actual.join(rest),
             Err(_) => path.to_path_buf(),
@@ -67,7 +67,7 @@ impl MountRemap {
     }
 
     /// Paths in free text (a shell command) → where they really are.
-    pub fn to_actual_text(&self, text: &str) -> String {
+    pub(crate) fn to_actual_text(&self, text: &str) -> String {
         replace_prefix(
             text,
             &self.advertised.display().to_string(),
@@ -76,7 +76,7 @@ impl MountRemap {
     }
 
     /// Paths in a tool's answer → as the agent knows them.
-    pub fn to_advertised_text(&self, text: &str) -> String {
+    pub(crate) fn to_advertised_text(&self, text: &str) -> String {
         replace_prefix(
             text,
             &self.actual.display().to_string(),

@@ -38,11 +38,11 @@ use crate::api::types::Session;
 use crate::api::{Client, DownloadError};
 
 /// The directory under the workdir that holds the skills.
-pub const SKILLS_DIR: &str = "skills";
+pub(crate) const SKILLS_DIR: &str = "skills";
 /// Most members an archive may have (files, directories and skipped entries alike).
-pub const MAX_ARCHIVE_ENTRIES: usize = 10_000;
+pub(crate) const MAX_ARCHIVE_ENTRIES: usize = 10_000;
 /// Most bytes an archive may unpack to, summed over its members.
-pub const MAX_UNPACKED_BYTES: u64 = 256 * 1024 * 1024;
+pub(crate) const MAX_UNPACKED_BYTES: u64 = 256 * 1024 * 1024;
 /// Most bytes a download may have: the unpacked bound plus generous room for
 /// per-member headers (a tar member takes up to 1 KiB of header and padding,
 /// more with long-name or PAX records).
@@ -66,7 +66,7 @@ const SPECIAL_FILE_TYPES: [u32; 5] = [0o120_000, 0o020_000, 0o060_000, 0o010_000
 
 /// Why one skill could not be installed.
 #[derive(Debug, thiserror::Error)]
-pub enum SkillError {
+pub(crate) enum SkillError {
     #[error(transparent)]
     Api(#[from] crate::api::Error),
     #[error("cannot download the skill's files: {0}")]

@@ -36,7 +36,7 @@ pub enum ApiFamily {
 }
 
 impl ApiFamily {
-    pub fn beta(self) -> &'static str {
+    pub(crate) fn beta(self) -> &'static str {
         match self {
             ApiFamily::ManagedAgents => BETA_MANAGED_AGENTS,
             ApiFamily::Memory => BETA_AGENT_MEMORY,
@@ -446,14 +446,14 @@ where
 pub(crate) struct Query(Vec<(&'static str, String)>);
 
 impl Query {
-    pub fn opt<V: ToString>(mut self, key: &'static str, value: Option<V>) -> Self {
+    pub(crate) fn opt<V: ToString>(mut self, key: &'static str, value: Option<V>) -> Self {
         if let Some(v) = value {
             self.0.push((key, v.to_string()));
         }
         self
     }
 
-    pub fn pairs(&self) -> &[(&'static str, String)] {
+    pub(crate) fn pairs(&self) -> &[(&'static str, String)] {
         &self.0
     }
 }

@@ -24,7 +24,7 @@ pub struct ApiError {
 impl ApiError {
     /// Decode an error response. A body that is not the envelope still yields
     /// an error carrying the status and (a bounded prefix of) the body text.
-    pub fn from_parts(status: u16, request_id: Option<String>, body: &[u8]) -> Self {
+    pub(crate) fn from_parts(status: u16, request_id: Option<String>, body: &[u8]) -> Self {
         match serde_json::from_slice::<ErrorEnvelope>(body) {
             Ok(envelope) => ApiError {
                 status,
@@ -51,7 +51,7 @@ impl ApiError {
         }
     }
 
-    pub fn is_permanent(&self) -> bool {
+    pub(crate) fn is_permanent(&self) -> bool {
         is_permanent_status(self.status)
     }
 }

@@ -145,7 +145,7 @@ impl Memories<'_> {
     }
 
     /// Retrieve a memory, with content unless `view` is `basic`.
-    pub async fn retrieve(&self, id: &str, view: Option<View>) -> Result<Memory, Error> {
+    pub(crate) async fn retrieve(&self, id: &str, view: Option<View>) -> Result<Memory, Error> {
         let query = Query::default().opt("view", view.map(View::as_str));
         let rb = self
             .client

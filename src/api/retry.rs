@@ -21,25 +21,25 @@ use reqwest::header::HeaderMap;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     /// Retries after the first attempt.
-    pub max_retries: u32,
+    pub(crate) max_retries: u32,
     /// The wait before the first retry; it doubles for each later one.
-    pub initial_delay: Duration,
+    pub(crate) initial_delay: Duration,
     /// The computed wait never grows past this.
-    pub max_delay: Duration,
+    pub(crate) max_delay: Duration,
     /// The longest wait a server's `retry-after` can ask for; a longer ask
     /// waits this long.
-    pub max_retry_after: Duration,
+    pub(crate) max_retry_after: Duration,
 }
 
 /// The official SDK's `DEFAULT_MAX_RETRIES`.
-pub const DEFAULT_MAX_RETRIES: u32 = 2;
+pub(crate) const DEFAULT_MAX_RETRIES: u32 = 2;
 /// The official SDK's `INITIAL_RETRY_DELAY`.
-pub const INITIAL_RETRY_DELAY: Duration = Duration::from_millis(500);
+pub(crate) const INITIAL_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// The official SDK's `MAX_RETRY_DELAY`.
-pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
+pub(crate) const MAX_RETRY_DELAY: Duration = Duration::from_secs(8);
 /// The cap on a server-requested wait: the teardown's own bound, so one
 /// `retry-after` can never by itself outlast a final sync or a flush.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
 impl Default for RetryPolicy {
     fn default() -> Self {
@@ -65,7 +65,7 @@ impl RetryPolicy {
 
     /// The wait before retry number `retry` (0 for the first): what the
     /// server asked for when it asked (capped), else the jittered backoff.
-    pub fn delay(&self, retry: u32, asked: Option<Duration>) -> Duration {
+    pub(crate) fn delay(&self, retry: u32, asked: Option<Duration>) -> Duration {
         if let Some(asked) = asked.filter(|d| !d.is_zero()) {
             return asked.min(self.max_retry_after);
         }
@@ -81,13 +81,13 @@ impl RetryPolicy {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct RetryHints {
     /// `x-should-retry`, when the server said `true` or `false`.
-    pub should_retry: Option<bool>,
+    pub(crate) should_retry: Option<bool>,
     /// `retry-after-ms` or `retry-after`.
-    pub retry_after: Option<Duration>,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl RetryHints {
-    pub fn from_headers(headers: &HeaderMap) -> RetryHints {
+    pub(crate) fn from_headers(headers: &HeaderMap) -> RetryHints {
         let text = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         RetryHints {
             should_retry: match text("x-should-retry") {

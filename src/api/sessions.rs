@@ -32,7 +32,7 @@ impl Sessions<'_> {
         self.client.json(rb).await
     }
 
-    pub async fn list_events(
+    pub(crate) async fn list_events(
         &self,
         id: &str,
         params: &ListEvents,
@@ -53,7 +53,7 @@ impl Sessions<'_> {
     }
 
     /// The session's whole event history, page after page.
-    pub fn events(
+    pub(crate) fn events(
         &self,
         id: &str,
         params: ListEvents,
@@ -69,7 +69,7 @@ impl Sessions<'_> {
         })
     }
 
-    pub async fn send_events(
+    pub(crate) async fn send_events(
         &self,
         id: &str,
         events: Vec<SessionEvent>,
@@ -91,7 +91,7 @@ impl Sessions<'_> {
     /// skipped, as the official SDKs do; a `data:` that is not an event, or
     /// a broken connection, ends the stream with an error (the caller
     /// reconnects and re-reads the history).
-    pub async fn stream(
+    pub(crate) async fn stream(
         &self,
         id: &str,
     ) -> Result<impl Stream<Item = Result<SessionEvent, Error>> + Send + 'static, Error> {

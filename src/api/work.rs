@@ -71,7 +71,7 @@ impl WorkQueue<'_> {
 
     /// Renew the lease. `expected_last_heartbeat` is [`NO_HEARTBEAT`] first,
     /// then the previous answer's `last_heartbeat`, byte for byte.
-    pub async fn heartbeat(
+    pub(crate) async fn heartbeat(
         &self,
         work_id: &str,
         expected_last_heartbeat: &str,

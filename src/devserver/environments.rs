@@ -320,8 +320,8 @@ pub struct DevEnvironmentRequest {
 /// Answer of `POST /dev/environments`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct DevEnvironment {
-    pub environment_id: String,
-    pub environment_key: String,
+    pub(crate) environment_id: String,
+    pub(crate) environment_key: String,
 }
 
 /// `POST /dev/environments`: a self-hosted environment and a key for it.

@@ -43,26 +43,26 @@ pub const MAX_TIMES: u64 = 1_000_000;
 pub struct FaultRule {
     /// Only requests with this method; any method when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub method: Option<String>,
+    pub(crate) method: Option<String>,
     /// A glob over the request path (`*` matches anything).
-    pub path: String,
+    pub(crate) path: String,
     #[serde(default)]
-    pub latency_ms: u64,
+    pub(crate) latency_ms: u64,
     /// Answer with this error status instead of handling the request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
     /// Handle the request (it commits), then drop the response.
     #[serde(default)]
-    pub drop_response: bool,
+    pub(crate) drop_response: bool,
     /// Probability that a matching request gets the status or the drop.
     #[serde(default = "one")]
-    pub rate: f64,
+    pub(crate) rate: f64,
     /// Matching requests left before the rule retires; unlimited when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub times: Option<u64>,
+    pub(crate) times: Option<u64>,
     /// Headers added to the injected error answer (`retry-after`, `x-should-retry`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub headers: BTreeMap<String, String>,
+    pub(crate) headers: BTreeMap<String, String>,
 }
 
 fn one() -> f64 {

@@ -11,9 +11,9 @@ use tokio::sync::{Notify, broadcast};
 /// carries `id`, `type` and `processed_at`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
-    pub seq: i64,
-    pub session_id: String,
-    pub body: Value,
+    pub(crate) seq: i64,
+    pub(crate) session_id: String,
+    pub(crate) body: Value,
 }
 
 impl StoredEvent {
@@ -33,7 +33,7 @@ const FANOUT_CAPACITY: usize = 1024;
 pub struct Live {
     sessions: Mutex<HashMap<String, broadcast::Sender<Arc<StoredEvent>>>>,
     /// Notified whenever an item becomes claimable.
-    pub work_available: Notify,
+    pub(crate) work_available: Notify,
 }
 
 impl Live {
@@ -64,7 +64,7 @@ impl Live {
 /// sessions that started running (a webhook each), new claimable work.
 #[derive(Debug, Default)]
 pub struct Effects {
-    pub events: Vec<StoredEvent>,
-    pub run_started: Vec<String>,
-    pub work_available: bool,
+    pub(crate) events: Vec<StoredEvent>,
+    pub(crate) run_started: Vec<String>,
+    pub(crate) work_available: bool,
 }

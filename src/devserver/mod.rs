@@ -18,23 +18,23 @@
 //! # Ok(()) }
 //! ```
 
-pub mod auth;
-pub mod cursor;
-pub mod db;
-pub mod environments;
-pub mod error;
+pub(crate) mod auth;
+pub(crate) mod cursor;
+pub(crate) mod db;
+pub(crate) mod environments;
+pub(crate) mod error;
 pub mod faults;
-pub mod http;
-pub mod ids;
-pub mod live;
+pub(crate) mod http;
+pub(crate) mod ids;
+pub(crate) mod live;
 mod memory;
 pub mod scenario;
-pub mod sessions;
-pub mod skills;
-pub mod state;
-pub mod validate;
-pub mod webhooks;
-pub mod work;
+pub(crate) mod sessions;
+pub(crate) mod skills;
+pub(crate) mod state;
+pub(crate) mod validate;
+pub(crate) mod webhooks;
+pub(crate) mod work;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -73,15 +73,15 @@ pub struct DevserverConfig {
     /// Where memory stores are mounted: `mount_path` = `<root>/<slug>`.
     pub mount_root: String,
     /// Deliver `session.status_run_started` here, signed with the key.
-    pub webhook: Option<(String, SigningKey)>,
+    pub(crate) webhook: Option<(String, SigningKey)>,
     /// First retry delay of a failed webhook delivery (doubles each time).
-    pub webhook_backoff: Duration,
+    pub(crate) webhook_backoff: Duration,
     /// Fault rules active from the start.
     pub faults: Vec<FaultRule>,
     /// Lease TTL of a work item unless a heartbeat asks for another.
-    pub lease_ttl_seconds: i64,
+    pub(crate) lease_ttl_seconds: i64,
     /// How often an idle event stream sends `event: ping`.
-    pub ping_interval: Duration,
+    pub(crate) ping_interval: Duration,
 }
 
 impl std::fmt::Debug for DevserverConfig {

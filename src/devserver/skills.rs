@@ -286,8 +286,8 @@ pub struct DevSkillRequest {
 #[derive(Debug, Serialize)]
 pub struct DevSkill {
     #[serde(flatten)]
-    pub skill: SkillVersion,
-    pub version: String,
+    pub(crate) skill: SkillVersion,
+    pub(crate) version: String,
 }
 
 /// `POST /dev/skills` (admin key).

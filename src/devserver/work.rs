@@ -53,9 +53,9 @@ fn rfc3339(micros: i64) -> String {
 /// A work item row, with what the wire object does not show.
 #[derive(Debug, Clone)]
 pub struct WorkRow {
-    pub work: Work,
-    pub last_heartbeat: Option<String>,
-    pub ttl_seconds: i64,
+    pub(crate) work: Work,
+    pub(crate) last_heartbeat: Option<String>,
+    pub(crate) ttl_seconds: i64,
 }
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<WorkRow> {

@@ -65,14 +65,14 @@ const TIMESTAMP_TRUST_MARGIN: Duration = Duration::from_secs(2);
 /// The most bytes a memory may hold: the API's limit on one memory's content
 /// (`102_400`). A larger file is decided by `fstat` and never read whole, so
 /// no file's size can drive the worker's memory use.
-pub const MAX_FILE_BYTES: u64 = 102_400;
+pub(crate) const MAX_FILE_BYTES: u64 = 102_400;
 /// The prefix of an oversized file's stand-in hash; see [`is_oversized`].
 const OVERSIZED: &str = "oversized:";
 
 /// Why the folder refused or failed an operation. The refusals are about the
 /// input (a path or content the folder will not act on); `Io` is the OS.
 #[derive(Debug, thiserror::Error)]
-pub enum FolderError {
+pub(crate) enum FolderError {
     #[error("path {0:?} escapes the store root")]
     Escapes(String),
     #[error("path {0:?} is a symlink")]
@@ -102,12 +102,13 @@ pub enum FolderError {
 impl FolderError {
     /// A refusal of the input rather than a failure of the OS: retrying the
     /// same content cannot succeed.
-    pub fn is_refusal(&self) -> bool {
+    pub(crate) fn is_refusal(&self) -> bool {
         !matches!(self, FolderError::Io { .. } | FolderError::Replaced(_))
     }
 
-    /// The OS error, when this is one.
-    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+    /// The OS error, when this is one (only the unit tests ask).
+    #[cfg(test)]
+    pub(crate) fn io_kind(&self) -> Option<std::io::ErrorKind> {
         match self {
             FolderError::Io { source, .. } => Some(source.kind()),
             _ => None,
@@ -127,17 +128,17 @@ impl FolderError {
 /// could not represent (not UTF-8), which can never be memories, and the
 /// entries it could not read.
 #[derive(Debug, Default, Clone, PartialEq)]
-pub struct Scan {
-    pub files: BTreeMap<String, String>,
-    pub unrepresentable: Vec<String>,
+pub(crate) struct Scan {
+    pub(crate) files: BTreeMap<String, String>,
+    pub(crate) unrepresentable: Vec<String>,
     /// Files and directories the scan could not read (`""`: the root). What
     /// is at or below such a path is unknown — never a deletion.
-    pub unreadable: Vec<String>,
+    pub(crate) unreadable: Vec<String>,
 }
 
 impl Scan {
     /// Is `rel` unknown to this scan: at or below an unreadable entry?
-    pub fn is_unknown(&self, rel: &str) -> bool {
+    pub(crate) fn is_unknown(&self, rel: &str) -> bool {
         self.unreadable.iter().any(|u| {
             u.is_empty()
                 || rel
@@ -150,7 +151,7 @@ impl Scan {
 /// Is this scanned hash the stand-in of a file over [`MAX_FILE_BYTES`]? A
 /// stand-in is made from the file's stat (size, times, inode), so it changes
 /// whenever the file does, and it never equals a content hash.
-pub fn is_oversized(sha: &str) -> bool {
+pub(crate) fn is_oversized(sha: &str) -> bool {
     sha.starts_with(OVERSIZED)
 }
 
@@ -185,7 +186,7 @@ struct StatKey {
 
 /// One store's folder.
 #[derive(Debug)]
-pub struct Folder {
+pub(crate) struct Folder {
     /// The configured (absolute) path, as the session names it.
     configured: PathBuf,
     /// The path with its ancestors' symlinks resolved, fixed by `create_root`.
@@ -206,13 +207,13 @@ pub struct Folder {
 }
 
 /// `path` is usable verbatim as a folder: absolute, and no `..` component.
-pub fn is_clean_absolute(path: &str) -> bool {
+pub(crate) fn is_clean_absolute(path: &str) -> bool {
     path.starts_with('/') && !path.split('/').any(|c| c == "..")
 }
 
 /// The components of a relative path: backslashes are separators, leading
 /// `/` and `.` components are dropped; `..` is refused.
-pub fn components(rel: &str) -> Result<Vec<&str>, FolderError> {
+pub(crate) fn components(rel: &str) -> Result<Vec<&str>, FolderError> {
     let mut out = Vec::new();
     for c in rel.split(['/', '\\']) {
         match c {
@@ -331,7 +332,7 @@ struct Walk {
 /// 1,024) and, with the explicit stack, rules out any stack overflow. A
 /// directory deeper than the cap is listed in [`Scan::unreadable`]: what it
 /// holds is unknown (warned once), never read as deleted.
-pub const MAX_SCAN_DEPTH: usize = 128;
+pub(crate) const MAX_SCAN_DEPTH: usize = 128;
 
 /// A directory a scan is inside: its fd (`None`: the root), its path and
 /// depth, and the names still to visit in it.
@@ -512,7 +513,7 @@ fn open_error(rel: &str, errno: Errno) -> FolderError {
 impl Folder {
     /// Prepare the folder at `root` (absolute); creates nothing. Whatever is
     /// at the path now (a directory, a file, a symlink) makes it not ours.
-    pub fn open(root: &Path, utf8_only: bool) -> std::io::Result<Folder> {
+    pub(crate) fn open(root: &Path, utf8_only: bool) -> std::io::Result<Folder> {
         let removed_on_dispose = match std::fs::symlink_metadata(root) {
             Ok(_) => false,
             // Nothing is there (or nothing can be, under a non-directory).
@@ -537,13 +538,8 @@ impl Folder {
         })
     }
 
-    /// The path the session names.
-    pub fn configured(&self) -> &Path {
-        &self.configured
-    }
-
     /// The folder's path with symlinks in its ancestors resolved.
-    pub fn root(&self) -> PathBuf {
+    pub(crate) fn root(&self) -> PathBuf {
         self.resolved
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -551,14 +547,14 @@ impl Folder {
     }
 
     /// Did `open` find nothing there (so the folder is ours to remove)?
-    pub fn removed_on_dispose(&self) -> bool {
+    pub(crate) fn removed_on_dispose(&self) -> bool {
         self.removed_on_dispose
     }
 
     /// Create the root and any missing ancestors (`0700`); an existing
     /// directory is fine. Fixes the resolved path, and opens the root and
     /// its parent: every later operation starts from these descriptors.
-    pub fn create_root(&self) -> std::io::Result<()> {
+    pub(crate) fn create_root(&self) -> std::io::Result<()> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -640,7 +636,7 @@ impl Folder {
 
     /// Is the root still the very directory `create_root` opened (not
     /// another one put in its place)?
-    pub fn is_original_root(&self) -> bool {
+    pub(crate) fn is_original_root(&self) -> bool {
         matches!(self.root_fd(), Ok(Some(_)))
             && self
                 .fds
@@ -692,7 +688,7 @@ impl Folder {
     }
 
     /// Write `data` at `rel` atomically (temporary file + rename).
-    pub fn put(&self, rel: &str, data: &[u8]) -> Result<(), FolderError> {
+    pub(crate) fn put(&self, rel: &str, data: &[u8]) -> Result<(), FolderError> {
         self.write_atomic(rel, data).map(drop)
     }
 
@@ -700,7 +696,7 @@ impl Folder {
     /// the root until it calls [`Folder::trust_private_writes`] — the mount,
     /// which runs before the agent's first tool call. The file's stat and
     /// hash are kept so the first scan need not read it back.
-    pub fn put_private(&self, rel: &str, data: &[u8]) -> Result<(), FolderError> {
+    pub(crate) fn put_private(&self, rel: &str, data: &[u8]) -> Result<(), FolderError> {
         let (dir, leaf) = self.write_atomic(rel, data)?;
         // Stat after the rename, which moves the file's ctime.
         if let Ok(st) = rustix::fs::statat(&dir, leaf.as_str(), AtFlags::SYMLINK_NOFOLLOW)
@@ -724,7 +720,7 @@ impl Folder {
     /// are hashed by the next scan). Comparing with the file system's own
     /// clock holds for any timestamp granularity and any clock skew between
     /// this host and a network file system. Returns how many were trusted.
-    pub fn trust_private_writes(&self) -> Result<usize, FolderError> {
+    pub(crate) fn trust_private_writes(&self) -> Result<usize, FolderError> {
         let writes = std::mem::take(
             &mut *self
                 .private_writes
@@ -802,7 +798,7 @@ impl Folder {
 
     /// The file's bytes; `None` when absent. Symlinks and non-regular files
     /// are refused without being read (a FIFO never blocks the open).
-    pub fn get(&self, rel: &str) -> Result<Option<Vec<u8>>, FolderError> {
+    pub(crate) fn get(&self, rel: &str) -> Result<Option<Vec<u8>>, FolderError> {
         let comps = components(rel)?;
         if comps.is_empty() {
             return Err(FolderError::NotAFile(rel.to_string()));
@@ -843,7 +839,7 @@ impl Folder {
     }
 
     /// One file's SHA-256; `None` when absent. Shares the scan's cache.
-    pub fn hash_file(&self, rel: &str) -> Result<Option<String>, FolderError> {
+    pub(crate) fn hash_file(&self, rel: &str) -> Result<Option<String>, FolderError> {
         let comps = components(rel)?;
         let Some((leaf, dirs)) = comps.split_last() else {
             return Err(FolderError::NotAFile(rel.to_string()));
@@ -891,7 +887,7 @@ impl Folder {
     /// to), FIFOs and devices are skipped; an entry that cannot be read is
     /// listed in [`Scan::unreadable`] (so what is below it is unknown, never
     /// deleted). An absent root scans empty; a replaced one fails.
-    pub fn scan(&self) -> Result<Scan, FolderError> {
+    pub(crate) fn scan(&self) -> Result<Scan, FolderError> {
         let start = now_ns();
         let Some(root) = self.root_fd()? else {
             return Ok(Scan::default());
@@ -918,7 +914,7 @@ impl Folder {
     }
 
     /// Delete the file at `rel`; an absent file is fine.
-    pub fn remove(&self, rel: &str) -> Result<(), FolderError> {
+    pub(crate) fn remove(&self, rel: &str) -> Result<(), FolderError> {
         let comps = components(rel)?;
         let Some((leaf, dirs)) = comps.split_last() else {
             return Ok(());
@@ -942,7 +938,7 @@ impl Folder {
     /// inside are removed, never followed; a root replaced by something
     /// else is left alone and reported; permissions the agent took away are
     /// restored first (the folder is the worker's own).
-    pub fn dispose(&self) -> Result<(), FolderError> {
+    pub(crate) fn dispose(&self) -> Result<(), FolderError> {
         if !self.removed_on_dispose {
             return Ok(());
         }

@@ -12,9 +12,9 @@
 //! that cannot be trusted (its marker gone or foreign while files remain) is
 //! never pushed from nor deleted from.
 
-pub mod folder;
+pub(crate) mod folder;
 pub mod options;
-pub mod plan;
+pub(crate) mod plan;
 pub mod remote;
 pub mod store;
 
@@ -60,13 +60,13 @@ pub struct SessionMemoryStores {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SyncReport {
     pub uploads: usize,
-    pub pulls: usize,
-    pub deletes: usize,
-    pub deletes_held: usize,
-    pub deletes_logged: usize,
-    pub conflicts: usize,
-    pub refused: usize,
-    pub recovered: usize,
+    pub(crate) pulls: usize,
+    pub(crate) deletes: usize,
+    pub(crate) deletes_held: usize,
+    pub(crate) deletes_logged: usize,
+    pub(crate) conflicts: usize,
+    pub(crate) refused: usize,
+    pub(crate) recovered: usize,
 }
 
 impl SyncReport {
@@ -117,7 +117,7 @@ impl SessionMemoryStores {
 
     /// Mount stores whose `mount_path` lies under `remap.advertised` under
     /// `remap.actual` instead (a host where the advertised root is not writable).
-    pub fn with_remap(mut self, remap: Option<crate::remap::MountRemap>) -> Self {
+    pub(crate) fn with_remap(mut self, remap: Option<crate::remap::MountRemap>) -> Self {
         self.remap = remap;
         self
     }
@@ -128,7 +128,7 @@ impl SessionMemoryStores {
     }
 
     /// The folders of stores attached read-only, where write and edit refuse.
-    pub fn read_only_roots(&self) -> Vec<PathBuf> {
+    pub(crate) fn read_only_roots(&self) -> Vec<PathBuf> {
         self.stores
             .iter()
             .filter(|s| s.read_only)
@@ -255,7 +255,7 @@ impl SessionMemoryStores {
     /// what it completed is already in the baseline (each operation is
     /// recorded as it completes), and what it had not finished is picked up
     /// by the next listing.
-    pub async fn sync_if_due_within(&self, bound: Duration) -> Option<SyncReport> {
+    pub(crate) async fn sync_if_due_within(&self, bound: Duration) -> Option<SyncReport> {
         match tokio::time::timeout(bound, self.sync_if_due()).await {
             Ok(report) => report,
             Err(_) => {

@@ -5,18 +5,18 @@ use std::str::FromStr;
 use std::time::Duration;
 
 /// How often a running session's stores are synced (checked after each tool call).
-pub const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(15);
+pub(crate) const DEFAULT_SYNC_INTERVAL: Duration = Duration::from_secs(15);
 /// The shortest sync interval: every sync lists every attached store.
-pub const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(5);
+pub(crate) const MIN_SYNC_INTERVAL: Duration = Duration::from_secs(5);
 /// The longest sync interval (a day): longer is as good as `off`, and says so.
-pub const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(24 * 3600);
 /// The bound on each periodic sync after a tool call: a sync cut off there
 /// lets the agent's next call go on, and the next sync picks up the rest.
-pub const SYNC_BOUND: Duration = Duration::from_secs(30);
+pub(crate) const SYNC_BOUND: Duration = Duration::from_secs(30);
 /// The bound on each teardown pass (the final sync, then the flush).
-pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const FLUSH_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest memory teardown bound accepted (each of the final sync and the flush).
-pub const MAX_TEARDOWN_BOUND: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_TEARDOWN_BOUND: Duration = Duration::from_secs(3600);
 
 /// Whether a file deleted locally may delete its memory on the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -31,7 +31,7 @@ pub enum DeleteMode {
 }
 
 impl DeleteMode {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             DeleteMode::Enabled => "enabled",
             DeleteMode::LogOnly => "log_only",
@@ -126,7 +126,7 @@ impl SyncInterval {
         Ok(SyncInterval(Some(Duration::from_secs_f64(secs))))
     }
 
-    pub fn interval(self) -> Option<Duration> {
+    pub(crate) fn interval(self) -> Option<Duration> {
         self.0
     }
 }

@@ -38,50 +38,50 @@ use tokio::time::Instant;
 use super::options::DeleteMode;
 
 /// How long a file must stay missing before its server delete goes out.
-pub const DELETE_CORROBORATION: Duration = Duration::from_secs(30);
+pub(crate) const DELETE_CORROBORATION: Duration = Duration::from_secs(30);
 
 /// The memory as the server listed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Listed<'a> {
+pub(crate) struct Listed<'a> {
     pub id: &'a str,
-    pub sha: &'a str,
+    pub(crate) sha: &'a str,
 }
 
 /// Everything known about one path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct PathFacts<'a> {
+pub(crate) struct PathFacts<'a> {
     /// The file's hash, if it is on disk.
-    pub local: Option<&'a str>,
+    pub(crate) local: Option<&'a str>,
     /// The hash both sides held at the last sync.
-    pub baseline: Option<&'a str>,
+    pub(crate) baseline: Option<&'a str>,
     /// The memory on the server.
-    pub remote: Option<Listed<'a>>,
+    pub(crate) remote: Option<Listed<'a>>,
     /// A hash the server refused for this path.
-    pub refused: Option<&'a str>,
+    pub(crate) refused: Option<&'a str>,
     /// Since when the file has been seen missing (a pending delete).
-    pub missing_since: Option<Instant>,
+    pub(crate) missing_since: Option<Instant>,
     /// The baseline is from before a re-download that did not re-establish
     /// it: good for telling a local edit from a conflict, never for deleting.
-    pub tentative: bool,
+    pub(crate) tentative: bool,
     /// The scan could not read the path (or a directory above it): whatever
     /// is on disk there is unknown.
-    pub unreadable: bool,
+    pub(crate) unreadable: bool,
 }
 
 /// What holds for the whole store during this pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PassFacts {
-    pub read_only: bool,
-    pub deletions: DeleteMode,
+pub(crate) struct PassFacts {
+    pub(crate) read_only: bool,
+    pub(crate) deletions: DeleteMode,
     /// The session's last sync: the delete window is waived.
     pub final_sync: bool,
-    pub now: Instant,
+    pub(crate) now: Instant,
 }
 
 /// What to do with one path. The baseline entry a decision leaves is the
 /// one named in it, unless its I/O says otherwise.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     /// The path leaves the baseline.
     Forget,
     /// The new baseline entry; nothing to do.
@@ -109,7 +109,7 @@ pub enum Decision {
 
 /// What happens to the path's pending-delete record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pending {
+pub(crate) enum Pending {
     Unchanged,
     Clear,
     Since(Instant),
@@ -117,7 +117,7 @@ pub enum Pending {
 
 /// A condition the sync reports (the executor logs it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Note {
+pub(crate) enum Note {
     /// Edited on both sides; the server's version is kept.
     BothChanged,
     /// Deleted here, edited on the server; the server's version comes back.
@@ -131,10 +131,10 @@ pub enum Note {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Plan {
-    pub decision: Decision,
-    pub pending: Pending,
-    pub note: Option<Note>,
+pub(crate) struct Plan {
+    pub(crate) decision: Decision,
+    pub(crate) pending: Pending,
+    pub(crate) note: Option<Note>,
 }
 
 impl Plan {
@@ -162,7 +162,7 @@ fn owned(s: Option<&str>) -> Option<String> {
 }
 
 /// Decide one path.
-pub fn plan(f: PathFacts<'_>, pass: PassFacts) -> Plan {
+pub(crate) fn plan(f: PathFacts<'_>, pass: PassFacts) -> Plan {
     if f.unreadable && f.local.is_none() {
         // Unknown, not gone: no delete, no pull over it, and its absence
         // starts no delete window.
@@ -307,7 +307,7 @@ fn delete_cap(baseline_len: usize) -> usize {
 /// What one corroborated local deletion may do in this pass, once its
 /// re-check (marker and file, read now) has passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeleteVerdict {
+pub(crate) enum DeleteVerdict {
     /// Delete the memory on the server.
     Send,
     /// `log_only`: log that the sync would delete it; the memory stays.
@@ -329,7 +329,7 @@ pub enum DeleteVerdict {
 /// delete takes a slot as a sent one would, so the log shows exactly what
 /// `enabled` would send.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeleteBudget {
+pub(crate) struct DeleteBudget {
     mode: DeleteMode,
     cap: usize,
     /// Deletes sent (or, in `log_only`, logged) so far.
@@ -341,7 +341,7 @@ pub struct DeleteBudget {
 impl DeleteBudget {
     /// The budget of a pass over a store whose baseline holds
     /// `baseline_len` paths when the pass is planned.
-    pub fn new(mode: DeleteMode, baseline_len: usize) -> DeleteBudget {
+    pub(crate) fn new(mode: DeleteMode, baseline_len: usize) -> DeleteBudget {
         DeleteBudget {
             mode,
             cap: delete_cap(baseline_len),
@@ -351,7 +351,7 @@ impl DeleteBudget {
     }
 
     /// The verdict on the next confirmed delete, which takes its slot.
-    pub fn take(&mut self) -> DeleteVerdict {
+    pub(crate) fn take(&mut self) -> DeleteVerdict {
         if self.mode == DeleteMode::Disabled {
             return DeleteVerdict::Suppressed;
         }
@@ -367,12 +367,12 @@ impl DeleteBudget {
     }
 
     /// Deletes held over the cap in this pass.
-    pub fn held(&self) -> usize {
+    pub(crate) fn held(&self) -> usize {
         self.held
     }
 
     /// Deletes only logged in this pass (`log_only`; zero otherwise).
-    pub fn logged(&self) -> usize {
+    pub(crate) fn logged(&self) -> usize {
         if self.mode == DeleteMode::LogOnly {
             self.taken
         } else {
@@ -383,7 +383,7 @@ impl DeleteBudget {
     /// When the cap held deletes back: the verb for what the pass did with
     /// the deletes under the cap ("sent", or "would send" in `log_only`),
     /// how many those were, and how many were held.
-    pub fn cap_reached(&self) -> Option<(&'static str, usize, usize)> {
+    pub(crate) fn cap_reached(&self) -> Option<(&'static str, usize, usize)> {
         if self.held == 0 {
             return None;
         }

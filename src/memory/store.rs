@@ -35,13 +35,13 @@ use super::remote::MemoryApi;
 pub const MARKER_PATH: &str = ".anthropic-memory-store";
 const MARKER_VERSION: u32 = 1;
 /// Content fetches in flight at once in one store's pull pass.
-pub const FETCH_CONCURRENCY: usize = 16;
+pub(crate) const FETCH_CONCURRENCY: usize = 16;
 /// Uploads in flight at once in one store's flush (and sync).
 pub const UPLOAD_CONCURRENCY: usize = 32;
 const BASIC_PAGE: u32 = 100;
 const FULL_PAGE: u32 = 20;
 
-pub fn marker_content(store_id: &str) -> String {
+pub(crate) fn marker_content(store_id: &str) -> String {
     format!("version {MARKER_VERSION}\n{store_id}")
 }
 
@@ -78,7 +78,7 @@ fn put(folder: &Folder, rel: &str, data: &[u8], private: bool) -> Result<(), Fol
 
 /// A sync failure that stops this store's pass (logged, never raised).
 #[derive(Debug, thiserror::Error)]
-pub enum PassError {
+pub(crate) enum PassError {
     #[error(transparent)]
     Folder(#[from] FolderError),
     #[error(transparent)]
@@ -122,25 +122,25 @@ struct Marked {
 
 /// What a pass did, for the caller's counters.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct PassStats {
+pub(crate) struct PassStats {
     pub uploads: usize,
-    pub pulls: usize,
-    pub deletes: usize,
-    pub deletes_held: usize,
-    pub deletes_logged: usize,
+    pub(crate) pulls: usize,
+    pub(crate) deletes: usize,
+    pub(crate) deletes_held: usize,
+    pub(crate) deletes_logged: usize,
     /// Remote changes that beat a local one (the local edit lost).
-    pub conflicts: usize,
+    pub(crate) conflicts: usize,
     /// Files the server refused in this pass (400/413); each counts once
     /// until its content changes.
-    pub refused: usize,
-    pub recovered: bool,
+    pub(crate) refused: usize,
+    pub(crate) recovered: bool,
 }
 
 /// One attached store.
 pub struct AttachedStore {
     pub id: String,
-    pub read_only: bool,
-    pub folder: Arc<Folder>,
+    pub(crate) read_only: bool,
+    pub(crate) folder: Arc<Folder>,
     state: Mutex<State>,
 }
 
@@ -153,7 +153,7 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl AttachedStore {
-    pub fn new(id: String, read_only: bool, folder: Folder) -> AttachedStore {
+    pub(crate) fn new(id: String, read_only: bool, folder: Folder) -> AttachedStore {
         AttachedStore {
             id,
             read_only,
@@ -297,7 +297,7 @@ impl AttachedStore {
     /// The first download, before the agent runs: nothing else writes to
     /// the folder meanwhile, so the hashes of what it writes go straight to
     /// the stat cache and the first sync need not read the files back.
-    pub async fn mount(&self, api: &dyn MemoryApi) -> Result<usize, PassError> {
+    pub(crate) async fn mount(&self, api: &dyn MemoryApi) -> Result<usize, PassError> {
         let written = self.stamp_and_pull(api, true).await?;
         let folder = self.folder.clone();
         blocking(move || folder.trust_private_writes()).await??;
@@ -393,7 +393,7 @@ impl AttachedStore {
     }
 
     /// One sync pass; never fails (a failure is logged and the next pass retries).
-    pub async fn sync(
+    pub(crate) async fn sync(
         &self,
         api: &dyn MemoryApi,
         deletions: DeleteMode,
@@ -713,7 +713,7 @@ impl AttachedStore {
     /// fallback). 404 on an update re-creates; 409 on an update loses the
     /// local edit; 400, 413 and content the folder refuses (not UTF-8) are
     /// remembered as refused until the file changes.
-    pub fn upload<'a>(
+    pub(crate) fn upload<'a>(
         &'a self,
         api: &'a dyn MemoryApi,
         rel: &'a str,
@@ -904,7 +904,7 @@ impl AttachedStore {
     /// Push-only: upload new and changed files, `UPLOAD_CONCURRENCY` at a
     /// time; no deletes, no pulls. If the caller drops this future part-way,
     /// the store logs how many changed files had not finished uploading.
-    pub async fn flush(&self, api: &dyn MemoryApi) -> FlushStats {
+    pub(crate) async fn flush(&self, api: &dyn MemoryApi) -> FlushStats {
         let mut stats = FlushStats::default();
         if self.read_only {
             return stats;
@@ -1044,7 +1044,7 @@ impl AttachedStore {
 
     /// Remove the folder if the worker made it and it still passes the
     /// marker check; never fails.
-    pub async fn dispose(&self) {
+    pub(crate) async fn dispose(&self) {
         let checked = match self.scan().await {
             Ok(scan) => scan,
             Err(e) => {
@@ -1085,10 +1085,10 @@ enum Removal {
 
 /// What a flush did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct FlushStats {
-    pub dirty: usize,
-    pub uploaded: usize,
-    pub conflicts: usize,
+pub(crate) struct FlushStats {
+    pub(crate) dirty: usize,
+    pub(crate) uploaded: usize,
+    pub(crate) conflicts: usize,
 }
 
 /// Logs, when a flush is dropped before it finished, how many of its

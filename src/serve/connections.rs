@@ -82,10 +82,10 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The bounds of the accept loop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectionLimits {
-    pub max_connections: usize,
-    pub header_read_timeout: Duration,
-    pub body_read_timeout: Duration,
-    pub idle_timeout: Duration,
+    pub(crate) max_connections: usize,
+    pub(crate) header_read_timeout: Duration,
+    pub(crate) body_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
 }
 
 impl ConnectionLimits {

@@ -18,7 +18,7 @@
 //! `/readyz` turns 503, running items are cancelled — their final flush
 //! still runs within its bounds — and the process exits once they are done.
 
-pub mod connections;
+pub(crate) mod connections;
 pub mod lambda;
 pub mod replay;
 
@@ -56,10 +56,10 @@ pub const RUN_STARTED: &str = "session.status_run_started";
 
 /// One configured endpoint, ready to serve.
 pub struct Endpoint {
-    pub name: String,
-    pub keys: Vec<SigningKey>,
-    pub worker: EnvironmentWorker,
-    pub drain: DrainOptions,
+    pub(crate) name: String,
+    pub(crate) keys: Vec<SigningKey>,
+    pub(crate) worker: EnvironmentWorker,
+    pub(crate) drain: DrainOptions,
     /// A delivery arrived since the running drain last found the queue empty.
     dirty: AtomicBool,
     /// A drain task is running (container mode).

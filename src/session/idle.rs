@@ -13,13 +13,13 @@ use crate::api::types::SessionEvent;
 const NEUTRAL: [&str; 2] = ["user.tool_confirmation", "session.thread_status_terminated"];
 
 /// Whether an event leaves the idle countdown untouched.
-pub fn is_neutral(event: &SessionEvent) -> bool {
+pub(crate) fn is_neutral(event: &SessionEvent) -> bool {
     NEUTRAL.contains(&event.event_type())
 }
 
 /// Whether `event` is an idle that ends the turn: every stop reason but
 /// `requires_action` does, including one newer than this worker.
-pub fn ends_turn(event: &SessionEvent) -> bool {
+pub(crate) fn ends_turn(event: &SessionEvent) -> bool {
     match event {
         SessionEvent::StatusIdle(idle) => idle
             .stop_reason
@@ -30,7 +30,7 @@ pub fn ends_turn(event: &SessionEvent) -> bool {
 }
 
 #[derive(Debug, Default)]
-pub struct IdleClock {
+pub(crate) struct IdleClock {
     armed_at: Option<Instant>,
     holds: usize,
     deferred: bool,
@@ -38,11 +38,11 @@ pub struct IdleClock {
 
 impl IdleClock {
     /// When the countdown started, if it runs.
-    pub fn armed_at(&self) -> Option<Instant> {
+    pub(crate) fn armed_at(&self) -> Option<Instant> {
         self.armed_at
     }
 
-    pub fn note(&mut self, event: &SessionEvent) {
+    pub(crate) fn note(&mut self, event: &SessionEvent) {
         if is_neutral(event) {
             return;
         }
@@ -53,7 +53,7 @@ impl IdleClock {
         }
     }
 
-    pub fn arm(&mut self) {
+    pub(crate) fn arm(&mut self) {
         if self.holds > 0 {
             self.deferred = true;
             return;
@@ -61,19 +61,19 @@ impl IdleClock {
         self.armed_at = Some(Instant::now());
     }
 
-    pub fn disarm(&mut self) {
+    pub(crate) fn disarm(&mut self) {
         self.deferred = false;
         self.armed_at = None;
     }
 
-    pub fn hold(&mut self) {
+    pub(crate) fn hold(&mut self) {
         self.holds += 1;
         if self.armed_at.take().is_some() {
             self.deferred = true;
         }
     }
 
-    pub fn release(&mut self) {
+    pub(crate) fn release(&mut self) {
         self.holds = self.holds.saturating_sub(1);
         if self.holds == 0 && std::mem::take(&mut self.deferred) {
             self.arm();

@@ -27,7 +27,7 @@
 //! cancels (lease lost, stop, shutdown) — which drops the call in flight (the
 //! shell is killed) and returns at once.
 
-pub mod idle;
+pub(crate) mod idle;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -51,21 +51,21 @@ use crate::tools::ToolHandler;
 
 use self::idle::IdleClock;
 
-pub const STREAM_BACKOFF_START: Duration = Duration::from_millis(500);
-pub const STREAM_BACKOFF_CAP: Duration = Duration::from_secs(10);
+pub(crate) const STREAM_BACKOFF_START: Duration = Duration::from_millis(500);
+pub(crate) const STREAM_BACKOFF_CAP: Duration = Duration::from_secs(10);
 /// A connection that stayed up this long resets the reconnect backoff.
-pub const STREAM_HEALTHY_AFTER: Duration = Duration::from_secs(5);
-pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
-pub const DEFAULT_MAX_IDLE: Duration = Duration::from_secs(60);
+pub(crate) const STREAM_HEALTHY_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const DEFAULT_MAX_IDLE: Duration = Duration::from_secs(60);
 /// How long a failing result post keeps retrying when the worker gives no lease TTL.
-pub const DEFAULT_SEND_WINDOW: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_SEND_WINDOW: Duration = Duration::from_secs(300);
 /// The wait after a result post's first failed attempt; it doubles each time.
-pub const POST_BACKOFF_START: Duration = Duration::from_secs(1);
+pub(crate) const POST_BACKOFF_START: Duration = Duration::from_secs(1);
 /// The longest wait between two result post attempts.
-pub const POST_BACKOFF_CAP: Duration = Duration::from_secs(30);
-pub const POST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const POST_BACKOFF_CAP: Duration = Duration::from_secs(30);
+pub(crate) const POST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long an ending run waits for the call in flight.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 /// Slack past a call's deadline before the runner stops waiting for a tool
 /// that ignores it.
 const DEADLINE_SLACK: Duration = Duration::from_secs(5);
@@ -77,11 +77,11 @@ const DEADLINE_SLACK: Duration = Duration::from_secs(5);
 pub struct SendWindow(Arc<AtomicU64>);
 
 impl SendWindow {
-    pub fn set(&self, window: Duration) {
+    pub(crate) fn set(&self, window: Duration) {
         self.0.store(window.as_millis() as u64, Ordering::Relaxed);
     }
 
-    pub fn get(&self) -> Duration {
+    pub(crate) fn get(&self) -> Duration {
         match self.0.load(Ordering::Relaxed) {
             0 => DEFAULT_SEND_WINDOW,
             ms => Duration::from_millis(ms),
@@ -90,10 +90,10 @@ impl SendWindow {
 }
 
 /// Runs after each call this runner executed and answered (the memory sync).
-pub type AfterCall = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
+pub(crate) type AfterCall = Arc<dyn Fn() -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Sees each call the runner dealt with (for a timeline, metrics, tests).
-pub type Observer = Arc<dyn Fn(&CallRecord) + Send + Sync>;
+pub(crate) type Observer = Arc<dyn Fn(&CallRecord) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct RunnerOptions {
@@ -145,7 +145,7 @@ pub enum RunEnd {
 impl RunEnd {
     /// A clean end: the session is done with this worker for now, and its
     /// memory gets a final sync.
-    pub fn is_clean(&self) -> bool {
+    pub(crate) fn is_clean(&self) -> bool {
         matches!(
             self,
             RunEnd::Terminated | RunEnd::Idle | RunEnd::Undelivered { .. }
@@ -169,11 +169,11 @@ pub struct CallRecord {
     pub tool_use_id: String,
     pub name: String,
     pub outcome: CallOutcome,
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// What the call was about: the command, the file or the pattern.
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
     /// The first line of the result text (for a timeline), when there is one.
-    pub summary: Option<String>,
+    pub(crate) summary: Option<String>,
 }
 
 /// The command, file or pattern of a call's input, shortened.

@@ -23,13 +23,13 @@ use tokio::time::Instant;
 use super::{ToolError, ToolOutput};
 
 /// Output kept per call; beyond it the tail is kept.
-pub const BASH_OUTPUT_LIMIT: usize = 100 * 1024;
+pub(crate) const BASH_OUTPUT_LIMIT: usize = 100 * 1024;
 /// A command's timeout when the call gives none.
-pub const BASH_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+pub(crate) const BASH_DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How a command failed to produce a result.
 #[derive(Debug, thiserror::Error)]
-pub enum BashError {
+pub(crate) enum BashError {
     #[error("bash command timed out after {0}ms")]
     Timeout(u128),
     #[error("the shell exited{0}")]
@@ -42,14 +42,14 @@ pub enum BashError {
 
 /// What a command printed (stdout and stderr together) and its exit status.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BashResult {
-    pub output: String,
+pub(crate) struct BashResult {
+    pub(crate) output: String,
     /// `-1` when the status could not be read.
-    pub exit_code: i32,
+    pub(crate) exit_code: i32,
 }
 
 /// A running `/bin/bash --noprofile --norc`.
-pub struct BashSession {
+pub(crate) struct BashSession {
     child: Child,
     stdin: ChildStdin,
     stdout: ChildStdout,
@@ -63,7 +63,7 @@ fn ansi() -> &'static regex::Regex {
 
 impl BashSession {
     /// Start a shell in `workdir` with exactly `env` (plus an empty prompt and `TERM=dumb`).
-    pub async fn start(
+    pub(crate) async fn start(
         workdir: &std::path::Path,
         env: &[(String, String)],
     ) -> Result<Self, BashError> {
@@ -114,7 +114,11 @@ impl BashSession {
     }
 
     /// Run `cmd`; on a timeout the caller must drop the session (it is killed).
-    pub async fn exec(&mut self, cmd: &str, timeout: Duration) -> Result<BashResult, BashError> {
+    pub(crate) async fn exec(
+        &mut self,
+        cmd: &str,
+        timeout: Duration,
+    ) -> Result<BashResult, BashError> {
         let nonce: u128 = rand::rng().random();
         let sentinel = format!("__ANT_CMD_{nonce:032x}_DONE__");
         let split = format!("{}''{}", &sentinel[..8], &sentinel[8..]);
@@ -191,7 +195,7 @@ impl BashSession {
     }
 
     /// Kill the shell's whole process group (background jobs included).
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(pgid) = self.pgid.take() {
             let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
         }
@@ -220,14 +224,14 @@ struct BashInput {
 }
 
 /// The `bash` tool: owns the session's shell, started on first use.
-pub struct BashTool {
+pub(crate) struct BashTool {
     workdir: PathBuf,
     env: Vec<(String, String)>,
     shell: tokio::sync::Mutex<Option<BashSession>>,
 }
 
 impl BashTool {
-    pub fn new(workdir: PathBuf, env: Vec<(String, String)>) -> Self {
+    pub(crate) fn new(workdir: PathBuf, env: Vec<(String, String)>) -> Self {
         BashTool {
             workdir,
             env,
@@ -237,7 +241,11 @@ impl BashTool {
 
     /// Run one call. `deadline` is the runner's bound on the whole call: a
     /// command's own timeout never outlives it.
-    pub async fn call(&self, input: Value, deadline: Instant) -> Result<ToolOutput, ToolError> {
+    pub(crate) async fn call(
+        &self,
+        input: Value,
+        deadline: Instant,
+    ) -> Result<ToolOutput, ToolError> {
         let input: BashInput = super::parse_input("bash", input)?;
         let mut slot = self.shell.lock().await;
         if input.restart.unwrap_or(false) {
@@ -284,7 +292,7 @@ impl BashTool {
     }
 
     /// Kill the shell, if one runs.
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.shell.lock().await.take();
     }
 }

@@ -30,11 +30,11 @@ use super::paths::{PathPolicy, Target, fs_reason};
 use super::{ToolError, ToolOutput};
 
 /// Cap of a whole-file `read` and of `edit` (both load the whole file).
-pub const DEFAULT_MAX_FILE_BYTES: u64 = 256 * 1024;
+pub(crate) const DEFAULT_MAX_FILE_BYTES: u64 = 256 * 1024;
 /// Cap on the base64 form of an image `read` returns as a content block.
-pub const MAX_IMAGE_BASE64_BYTES: u64 = 5 * 1024 * 1024;
+pub(crate) const MAX_IMAGE_BASE64_BYTES: u64 = 5 * 1024 * 1024;
 /// Cap on the raw size of a PDF `read` returns as a document block.
-pub const MAX_PDF_BYTES: u64 = 20 * 1024 * 1024;
+pub(crate) const MAX_PDF_BYTES: u64 = 20 * 1024 * 1024;
 
 /// Files `read` returns as base64 blocks rather than text.
 fn media_type(path: &Path) -> Option<&'static str> {
@@ -89,7 +89,7 @@ struct ReadInput {
     view_range: Option<Vec<i64>>,
 }
 
-pub fn read(
+pub(crate) fn read(
     policy: &PathPolicy,
     max_bytes: Option<u64>,
     input: Value,
@@ -326,7 +326,7 @@ struct WriteInput {
     content: String,
 }
 
-pub fn write(policy: &PathPolicy, input: Value) -> Result<ToolOutput, ToolError> {
+pub(crate) fn write(policy: &PathPolicy, input: Value) -> Result<ToolOutput, ToolError> {
     let input: WriteInput = super::parse_input("write", input)?;
     let p = input.file_path.as_str();
     let target = policy.locate("write", p)?;
@@ -348,7 +348,7 @@ struct EditInput {
     replace_all: Option<bool>,
 }
 
-pub fn edit(
+pub(crate) fn edit(
     policy: &PathPolicy,
     max_bytes: Option<u64>,
     input: Value,

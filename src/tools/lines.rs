@@ -15,9 +15,9 @@ use std::time::Instant;
 /// line longer than `keep`, `overlong` with no bytes, visited as soon as it
 /// overflows (once; the rest of it is read past, never held).
 pub(super) struct Line<'a> {
-    pub bytes: &'a [u8],
-    pub overlong: bool,
-    pub terminated: bool,
+    pub(crate) bytes: &'a [u8],
+    pub(crate) overlong: bool,
+    pub(crate) terminated: bool,
 }
 
 /// Why [`each_line`] stopped.

@@ -15,11 +15,11 @@
 //! starts in the workdir by path, and can reach whatever that user can), but
 //! its environment never carries the worker's credentials.
 
-pub mod bash;
-pub mod files;
+pub(crate) mod bash;
+pub(crate) mod files;
 mod lines;
 pub mod paths;
-pub mod search;
+pub(crate) mod search;
 
 use std::path::PathBuf;
 
@@ -32,7 +32,7 @@ use self::bash::BashTool;
 use self::paths::PathPolicy;
 
 /// The names this toolset serves, in the reference's order.
-pub const TOOL_NAMES: [&str; 6] = ["bash", "read", "write", "edit", "glob", "grep"];
+pub(crate) const TOOL_NAMES: [&str; 6] = ["bash", "read", "write", "edit", "glob", "grep"];
 
 /// A tool refused or failed; the text is what the agent reads (`is_error: true`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -42,7 +42,7 @@ pub struct ToolError {
 }
 
 impl ToolError {
-    pub fn new(message: impl Into<String>) -> Self {
+    pub(crate) fn new(message: impl Into<String>) -> Self {
         ToolError {
             message: message.into(),
         }
@@ -132,7 +132,7 @@ const HOST_SECRETS: [&str; 9] = [
 /// `ANTHROPIC_*` and `ENVWORKER_*` variable, the host's cloud credentials,
 /// and the variables named in `also_secret` (where a configuration file
 /// said a secret lives).
-pub fn scrubbed_env(also_secret: &[String]) -> Vec<(String, String)> {
+pub(crate) fn scrubbed_env(also_secret: &[String]) -> Vec<(String, String)> {
     scrub(
         std::env::vars_os()
             .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?))),
@@ -164,11 +164,11 @@ pub struct ToolContext {
     /// Where `write` and `edit` refuse: read-only memory stores.
     pub read_only_roots: Vec<PathBuf>,
     /// Cap of a whole-file `read` and of `edit`; `None` disables it.
-    pub max_file_bytes: Option<u64>,
+    pub(crate) max_file_bytes: Option<u64>,
     /// The shell's environment, used verbatim.
     pub bash_env: Vec<(String, String)>,
     /// Advertised mount paths that really live elsewhere (Lambda).
-    pub remap: Option<crate::remap::MountRemap>,
+    pub(crate) remap: Option<crate::remap::MountRemap>,
 }
 
 impl ToolContext {

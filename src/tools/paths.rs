@@ -186,7 +186,11 @@ impl PathPolicy {
     /// `read_only_roots` may name files or directories; an empty entry
     /// grants (or protects) nothing. A root that cannot be opened grants
     /// nothing, and paths under it answer why.
-    pub fn new(workdir: &Path, allowed_roots: Vec<PathBuf>, read_only_roots: Vec<PathBuf>) -> Self {
+    pub(crate) fn new(
+        workdir: &Path,
+        allowed_roots: Vec<PathBuf>,
+        read_only_roots: Vec<PathBuf>,
+    ) -> Self {
         let keep = |roots: Vec<PathBuf>| -> Vec<PathBuf> {
             roots
                 .into_iter()
@@ -222,7 +226,7 @@ impl PathPolicy {
     /// Where `p` (relative to the workdir) lies: its root and the components
     /// below it, or a refusal when it lies under no root or its root was
     /// replaced.
-    pub fn locate<'a>(&'a self, op: &str, p: &'a str) -> Result<Target<'a>, ToolError> {
+    pub(crate) fn locate<'a>(&'a self, op: &str, p: &'a str) -> Result<Target<'a>, ToolError> {
         let candidate = Path::new(p);
         let full = if candidate.is_absolute() {
             normalize(candidate)
@@ -279,7 +283,7 @@ impl PathPolicy {
     }
 
     /// The workdir itself, as a target (for `glob`/`grep` without a path).
-    pub fn locate_workdir<'a>(&'a self, op: &str) -> Result<Target<'a>, ToolError> {
+    pub(crate) fn locate_workdir<'a>(&'a self, op: &str) -> Result<Target<'a>, ToolError> {
         let root = self
             .inner
             .roots
@@ -306,7 +310,7 @@ impl PathPolicy {
 }
 
 /// A tool path matched to its root: opened only from the root's fd.
-pub struct Target<'a> {
+pub(crate) struct Target<'a> {
     policy: &'a PathPolicy,
     opened: &'a Opened,
     /// Below the root's fd (a single-file root's name included).
@@ -317,28 +321,28 @@ pub struct Target<'a> {
 
 impl Target<'_> {
     /// The absolute, lexically normalised path (for output).
-    pub fn shown(&self) -> &Path {
+    pub(crate) fn shown(&self) -> &Path {
         &self.shown
     }
 
     /// Open the target with `flags` (`O_NOFOLLOW` added), beneath its root.
-    pub fn open(&self, op: &str, flags: OFlags) -> Result<OwnedFd, ToolError> {
+    pub(crate) fn open(&self, op: &str, flags: OFlags) -> Result<OwnedFd, ToolError> {
         self.open_errno(flags).map_err(|e| self.error(op, e))
     }
 
     /// [`Target::open`] with the OS error as it came.
-    pub fn open_errno(&self, flags: OFlags) -> Result<OwnedFd, Errno> {
+    pub(crate) fn open_errno(&self, flags: OFlags) -> Result<OwnedFd, Errno> {
         let comps: Vec<&str> = self.comps.iter().map(String::as_str).collect();
         fsx::open_beneath(&self.opened.base, &comps, flags)
     }
 
     /// A refusal or failure about this path, in the tools' words.
-    pub fn error(&self, op: &str, e: Errno) -> ToolError {
+    pub(crate) fn error(&self, op: &str, e: Errno) -> ToolError {
         path_error(op, self.p, e)
     }
 
     /// Refuse when the file `id` (already open) is a read-only root.
-    pub fn check_writable_file(&self, op: &str, id: (u64, u64)) -> Result<(), ToolError> {
+    pub(crate) fn check_writable_file(&self, op: &str, id: (u64, u64)) -> Result<(), ToolError> {
         self.refuse_read_only(op, id)
     }
 
@@ -357,7 +361,11 @@ impl Target<'_> {
     /// without following symlinks (creating missing directories `0755` when
     /// `create`), and the target's name in it. Refuses when the root, or any
     /// directory on the way, is a read-only root.
-    pub fn parent_for_write(&self, op: &str, create: bool) -> Result<(OwnedFd, String), ToolError> {
+    pub(crate) fn parent_for_write(
+        &self,
+        op: &str,
+        create: bool,
+    ) -> Result<(OwnedFd, String), ToolError> {
         let Some((leaf, dirs)) = self.comps.split_last() else {
             return Err(self.error(op, Errno::ISDIR));
         };
@@ -389,7 +397,7 @@ impl Target<'_> {
 }
 
 /// An open or walk failure as the agent reads it.
-pub fn path_error(op: &str, p: &str, e: Errno) -> ToolError {
+pub(crate) fn path_error(op: &str, p: &str, e: Errno) -> ToolError {
     match e {
         Errno::LOOP => ToolError::new(format!(
             "{op}: {p}: a symbolic link is in the way (the file tools never follow symbolic links)"
@@ -403,7 +411,7 @@ pub fn path_error(op: &str, p: &str, e: Errno) -> ToolError {
 }
 
 /// Collapse `.` and `..` without touching the filesystem (`..` at `/` stays `/`).
-pub fn normalize(path: &Path) -> PathBuf {
+pub(crate) fn normalize(path: &Path) -> PathBuf {
     let mut out = PathBuf::new();
     for comp in path.components() {
         match comp {
@@ -428,7 +436,7 @@ fn errno_reason(e: Errno) -> String {
 }
 
 /// A filesystem error as the same words everywhere, without host paths.
-pub fn fs_reason(e: &io::Error) -> String {
+pub(crate) fn fs_reason(e: &io::Error) -> String {
     let Some(code) = e.raw_os_error() else {
         return match e.kind() {
             io::ErrorKind::NotFound => "no such file or directory".into(),

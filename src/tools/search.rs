@@ -31,14 +31,14 @@ use super::paths::{PathPolicy, Target};
 use super::{ToolError, ToolOutput};
 use crate::fsx;
 
-pub const GLOB_RESULT_LIMIT: usize = 200;
-pub const WALK_MAX_ENTRIES: usize = 50_000;
-pub const GREP_OUTPUT_LIMIT: usize = 100 * 1024;
-pub const GREP_MAX_LINE_LENGTH: usize = 2_000;
+pub(crate) const GLOB_RESULT_LIMIT: usize = 200;
+pub(crate) const WALK_MAX_ENTRIES: usize = 50_000;
+pub(crate) const GREP_OUTPUT_LIMIT: usize = 100 * 1024;
+pub(crate) const GREP_MAX_LINE_LENGTH: usize = 2_000;
 /// Most bytes grep reads of one file (100 MiB, a notice says where it
 /// stopped): a sparse or huge file costs bounded time, not the whole call's
 /// deadline, and the other files are still searched.
-pub const GREP_MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
+pub(crate) const GREP_MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
 
 const SKIPPED_DIRS: [&[u8]; 2] = [b".git", b"node_modules"];
 
@@ -47,7 +47,7 @@ const SKIPPED_DIRS: [&[u8]; 2] = [b".git", b"node_modules"];
 /// descriptor (shared by its pending subdirectories) and its path, so the
 /// cap bounds both: at most this many descriptors and this many paths at
 /// once. Deeper entries are skipped, as those past [`WALK_MAX_ENTRIES`] are.
-pub const WALK_MAX_DEPTH: usize = 256;
+pub(crate) const WALK_MAX_DEPTH: usize = 256;
 
 /// One non-directory entry met by a walk: its directory's fd, its name
 /// there, its path below the search root, and what `fstatat` (no follow)
@@ -195,7 +195,11 @@ struct GlobInput {
     path: Option<String>,
 }
 
-pub fn glob(policy: &PathPolicy, input: Value, deadline: Instant) -> Result<ToolOutput, ToolError> {
+pub(crate) fn glob(
+    policy: &PathPolicy,
+    input: Value,
+    deadline: Instant,
+) -> Result<ToolOutput, ToolError> {
     let input: GlobInput = super::parse_input("glob", input)?;
     let pattern = input.pattern.as_str();
     if pattern.starts_with('/') {
@@ -357,7 +361,11 @@ fn grep_fd(
     }
 }
 
-pub fn grep(policy: &PathPolicy, input: Value, deadline: Instant) -> Result<ToolOutput, ToolError> {
+pub(crate) fn grep(
+    policy: &PathPolicy,
+    input: Value,
+    deadline: Instant,
+) -> Result<ToolOutput, ToolError> {
     let input: GrepInput = super::parse_input("grep", input)?;
     let target = match input.path.as_deref().filter(|p| !p.is_empty()) {
         Some(p) => policy.locate("grep", p)?,

@@ -47,7 +47,7 @@ pub struct WorkItem {
     /// `session`, `healthcheck`, or a type added later.
     pub kind: String,
     /// The session id (for a session item).
-    pub data_id: String,
+    pub(crate) data_id: String,
     pub secret: Option<Redacted>,
 }
 
@@ -98,9 +98,9 @@ pub struct ItemReport {
     pub stopped: bool,
     pub stats: RunStats,
     pub teardown: TeardownReport,
-    pub duration: Duration,
+    pub(crate) duration: Duration,
     /// The session was fetched and [`WorkerEvent::Claimed`] emitted.
-    pub claimed: bool,
+    pub(crate) claimed: bool,
 }
 
 impl ItemReport {

@@ -29,10 +29,10 @@ use crate::api::{Client, Error, NO_HEARTBEAT};
 use crate::session::SendWindow;
 
 /// The interval before the server's first answer, and its ceiling.
-pub const MAX_INTERVAL: Duration = Duration::from_secs(30);
-pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const MAX_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const MIN_INTERVAL: Duration = Duration::from_secs(1);
 /// The TTL assumed until the server states one.
-pub const ASSUMED_TTL: Duration = Duration::from_secs(90);
+pub(crate) const ASSUMED_TTL: Duration = Duration::from_secs(90);
 
 /// Why a lease ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,15 +49,15 @@ pub enum LeaseEnd {
 
 /// The shared state of one item's lease.
 #[derive(Debug, Default)]
-pub struct Lease {
+pub(crate) struct Lease {
     /// Fires when the lease ends for any reason but the worker's own release:
     /// the session must stop.
-    pub ended: CancellationToken,
+    pub(crate) ended: CancellationToken,
     end: Mutex<Option<LeaseEnd>>,
 }
 
 impl Lease {
-    pub fn new() -> Arc<Lease> {
+    pub(crate) fn new() -> Arc<Lease> {
         Arc::new(Lease::default())
     }
 
@@ -73,18 +73,18 @@ impl Lease {
     }
 
     /// How the lease ended, if it did.
-    pub fn end(&self) -> Option<LeaseEnd> {
+    pub(crate) fn end(&self) -> Option<LeaseEnd> {
         self.end.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Whether another worker may own the item now (no force-stop then).
-    pub fn is_lost(&self) -> bool {
+    pub(crate) fn is_lost(&self) -> bool {
         self.end() == Some(LeaseEnd::Lost)
     }
 }
 
 /// Keep the lease alive until `release` fires or the lease ends.
-pub async fn heartbeat(
+pub(crate) async fn heartbeat(
     client: Client,
     environment_id: String,
     work_id: String,

@@ -8,7 +8,7 @@
 //! A worker is built once per endpoint from [`WorkerOptions`]; it holds no
 //! per-session state, so one worker serves any number of items.
 
-pub mod item;
+pub(crate) mod item;
 pub mod lease;
 pub mod poll;
 
@@ -71,7 +71,7 @@ pub enum WorkerEvent {
 }
 
 /// Where a worker sends its [`WorkerEvent`]s.
-pub type EventSink = mpsc::UnboundedSender<WorkerEvent>;
+pub(crate) type EventSink = mpsc::UnboundedSender<WorkerEvent>;
 
 /// Told of every [`WorkerEvent`] as it is emitted, on the emitting task.
 ///
@@ -79,7 +79,7 @@ pub type EventSink = mpsc::UnboundedSender<WorkerEvent>;
 /// (the server's `/metrics` counters, say) depends on the worker and never
 /// the other way round. `observe` must be quick and must not block: it runs
 /// inline, before the event reaches [`WorkerOptions::events`].
-pub trait WorkerObserver: Send + Sync {
+pub(crate) trait WorkerObserver: Send + Sync {
     fn observe(&self, event: &WorkerEvent);
 }
 
@@ -105,7 +105,7 @@ pub struct WorkerOptions {
     /// `ANTHROPIC_*` / `ENVWORKER_*`), kept out of the agent's shell.
     pub secret_env_vars: Vec<String>,
     /// Cap of `read` and `edit` on whole files; `None` disables it.
-    pub max_file_bytes: Option<u64>,
+    pub(crate) max_file_bytes: Option<u64>,
     /// The bound of the final sync, and separately of the flush (30 s).
     pub memory_teardown_bound: Duration,
     /// The bound of each periodic sync after a tool call (30 s), so a slow
@@ -113,10 +113,10 @@ pub struct WorkerOptions {
     /// CLI flag: the reference has none.
     pub memory_sync_bound: Duration,
     /// Mount paths under `advertised` really live under `actual` (Lambda: `/mnt/memory` → `/tmp/mnt/memory`).
-    pub mount_remap: Option<crate::remap::MountRemap>,
-    pub events: Option<EventSink>,
+    pub(crate) mount_remap: Option<crate::remap::MountRemap>,
+    pub(crate) events: Option<EventSink>,
     /// Told of the same events first, in order (the server's `/metrics` counters).
-    pub observers: Vec<Arc<dyn WorkerObserver>>,
+    pub(crate) observers: Vec<Arc<dyn WorkerObserver>>,
 }
 
 impl std::fmt::Debug for WorkerOptions {
@@ -134,7 +134,7 @@ impl std::fmt::Debug for WorkerOptions {
 }
 
 /// `<hostname>-<12 random hex digits>`, as the Python SDK names its workers.
-pub fn default_worker_id() -> String {
+pub(crate) fn default_worker_id() -> String {
     let host = rustix::system::uname()
         .nodename()
         .to_string_lossy()
@@ -174,11 +174,11 @@ impl WorkerOptions {
 
     /// Time a teardown needs before a hard deadline: the final sync and the
     /// flush, each bounded, the force-stop, and slack.
-    pub fn teardown_reserve(&self) -> Duration {
+    pub(crate) fn teardown_reserve(&self) -> Duration {
         self.memory_teardown_bound * 2 + item::STOP_TIMEOUT + Duration::from_secs(5)
     }
 
-    pub fn validate(&self) -> Result<(), WorkerError> {
+    pub(crate) fn validate(&self) -> Result<(), WorkerError> {
         if self.base_url.is_empty() {
             return Err(WorkerError::Config("the API base URL is empty".into()));
         }
@@ -257,12 +257,12 @@ impl EnvironmentWorker {
         })
     }
 
-    pub fn options(&self) -> &WorkerOptions {
+    pub(crate) fn options(&self) -> &WorkerOptions {
         &self.inner.options
     }
 
     /// The environment's queue statistics (environment key), for `/metrics`.
-    pub async fn queue_stats(
+    pub(crate) async fn queue_stats(
         &self,
     ) -> Result<crate::api::types::WorkQueueStats, crate::api::Error> {
         self.inner

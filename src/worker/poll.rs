@@ -24,8 +24,8 @@ use crate::api::{Client, Error};
 use super::item::{ItemReport, WorkItem};
 use super::{EnvironmentWorker, WorkerError};
 
-pub const POLL_BLOCK_MS: u32 = 999;
-pub const RECLAIM_OLDER_THAN_MS: u64 = 2_000;
+pub(crate) const POLL_BLOCK_MS: u32 = 999;
+pub(crate) const RECLAIM_OLDER_THAN_MS: u64 = 2_000;
 const BACKOFF_CAP: Duration = Duration::from_secs(60);
 const IDLE_LOG_EVERY: Duration = Duration::from_secs(300);
 
@@ -79,7 +79,7 @@ impl Default for DrainOptions {
 pub struct DrainReport {
     pub items: Vec<ItemReport>,
     /// The drain stopped claiming because the deadline was too near.
-    pub stopped_for_deadline: bool,
+    pub(crate) stopped_for_deadline: bool,
 }
 
 /// What became of an ack.
@@ -100,7 +100,7 @@ async fn pause(cancel: &CancellationToken, wait: Duration) -> bool {
 }
 
 /// Serves one claimed item; the default is [`EnvironmentWorker::handle_item`].
-pub type ItemHandler = Arc<dyn Fn(Work) -> BoxFuture<'static, ()> + Send + Sync>;
+pub(crate) type ItemHandler = Arc<dyn Fn(Work) -> BoxFuture<'static, ()> + Send + Sync>;
 
 impl EnvironmentWorker {
     fn poll_client(&self) -> Result<Client, WorkerError> {
@@ -147,7 +147,7 @@ impl EnvironmentWorker {
     }
 
     /// [`run`](Self::run), handing each acknowledged item to `handler`.
-    pub async fn run_with(
+    pub(crate) async fn run_with(
         &self,
         cancel: CancellationToken,
         handler: ItemHandler,

@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::Timestamp;
 
 /// A text content block, the form every tool result takes here.
-pub fn text_block(text: impl Into<String>) -> Value {
+pub(crate) fn text_block(text: impl Into<String>) -> Value {
     serde_json::json!({"type": "text", "text": text.into()})
 }
 
@@ -20,14 +20,14 @@ pub struct AgentToolUse {
     pub id: String,
     pub name: String,
     #[serde(default)]
-    pub input: Value,
+    pub(crate) input: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
+    pub(crate) processed_at: Option<Timestamp>,
     /// `allow`, `ask` or `deny`; absent means allow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub evaluated_permission: Option<String>,
+    pub(crate) evaluated_permission: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session_thread_id: Option<String>,
+    pub(crate) session_thread_id: Option<String>,
 }
 
 /// `agent.custom_tool_use`: the agent calls a custom tool.
@@ -36,11 +36,11 @@ pub struct AgentCustomToolUse {
     pub id: String,
     pub name: String,
     #[serde(default)]
-    pub input: Value,
+    pub(crate) input: Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
+    pub(crate) processed_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub session_thread_id: Option<String>,
+    pub(crate) session_thread_id: Option<String>,
 }
 
 /// `user.tool_result`: the answer to an `agent.tool_use`.
@@ -49,12 +49,12 @@ pub struct UserToolResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
-    pub tool_use_id: String,
+    pub(crate) processed_at: Option<Timestamp>,
+    pub(crate) tool_use_id: String,
     #[serde(default)]
     pub content: Vec<Value>,
     #[serde(default)]
-    pub is_error: bool,
+    pub(crate) is_error: bool,
 }
 
 /// `user.custom_tool_result`: the answer to an `agent.custom_tool_use`.
@@ -63,12 +63,12 @@ pub struct UserCustomToolResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
-    pub custom_tool_use_id: String,
+    pub(crate) processed_at: Option<Timestamp>,
+    pub(crate) custom_tool_use_id: String,
     #[serde(default)]
     pub content: Vec<Value>,
     #[serde(default)]
-    pub is_error: bool,
+    pub(crate) is_error: bool,
 }
 
 /// `user.tool_confirmation`: the verdict on a tool call held for permission.
@@ -77,12 +77,12 @@ pub struct UserToolConfirmation {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
-    pub tool_use_id: String,
+    pub(crate) processed_at: Option<Timestamp>,
+    pub(crate) tool_use_id: String,
     /// `allow` or `deny`.
-    pub result: String,
+    pub(crate) result: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub deny_message: Option<String>,
+    pub(crate) deny_message: Option<String>,
 }
 
 /// `user.message`.
@@ -91,7 +91,7 @@ pub struct UserMessage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
+    pub(crate) processed_at: Option<Timestamp>,
     #[serde(default)]
     pub content: Vec<Value>,
 }
@@ -103,17 +103,17 @@ pub struct Marker {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
+    pub(crate) processed_at: Option<Timestamp>,
 }
 
 /// Why a session went idle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StopReason {
+pub(crate) struct StopReason {
     /// `end_turn`, `requires_action`, `retries_exhausted`, `budget_reached`, ….
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub event_ids: Option<Vec<String>>,
+    pub(crate) event_ids: Option<Vec<String>>,
 }
 
 /// `session.status_idle`.
@@ -122,9 +122,9 @@ pub struct StatusIdle {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
+    pub(crate) processed_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop_reason: Option<StopReason>,
+    pub(crate) stop_reason: Option<StopReason>,
 }
 
 /// `session.error`.
@@ -133,9 +133,9 @@ pub struct SessionErrorEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub processed_at: Option<Timestamp>,
+    pub(crate) processed_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<Value>,
+    pub(crate) error: Option<Value>,
 }
 
 macro_rules! session_events {
@@ -150,7 +150,7 @@ macro_rules! session_events {
 
         impl SessionEvent {
             /// The wire `type` of this event.
-            pub fn event_type(&self) -> &str {
+            pub(crate) fn event_type(&self) -> &str {
                 match self {
                     $( SessionEvent::$variant(_) => $name, )*
                     SessionEvent::Other(v) => v.get("type").and_then(Value::as_str).unwrap_or(""),
@@ -242,8 +242,8 @@ impl SessionEvent {
 
 /// Body of `POST /v1/sessions/{id}/events`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SendEvents {
-    pub events: Vec<SessionEvent>,
+pub(crate) struct SendEvents {
+    pub(crate) events: Vec<SessionEvent>,
 }
 
 /// Answer of `POST /v1/sessions/{id}/events`: the events as recorded.
@@ -261,7 +261,7 @@ pub enum Order {
 }
 
 impl Order {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Order::Asc => "asc",
             Order::Desc => "desc",
@@ -274,7 +274,7 @@ impl Order {
 pub struct ListEvents {
     pub limit: Option<u32>,
     pub page: Option<String>,
-    pub order: Option<Order>,
+    pub(crate) order: Option<Order>,
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ pub struct MemoryStore {
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     #[serde(default)]
-    pub archived_at: Option<Timestamp>,
+    pub(crate) archived_at: Option<Timestamp>,
 }
 
 /// `memory`: a UTF-8 text document at a path inside a store.
@@ -167,7 +167,7 @@ impl From<MemoryListItem> for MemoryIndexEntry {
 }
 
 impl MemoryIndexEntry {
-    pub fn is_memory(&self) -> bool {
+    pub(crate) fn is_memory(&self) -> bool {
         self.kind == IndexKind::Memory
     }
 }
@@ -182,7 +182,7 @@ pub enum MemoryOperation {
 }
 
 impl MemoryOperation {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             MemoryOperation::Created => "created",
             MemoryOperation::Modified => "modified",
@@ -190,7 +190,7 @@ impl MemoryOperation {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "created" => Some(MemoryOperation::Created),
             "modified" => Some(MemoryOperation::Modified),
@@ -206,19 +206,19 @@ impl MemoryOperation {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Actor {
     #[serde(rename = "type")]
-    pub actor_type: String,
+    pub(crate) actor_type: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user_id: Option<String>,
+    pub(crate) user_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service_account_id: Option<String>,
 }
 
 impl Actor {
-    pub fn api(api_key_id: impl Into<String>) -> Self {
+    pub(crate) fn api(api_key_id: impl Into<String>) -> Self {
         Actor {
             actor_type: "api_actor".into(),
             session_id: None,
@@ -228,7 +228,7 @@ impl Actor {
         }
     }
 
-    pub fn session(session_id: impl Into<String>) -> Self {
+    pub(crate) fn session(session_id: impl Into<String>) -> Self {
         Actor {
             actor_type: "session_actor".into(),
             session_id: Some(session_id.into()),
@@ -239,7 +239,7 @@ impl Actor {
     }
 
     /// The identifier that names this actor, whatever its type.
-    pub fn id(&self) -> Option<&str> {
+    pub(crate) fn id(&self) -> Option<&str> {
         self.session_id
             .as_deref()
             .or(self.api_key_id.as_deref())
@@ -266,12 +266,12 @@ pub struct MemoryVersion {
     #[serde(default)]
     pub content_size_bytes: Option<u64>,
     #[serde(default)]
-    pub created_by: Option<Actor>,
+    pub(crate) created_by: Option<Actor>,
     pub created_at: Timestamp,
     #[serde(default)]
-    pub redacted_at: Option<Timestamp>,
+    pub(crate) redacted_at: Option<Timestamp>,
     #[serde(default)]
-    pub redacted_by: Option<Actor>,
+    pub(crate) redacted_by: Option<Actor>,
 }
 
 /// Confirmation of `DELETE /v1/memory_stores/{id}`.
@@ -299,14 +299,14 @@ pub enum View {
 }
 
 impl View {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             View::Basic => "basic",
             View::Full => "full",
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "basic" => Some(View::Basic),
             "full" => Some(View::Full),
@@ -392,7 +392,7 @@ pub struct UpdateMemory {
 pub struct ListMemoryStores {
     pub limit: Option<u32>,
     pub page: Option<String>,
-    pub include_archived: Option<bool>,
+    pub(crate) include_archived: Option<bool>,
     pub created_at_gte: Option<Timestamp>,
     pub created_at_lte: Option<Timestamp>,
 }
@@ -424,22 +424,22 @@ pub struct ListMemoryVersions {
 
 /// Default values of the `type` fields, so that a constructor need not spell them.
 pub(crate) mod tag {
-    pub fn memory_store() -> String {
+    pub(crate) fn memory_store() -> String {
         "memory_store".into()
     }
-    pub fn memory() -> String {
+    pub(crate) fn memory() -> String {
         "memory".into()
     }
-    pub fn memory_prefix() -> String {
+    pub(crate) fn memory_prefix() -> String {
         "memory_prefix".into()
     }
-    pub fn memory_version() -> String {
+    pub(crate) fn memory_version() -> String {
         "memory_version".into()
     }
-    pub fn memory_store_deleted() -> String {
+    pub(crate) fn memory_store_deleted() -> String {
         "memory_store_deleted".into()
     }
-    pub fn memory_deleted() -> String {
+    pub(crate) fn memory_deleted() -> String {
         "memory_deleted".into()
     }
 }

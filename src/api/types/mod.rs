@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Every timestamp the API sends is RFC 3339, UTC.
-pub type Timestamp = chrono::DateTime<chrono::Utc>;
+pub(crate) type Timestamp = chrono::DateTime<chrono::Utc>;
 
 /// One page of a cursor-paginated listing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -30,7 +30,7 @@ pub struct Page<T> {
 
 impl<T> Page<T> {
     /// The cursor of the next page, if there is one to fetch.
-    pub fn next_cursor(&self) -> Option<&str> {
+    pub(crate) fn next_cursor(&self) -> Option<&str> {
         match self.next_page.as_deref() {
             Some(c) if !c.is_empty() && !self.data.is_empty() => Some(c),
             _ => None,
@@ -40,21 +40,21 @@ impl<T> Page<T> {
 
 /// The error envelope: `{"type":"error","error":{...},"request_id":...}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorEnvelope {
+pub(crate) struct ErrorEnvelope {
     #[serde(rename = "type")]
     pub object_type: String,
-    pub error: ErrorBody,
+    pub(crate) error: ErrorBody,
     #[serde(default)]
-    pub request_id: Option<String>,
+    pub(crate) request_id: Option<String>,
 }
 
 /// The `error` member of the envelope.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ErrorBody {
+pub(crate) struct ErrorBody {
     /// `invalid_request_error`, `not_found_error`, `memory_precondition_failed_error`, ….
     #[serde(rename = "type")]
     pub kind: String,
-    pub message: String,
+    pub(crate) message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub details: Option<Value>,
+    pub(crate) details: Option<Value>,
 }

@@ -20,7 +20,7 @@ pub enum SessionStatus {
 }
 
 impl SessionStatus {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             SessionStatus::Idle => "idle",
             SessionStatus::Running => "running",
@@ -37,7 +37,7 @@ pub struct Session {
     pub id: String,
     #[serde(rename = "type", default = "tag_session")]
     pub object_type: String,
-    pub status: SessionStatus,
+    pub(crate) status: SessionStatus,
     #[serde(default)]
     pub environment_id: Option<String>,
     pub agent: AgentSnapshot,
@@ -46,19 +46,19 @@ pub struct Session {
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
-    pub title: Option<String>,
+    pub(crate) title: Option<String>,
     #[serde(default)]
-    pub vault_ids: Vec<String>,
+    pub(crate) vault_ids: Vec<String>,
     #[serde(default)]
-    pub outcome_evaluations: Vec<Value>,
+    pub(crate) outcome_evaluations: Vec<Value>,
     #[serde(default)]
     pub stats: Value,
     #[serde(default)]
-    pub usage: Value,
+    pub(crate) usage: Value,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     #[serde(default)]
-    pub archived_at: Option<Timestamp>,
+    pub(crate) archived_at: Option<Timestamp>,
 }
 
 fn tag_session() -> String {
@@ -80,7 +80,7 @@ impl Session {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct AgentSnapshot {
     #[serde(default)]
-    pub tools: Vec<Value>,
+    pub(crate) tools: Vec<Value>,
     #[serde(default)]
     pub skills: Vec<SkillRef>,
     #[serde(flatten)]
@@ -92,7 +92,7 @@ pub struct AgentSnapshot {
 pub struct SkillRef {
     pub skill_id: String,
     #[serde(default)]
-    pub version: Option<String>,
+    pub(crate) version: Option<String>,
     #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
 }
@@ -114,7 +114,7 @@ impl Access {
         }
     }
 
-    pub fn parse(s: &str) -> Option<Self> {
+    pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "read_write" => Some(Access::ReadWrite),
             "read_only" => Some(Access::ReadOnly),
@@ -131,9 +131,9 @@ pub struct MemoryStoreResource {
     pub object_type: String,
     pub memory_store_id: String,
     #[serde(default)]
-    pub access: Option<Access>,
+    pub(crate) access: Option<Access>,
     #[serde(default)]
-    pub instructions: Option<String>,
+    pub(crate) instructions: Option<String>,
     #[serde(default)]
     pub mount_path: Option<String>,
     #[serde(default)]

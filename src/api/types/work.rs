@@ -50,13 +50,13 @@ pub struct Environment {
     pub description: String,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
-    pub config: EnvironmentConfig,
+    pub(crate) config: EnvironmentConfig,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub scope: Option<String>,
+    pub(crate) scope: Option<String>,
     pub created_at: Timestamp,
     pub updated_at: Timestamp,
     #[serde(default)]
-    pub archived_at: Option<Timestamp>,
+    pub(crate) archived_at: Option<Timestamp>,
 }
 
 fn tag_environment() -> String {
@@ -64,7 +64,7 @@ fn tag_environment() -> String {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EnvironmentConfig {
+pub(crate) struct EnvironmentConfig {
     #[serde(rename = "type")]
     pub kind: String,
 }
@@ -84,7 +84,7 @@ pub enum WorkState {
 }
 
 impl WorkState {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             WorkState::Queued => "queued",
             WorkState::Starting => "starting",
@@ -95,7 +95,7 @@ impl WorkState {
         }
     }
 
-    pub fn parse(s: &str) -> Self {
+    pub(crate) fn parse(s: &str) -> Self {
         match s {
             "queued" => WorkState::Queued,
             "starting" => WorkState::Starting,
@@ -138,15 +138,15 @@ pub struct Work {
     pub metadata: BTreeMap<String, String>,
     pub created_at: String,
     #[serde(default)]
-    pub acknowledged_at: Option<String>,
+    pub(crate) acknowledged_at: Option<String>,
     #[serde(default)]
-    pub started_at: Option<String>,
+    pub(crate) started_at: Option<String>,
     #[serde(default)]
-    pub latest_heartbeat_at: Option<String>,
+    pub(crate) latest_heartbeat_at: Option<String>,
     #[serde(default)]
-    pub stop_requested_at: Option<String>,
+    pub(crate) stop_requested_at: Option<String>,
     #[serde(default)]
-    pub stopped_at: Option<String>,
+    pub(crate) stopped_at: Option<String>,
 }
 
 fn tag_work() -> String {
@@ -159,10 +159,10 @@ pub struct Heartbeat {
     #[serde(rename = "type", default = "tag_work_heartbeat")]
     pub object_type: String,
     /// Echo this value exactly as `expected_last_heartbeat` on the next beat.
-    pub last_heartbeat: String,
-    pub lease_extended: bool,
+    pub(crate) last_heartbeat: String,
+    pub(crate) lease_extended: bool,
     pub state: WorkState,
-    pub ttl_seconds: i64,
+    pub(crate) ttl_seconds: i64,
 }
 
 fn tag_work_heartbeat() -> String {
@@ -174,10 +174,10 @@ fn tag_work_heartbeat() -> String {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LeaseState {
     #[serde(default)]
-    pub last_heartbeat: Option<String>,
-    pub lease_extended: bool,
+    pub(crate) last_heartbeat: Option<String>,
+    pub(crate) lease_extended: bool,
     pub state: WorkState,
-    pub ttl_seconds: i64,
+    pub(crate) ttl_seconds: i64,
 }
 
 /// `work_queue_stats`.
@@ -186,11 +186,11 @@ pub struct WorkQueueStats {
     #[serde(rename = "type", default = "tag_work_queue_stats")]
     pub object_type: String,
     pub depth: u64,
-    pub pending: u64,
+    pub(crate) pending: u64,
     #[serde(default)]
-    pub oldest_queued_at: Option<String>,
+    pub(crate) oldest_queued_at: Option<String>,
     #[serde(default)]
-    pub workers_polling: Option<u64>,
+    pub(crate) workers_polling: Option<u64>,
 }
 
 fn tag_work_queue_stats() -> String {
@@ -201,9 +201,9 @@ fn tag_work_queue_stats() -> String {
 /// only `sessions_token`.
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkSecret {
-    pub sessions_token: Redacted,
+    pub(crate) sessions_token: Redacted,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub api_base_url: Option<String>,
+    pub(crate) api_base_url: Option<String>,
 }
 
 impl fmt::Debug for WorkSecret {

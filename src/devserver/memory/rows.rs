@@ -308,14 +308,14 @@ pub fn contents(tx: &Transaction<'_>, store_id: &str) -> HttpResult<BTreeMap<Str
 
 /// What a new version records.
 pub struct NewVersion<'a> {
-    pub store_id: &'a str,
-    pub memory_id: &'a str,
-    pub operation: MemoryOperation,
-    pub path: &'a str,
+    pub(crate) store_id: &'a str,
+    pub(crate) memory_id: &'a str,
+    pub(crate) operation: MemoryOperation,
+    pub(crate) path: &'a str,
     /// `None` for a deletion.
-    pub content: Option<(&'a str, &'a str)>,
-    pub actor: &'a Actor,
-    pub at: i64,
+    pub(crate) content: Option<(&'a str, &'a str)>,
+    pub(crate) actor: &'a Actor,
+    pub(crate) at: i64,
 }
 
 /// Append a version; returns its id.

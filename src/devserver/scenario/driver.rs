@@ -34,16 +34,16 @@ const CONFIRM_DELAY: Duration = Duration::from_millis(200);
 
 /// Everything the driver needs, fixed when the scenario was loaded.
 pub struct Run {
-    pub session_id: String,
-    pub steps: Vec<Step>,
+    pub(crate) session_id: String,
+    pub(crate) steps: Vec<Step>,
     /// Store key → mount path, for `{mount:KEY}`.
-    pub mounts: BTreeMap<String, String>,
+    pub(crate) mounts: BTreeMap<String, String>,
     /// Store key → memory store id.
-    pub store_ids: BTreeMap<String, String>,
-    pub expect_final: Option<BTreeMap<String, BTreeMap<String, String>>>,
-    pub report: Report,
+    pub(crate) store_ids: BTreeMap<String, String>,
+    pub(crate) expect_final: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    pub(crate) report: Report,
     /// The devserver's admin actor, for out-of-band changes.
-    pub admin: crate::api::types::Actor,
+    pub(crate) admin: crate::api::types::Actor,
 }
 
 fn now_rfc3339() -> String {

@@ -52,26 +52,26 @@ pub struct Scenario {
     #[serde(default)]
     pub agent: Option<Value>,
     #[serde(default)]
-    pub memory_stores: Vec<StoreSpec>,
+    pub(crate) memory_stores: Vec<StoreSpec>,
     #[serde(default)]
-    pub steps: Vec<Value>,
+    pub(crate) steps: Vec<Value>,
     #[serde(default)]
-    pub expect_final: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    pub(crate) expect_final: Option<BTreeMap<String, BTreeMap<String, String>>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreSpec {
-    pub key: String,
-    pub name: String,
+    pub(crate) key: String,
+    pub(crate) name: String,
     #[serde(default)]
-    pub access: Option<String>,
+    pub(crate) access: Option<String>,
     #[serde(default)]
     pub description: Option<String>,
     #[serde(default)]
     pub instructions: Option<String>,
     #[serde(default)]
-    pub memories: BTreeMap<String, String>,
+    pub(crate) memories: BTreeMap<String, String>,
 }
 
 impl StoreSpec {
@@ -88,11 +88,11 @@ impl StoreSpec {
 #[serde(deny_unknown_fields)]
 pub struct Expect {
     #[serde(default)]
-    pub is_error: Option<bool>,
+    pub(crate) is_error: Option<bool>,
     #[serde(default)]
-    pub contains: Option<OneOrMany>,
+    pub(crate) contains: Option<OneOrMany>,
     #[serde(default)]
-    pub not_contains: Option<OneOrMany>,
+    pub(crate) not_contains: Option<OneOrMany>,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -114,28 +114,28 @@ impl OneOrMany {
 /// A tool call the agent makes.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ToolStep {
-    pub name: String,
-    pub custom: bool,
-    pub input: Value,
-    pub expect: Expect,
+    pub(crate) name: String,
+    pub(crate) custom: bool,
+    pub(crate) input: Value,
+    pub(crate) expect: Expect,
     /// `allow`, `ask` or `deny` as the server evaluated it; `None` = allow.
-    pub evaluated_permission: Option<String>,
+    pub(crate) evaluated_permission: Option<String>,
     /// The user's verdict on an `ask` call.
-    pub confirm: Option<String>,
-    pub timeout_ms: Option<u64>,
+    pub(crate) confirm: Option<String>,
+    pub(crate) timeout_ms: Option<u64>,
 }
 
 /// A change made through the API, as an organisation key would.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RemoteOp {
-    pub op: String,
-    pub store: String,
-    pub path: String,
+    pub(crate) op: String,
+    pub(crate) store: String,
+    pub(crate) path: String,
     #[serde(default)]
-    pub content: Option<String>,
+    pub(crate) content: Option<String>,
     #[serde(default)]
-    pub new_path: Option<String>,
+    pub(crate) new_path: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -401,8 +401,8 @@ pub fn substitute_str(s: &str, mounts: &BTreeMap<String, String>) -> String {
 /// A checked scenario.
 #[derive(Debug, Clone)]
 pub struct Checked {
-    pub scenario: Scenario,
-    pub steps: Vec<Step>,
+    pub(crate) scenario: Scenario,
+    pub(crate) steps: Vec<Step>,
 }
 
 /// Parse and check a scenario document.

@@ -3,7 +3,7 @@
 
 mod driver;
 pub mod format;
-pub mod report;
+pub(crate) mod report;
 
 use std::collections::BTreeMap;
 
@@ -24,9 +24,9 @@ use report::{Report, ReportStatus, StoreInfo};
 /// Answer of `POST /dev/scenarios`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct StartedScenario {
-    pub session_id: String,
-    pub environment_id: String,
-    pub environment_key: String,
+    pub(crate) session_id: String,
+    pub(crate) environment_id: String,
+    pub(crate) environment_key: String,
 }
 
 pub async fn start(

@@ -28,48 +28,48 @@ pub enum StepStatus {
 /// What happened at one step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StepOutcome {
-    pub index: usize,
+    pub(crate) index: usize,
     /// `tool`, `custom_tool`, `remote` or `wait`.
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     pub status: StepStatus,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_use_id: Option<String>,
+    pub(crate) tool_use_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub is_error: Option<bool>,
+    pub(crate) is_error: Option<bool>,
     /// The result's text, truncated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output: Option<String>,
+    pub(crate) output: Option<String>,
     /// From the `agent.tool_use` being recorded to its result being recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub latency_ms: Option<f64>,
+    pub(crate) latency_ms: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub detail: Option<String>,
+    pub(crate) detail: Option<String>,
 }
 
 /// A store of the scenario as created.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoreInfo {
-    pub memory_store_id: String,
-    pub mount_path: String,
-    pub access: String,
+    pub(crate) memory_store_id: String,
+    pub(crate) mount_path: String,
+    pub(crate) access: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
-    pub session_id: String,
-    pub environment_id: String,
-    pub name: String,
+    pub(crate) session_id: String,
+    pub(crate) environment_id: String,
+    pub(crate) name: String,
     pub status: ReportStatus,
-    pub stores: BTreeMap<String, StoreInfo>,
-    pub steps: Vec<StepOutcome>,
+    pub(crate) stores: BTreeMap<String, StoreInfo>,
+    pub(crate) steps: Vec<StepOutcome>,
     /// Every store's complete contents once the work item stopped.
-    pub final_contents: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    pub(crate) final_contents: Option<BTreeMap<String, BTreeMap<String, String>>>,
     /// Every expectation that failed, readable; empty when passed.
-    pub failures: Vec<String>,
-    pub started_at: String,
-    pub finished_at: Option<String>,
+    pub(crate) failures: Vec<String>,
+    pub(crate) started_at: String,
+    pub(crate) finished_at: Option<String>,
 }
 
 /// Longest result text kept in a step outcome.
