@@ -23,10 +23,11 @@
 //! with [`use_openat2`] so tests exercise the walk on kernels that have
 //! `openat2`.
 
+use std::ffi::CStr;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 
 /// Flags of a directory opened to walk through: never a symlink in its place.
@@ -193,8 +194,8 @@ pub(crate) fn identity<Fd: AsFd>(fd: Fd) -> Result<(u64, u64), Errno> {
     Ok((st.st_dev, st.st_ino))
 }
 
-/// Remove `name` in `parent` and everything below it, by fd: each directory
-/// opened `O_NOFOLLOW` from its parent, entries unlinked by name in that
+/// Remove `name` in `parent` and everything below it, by fd, at any depth
+/// ([`remove_below`]): each directory opened `O_NOFOLLOW` from its parent, entries unlinked by name in that
 /// fd, symlinks removed (never followed). `Ok` when `name` is already gone.
 pub(crate) fn remove_tree_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<(), Errno> {
     let parent = parent.as_fd();
@@ -208,43 +209,159 @@ pub(crate) fn remove_tree_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<(), Err
         Err(Errno::NOENT) => return Ok(()),
         Err(e) => return Err(e),
     };
-    empty_dir(&dir, 0)?;
+    remove_below(&dir, name, 0o700).map_err(|(_, e)| e)?;
     match rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR) {
         Ok(()) | Err(Errno::NOENT) => Ok(()),
         Err(e) => Err(e),
     }
 }
 
-/// Deepest directory nesting [`remove_tree_at`] descends (one fd per level).
-const MAX_REMOVE_DEPTH: usize = 256;
+/// How many times [`remove_below`] starts over after the agent moved a
+/// directory it was emptying (see [`remove_pass`]).
+const REMOVE_RESTARTS: usize = 8;
 
-fn empty_dir(dir: &OwnedFd, depth: usize) -> Result<(), Errno> {
-    if depth > MAX_REMOVE_DEPTH {
-        return Err(Errno::NAMETOOLONG);
-    }
-    let names: Vec<std::ffi::CString> = rustix::fs::Dir::read_from(dir)?
-        .filter_map(Result::ok)
-        .map(|e| e.file_name().to_owned())
-        .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
-        .collect();
-    for name in names {
-        match rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::empty()) {
-            Ok(()) | Err(Errno::NOENT) => continue,
-            Err(Errno::ISDIR) | Err(Errno::PERM) => {}
-            Err(e) => return Err(e),
+/// Remove everything below the directory `dir`, depth first, by fd, with
+/// an explicit stack (never recursion) and a bounded number of descriptors
+/// whatever the depth (see [`remove_pass`]). A subdirectory the agent made
+/// unreadable or unwritable gets `dir_mode` (owner `rwx`) back first, through an `O_PATH`
+/// descriptor of that very directory (chmod via `/proc/self/fd`), so a
+/// name swapped for a symlink meanwhile is never followed.
+pub(crate) fn remove_below(
+    dir: &OwnedFd,
+    shown: &str,
+    dir_mode: u32,
+) -> Result<(), (String, Errno)> {
+    for _ in 0..REMOVE_RESTARTS {
+        // Done when a pass ran through and nothing was added (or renamed
+        // past its listing) meanwhile.
+        if remove_pass(dir, shown, dir_mode)?
+            && names_in(dir).map_err(|e| (shown.to_string(), e))?.len() == 0
+        {
+            return Ok(());
         }
-        let sub = match rustix::fs::openat(dir, name.as_c_str(), DIR_FLAGS, Mode::empty()) {
-            Ok(fd) => fd,
-            Err(Errno::NOENT) => continue,
-            Err(e) => return Err(e),
+    }
+    Err((shown.to_string(), Errno::BUSY))
+}
+
+/// A directory [`remove_pass`] is inside, below the root: its name in its
+/// parent, the parent's identity, and the parent's names still to remove.
+struct Emptying {
+    name: std::ffi::CString,
+    parent: (u64, u64),
+    rest: std::vec::IntoIter<std::ffi::CString>,
+}
+
+fn names_in(dir: &OwnedFd) -> Result<std::vec::IntoIter<std::ffi::CString>, Errno> {
+    let mut names = Vec::new();
+    for entry in Dir::read_from(dir)? {
+        let entry = entry?;
+        let bytes = entry.file_name().to_bytes();
+        if bytes != b"." && bytes != b".." {
+            names.push(entry.file_name().to_owned());
+        }
+    }
+    Ok(names.into_iter())
+}
+
+/// One removal pass. Only the current directory's descriptor is held (plus
+/// the root's): going back up opens `..` from it and checks that it is the
+/// very directory it was entered from (device and inode), so no chain,
+/// however deep, takes one descriptor per level. `Ok(false)` when a
+/// directory was moved meanwhile (its `..` is another): the caller starts
+/// over from the root.
+fn remove_pass(root: &OwnedFd, shown: &str, dir_mode: u32) -> Result<bool, (String, Errno)> {
+    let mut stack: Vec<Emptying> = Vec::new();
+    let path = |stack: &[Emptying], name: &CStr| {
+        let mut rel = shown.to_string();
+        for level in stack {
+            rel.push('/');
+            rel.push_str(&level.name.to_string_lossy());
+        }
+        rel.push('/');
+        rel.push_str(&name.to_string_lossy());
+        rel
+    };
+    let mut cur: Option<OwnedFd> = None;
+    let mut names = names_in(root).map_err(|e| (shown.to_string(), e))?;
+    loop {
+        let dir = cur.as_ref().unwrap_or(root);
+        if let Some(name) = names.next() {
+            let st = match rustix::fs::statat(dir, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err((path(&stack, &name), e)),
+            };
+            if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+                match rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::empty()) {
+                    Ok(()) | Err(Errno::NOENT) => {}
+                    Err(e) => return Err((path(&stack, &name), e)),
+                }
+                continue;
+            }
+            let fail = |e| (path(&stack, &name), e);
+            let sub = match open_for_removal(dir, &name, dir_mode) {
+                Ok(sub) => sub,
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(fail(e)),
+            };
+            let parent = identity(dir).map_err(fail)?;
+            let inside = names_in(&sub).map_err(fail)?;
+            let rest = std::mem::replace(&mut names, inside);
+            stack.push(Emptying { name, parent, rest });
+            cur = Some(sub);
+            continue;
+        }
+        // `dir` is empty now: back up to its parent and remove it there.
+        let Some(done) = stack.pop() else {
+            return Ok(true);
         };
-        empty_dir(&sub, depth + 1)?;
-        match rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::REMOVEDIR) {
+        let sub = cur.take().expect("a directory below the root is held");
+        let parent = if stack.is_empty() {
+            None
+        } else {
+            let up = rustix::fs::openat(&sub, c"..", DIR_FLAGS, Mode::empty())
+                .map_err(|e| (path(&stack, &done.name), e))?;
+            if identity(&up).map_err(|e| (path(&stack, &done.name), e))? != done.parent {
+                return Ok(false);
+            }
+            Some(up)
+        };
+        drop(sub);
+        let up = parent.as_ref().unwrap_or(root);
+        match rustix::fs::unlinkat(up, done.name.as_c_str(), AtFlags::REMOVEDIR) {
             Ok(()) | Err(Errno::NOENT) => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err((path(&stack, &done.name), e)),
         }
+        cur = parent;
+        names = done.rest;
     }
-    Ok(())
+}
+
+/// Open the subdirectory `name` of `dir` for reading and removing its
+/// entries, restoring `0700` on it when the agent took its permissions away.
+fn open_for_removal(dir: &OwnedFd, name: &CStr, dir_mode: u32) -> Result<OwnedFd, Errno> {
+    let path = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&path)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::Directory {
+        return Err(Errno::NOTDIR);
+    }
+    if st.st_mode & dir_mode == dir_mode {
+        return rustix::fs::openat(dir, name, DIR_FLAGS, Mode::empty());
+    }
+    let by_proc = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&path));
+    rustix::fs::chmod(by_proc.as_str(), Mode::from_raw_mode(dir_mode))?;
+    // Re-open that same directory (the magic link names the inode, not
+    // the name), now with the permissions to read it.
+    rustix::fs::open(
+        by_proc.as_str(),
+        DIR_FLAGS.difference(OFlags::NOFOLLOW),
+        Mode::empty(),
+    )
 }
 
 #[cfg(test)]
@@ -291,6 +408,23 @@ mod tests {
             open_beneath(&fd, &["..", "out", "s"], OFlags::RDONLY).unwrap_err(),
             Errno::INVAL
         );
+    }
+
+    #[test]
+    fn remove_tree_at_removes_a_chain_deeper_than_any_fd_budget() {
+        // Skills cleanup shares the memory folder's remover: no recursion and
+        // one descriptor at a time, so depth is no limit (it was 256).
+        let tmp = tempfile::tempdir().unwrap();
+        let top = rustix::fs::open(tmp.path(), DIR_FLAGS, Mode::empty()).unwrap();
+        rustix::fs::mkdirat(&top, "tree", Mode::from_raw_mode(0o700)).unwrap();
+        let mut cur = open_dir_at(&top, "tree").unwrap();
+        for _ in 0..1_000 {
+            rustix::fs::mkdirat(&cur, "d", Mode::from_raw_mode(0o700)).unwrap();
+            cur = open_dir_at(&cur, "d").unwrap();
+        }
+        drop(cur);
+        remove_tree_at(&top, "tree").unwrap();
+        assert!(!tmp.path().join("tree").exists());
     }
 
     #[test]
