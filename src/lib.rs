@@ -11,6 +11,8 @@
 //! - [`fsx`] — opening beneath a directory fd without following symlinks
 //!   (`openat2`, or a per-component `O_NOFOLLOW` walk), removal by fd.
 //! - [`fdlimit`] — the descriptor limit: raised at start, restored for the agent.
+//! - [`killpoint`] — named points where a crash test may SIGKILL the
+//!   process (debug builds only; a no-op in release).
 //! - [`remap`] — advertised mount paths that really live elsewhere (Lambda).
 //! - [`webhook`] — Standard Webhooks signing and verification.
 //! - [`logging`] — tracing setup, text or JSON lines.
@@ -60,6 +62,7 @@ pub mod devserver;
 pub mod duration;
 pub mod fdlimit;
 pub mod fsx;
+pub mod killpoint;
 pub mod logging;
 pub mod memory;
 pub mod metrics;

@@ -236,7 +236,9 @@ impl Toolset {
         deadline: Instant,
     ) -> Result<ToolOutput, ToolError> {
         if name == "bash" {
-            return self.bash.call(input, deadline).await;
+            let out = self.bash.call(input, deadline).await;
+            crate::killpoint::hit("tool.done");
+            return out;
         }
         let policy = self.policy.clone();
         let max = self.max_file_bytes;
@@ -244,7 +246,7 @@ impl Toolset {
         let std_deadline =
             std::time::Instant::now() + deadline.saturating_duration_since(Instant::now());
         // File tools block on the filesystem: off the async threads.
-        tokio::task::spawn_blocking(move || match name_owned.as_str() {
+        let out = tokio::task::spawn_blocking(move || match name_owned.as_str() {
             "read" => files::read(&policy, max, input, std_deadline),
             "write" => files::write(&policy, input),
             "edit" => files::edit(&policy, max, input),
@@ -253,7 +255,10 @@ impl Toolset {
             other => Err(ToolError::new(format!("unknown tool {other:?}"))),
         })
         .await
-        .unwrap_or_else(|e| Err(ToolError::new(format!("{name}: the tool failed: {e}"))))
+        .unwrap_or_else(|e| Err(ToolError::new(format!("{name}: the tool failed: {e}"))));
+        // The call's effect is on disk; its result is not sent yet.
+        crate::killpoint::hit("tool.done");
+        out
     }
 }
 
