@@ -108,6 +108,12 @@ pub struct WorkerArgs {
     #[arg(long, env = "ENVWORKER_MOUNT_REMAP", value_name = "FROM=TO")]
     pub(crate) mount_remap: Option<crate::remap::MountRemap>,
 
+    /// Where each mounted memory store's sync state is journaled, so edits survive a killed worker
+    /// (default: <tmp>/envworker-<uid>). Keep it on a disk that outlives the process: an emptyDir,
+    /// a volume, a warm Lambda's /tmp.
+    #[arg(long, env = "ENVWORKER_STATE_DIR")]
+    pub(crate) state_dir: Option<PathBuf>,
+
     /// A header added to every API request, NAME=VALUE (repeatable).
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
     pub(crate) headers: Vec<(String, String)>,

@@ -83,6 +83,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut options = WorkerOptions::new(&environment_id, &api);
     options.environment_key = Some(Redacted::new(environment_key));
     options.workdir = root.join("work");
+    options.state_dir = Some(root.join("state"));
     options.max_idle = Some(Duration::from_secs(2));
     options.memory_sync_interval = SyncInterval::every(Duration::from_secs(5))?;
     options.worker_id = "envworker-dev".into();

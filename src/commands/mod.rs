@@ -36,7 +36,29 @@ pub fn worker_options(
     options.worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
     options.extra_headers = args.headers.clone();
     options.mount_remap = args.mount_remap.clone().or_else(lambda_default_remap);
+    options.state_dir = Some(match &args.state_dir {
+        Some(dir) => absolute(dir)?,
+        None => default_state_dir(),
+    });
     Ok(options)
+}
+
+/// `<tmp>/envworker-<uid>`: on Lambda that is `/tmp`, which a warm
+/// execution environment keeps; one per user, so no user reads another's.
+fn default_state_dir() -> PathBuf {
+    std::env::temp_dir().join(format!("envworker-{}", rustix::process::geteuid().as_raw()))
+}
+
+/// At start: let go of the memory store folders a dead worker left that
+/// hold nothing unsynced (the others wait for their session's next claim,
+/// which recovers them). Once per process.
+pub fn recover_left_folders(options: &WorkerOptions) {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    if let Some(dir) = &options.state_dir {
+        DONE.call_once(|| {
+            crate::memory::recovery::let_go_of_clean_folders(dir);
+        });
+    }
 }
 
 /// On Lambda only `/tmp` is writable: stores advertised under `/mnt/memory`

@@ -31,6 +31,7 @@ pub async fn run(args: PollArgs) -> anyhow::Result<()> {
         &args.environment_id,
         Some(&args.environment_key),
     )?;
+    super::recover_left_folders(&options);
     let worker = EnvironmentWorker::new(options)?;
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();

@@ -39,6 +39,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         &environment_id,
         args.environment_key.as_deref(),
     )?;
+    super::recover_left_folders(&options);
     let worker = EnvironmentWorker::new(options)?;
     let item = WorkItem {
         id: work_id,

@@ -48,6 +48,7 @@ pub fn endpoints_with_metrics(
         let mut options =
             super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
         options.observers.push(metrics.clone());
+        super::recover_left_folders(&options);
         let worker = EnvironmentWorker::new(options)?;
         out.push(Endpoint::new(
             "default",
@@ -95,6 +96,7 @@ pub fn endpoints_with_metrics(
         options.extra_headers.extend(endpoint.extra_headers.clone());
         options.secret_env_vars = all_secret_vars.clone();
         options.observers.push(metrics.clone());
+        super::recover_left_folders(&options);
         let worker = EnvironmentWorker::new(options)
             .with_context(|| format!("endpoint {:?}", endpoint.name))?;
         out.push(Endpoint::new(

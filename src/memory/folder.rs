@@ -461,6 +461,7 @@ impl Walk {
                 }
             }
             FileType::RegularFile => {
+                crate::killpoint::hit("memory.scan.file");
                 // A hit moves the entry from the old cache to the new one.
                 if let Some((key, (stat, sha))) = self.old.remove_entry(&rel)
                     && stat == stat_key(&st)
@@ -544,6 +545,14 @@ impl Folder {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Take a folder that was already there as the worker's own: one a
+    /// dead worker left, recovered (its marker and journal checked). It is
+    /// removed on dispose like a folder the mount created.
+    pub(crate) fn adopt(mut self) -> Folder {
+        self.removed_on_dispose = true;
+        self
     }
 
     /// Did `open` find nothing there (so the folder is ours to remove)?

@@ -4,6 +4,8 @@
 //! - [`folder`] — the confined folder (fd-based, symlink-proof, atomic writes, stat cache);
 //! - [`plan`] — the pure three-way merge of one path;
 //! - [`store`] — one store's I/O: download, sync, flush, dispose;
+//! - [`journal`] — the durable commit: each store's sync state on disk;
+//! - [`recovery`] — folders a dead worker left: recovered, or let go;
 //! - [`remote`] — the memory endpoints the sync uses, behind a trait;
 //! - [`options`] — the sync interval and the delete mode.
 //!
@@ -13,8 +15,10 @@
 //! never pushed from nor deleted from.
 
 pub(crate) mod folder;
+pub(crate) mod journal;
 pub mod options;
 pub(crate) mod plan;
+pub mod recovery;
 pub mod remote;
 pub mod store;
 
@@ -29,6 +33,7 @@ use tracing::{info, warn};
 use crate::api::types::{Access, Session};
 
 use self::folder::{Folder, is_clean_absolute};
+use self::journal::{JournalError, Snapshot, StateDir};
 use self::options::{DeleteMode, FLUSH_TIMEOUT, SyncInterval};
 use self::remote::MemoryApi;
 use self::store::{AttachedStore, FlushStats, PassStats};
@@ -54,6 +59,8 @@ pub struct SessionMemoryStores {
     last_sync: std::sync::Mutex<Instant>,
     finished: AtomicBool,
     remap: Option<crate::remap::MountRemap>,
+    /// Where each store's sync state is journaled; `None`: not journaled.
+    state_dir: Option<StateDir>,
 }
 
 /// What one sync of every store did (summed).
@@ -112,7 +119,22 @@ impl SessionMemoryStores {
             last_sync: std::sync::Mutex::new(Instant::now()),
             finished: AtomicBool::new(false),
             remap: None,
+            state_dir: None,
         }
+    }
+
+    /// Journal each store's sync state under `dir`, and recover folders a
+    /// dead worker left at a store's path (see [`recovery`]). A directory
+    /// that cannot be used is warned about, and nothing is journaled.
+    pub fn with_state_dir(mut self, dir: Option<&Path>) -> Self {
+        self.state_dir = dir.and_then(|dir| match StateDir::open(dir) {
+            Ok(dir) => Some(dir),
+            Err(e) => {
+                warn!(error = %e, "memory store journals are off: edits made since the last sync are lost if the worker dies");
+                None
+            }
+        });
+        self
     }
 
     /// Mount stores whose `mount_path` lies under `remap.advertised` under
@@ -180,26 +202,54 @@ impl SessionMemoryStores {
                 resource.name.as_deref(),
                 resource.mount_path.as_deref(),
             )?;
+            let read_only = resource.access() == Access::ReadOnly;
             let folder = Folder::open(&root, true).map_err(|e| {
                 MemoryError::Mount(format!(
                     "failed to download memory store memory_store_id={id}: {e}"
                 ))
             })?;
             if !folder.removed_on_dispose() {
-                return Err(MemoryError::Mount(format!(
-                    "something already exists at the memory store's path: {} (memory_store_id={id}); it must not exist when the session starts",
-                    root.display()
-                )));
+                // A dead worker's folder is recovered; anything else refuses.
+                let store =
+                    recovery::adopt(self.state_dir.as_ref(), &root, &id, read_only, folder)?;
+                let pass = store.sync(self.api.as_ref(), self.deletions, false).await;
+                info!(
+                    memory_store.id = %id,
+                    root = %store.folder.root().display(),
+                    uploads = pass.uploads,
+                    pulls = pass.pulls,
+                    conflicts = pass.conflicts,
+                    "recovered memory store folder"
+                );
+                self.stores.push(store);
+                continue;
             }
+            let journal = match &self.state_dir {
+                None => None,
+                Some(dir) => match dir.create(&root, &id, &Snapshot::default()) {
+                    Ok(journal) => Some(journal),
+                    Err(e @ JournalError::Busy(_)) => {
+                        return Err(MemoryError::Mount(format!(
+                            "{e} (memory_store_id={id}); a session's store can be mounted by one worker at a time"
+                        )));
+                    }
+                    Err(e) => {
+                        warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
+                        None
+                    }
+                },
+            };
             if let Err(e) = folder.create_root() {
                 let _ = folder.dispose();
+                if let Some(journal) = journal {
+                    journal.remove();
+                }
                 return Err(MemoryError::Mount(format!(
                     "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
                     root.display()
                 )));
             }
-            let store =
-                AttachedStore::new(id.clone(), resource.access() == Access::ReadOnly, folder);
+            let store = AttachedStore::new(id.clone(), read_only, folder, journal);
             match store.mount(self.api.as_ref()).await {
                 Ok(count) => {
                     info!(
@@ -211,7 +261,7 @@ impl SessionMemoryStores {
                     self.stores.push(store);
                 }
                 Err(e) => {
-                    let _ = store.folder.dispose();
+                    store.dispose().await;
                     return Err(MemoryError::Mount(format!(
                         "failed to download memory store memory_store_id={id}: {e}"
                     )));

@@ -25,6 +25,7 @@ use tracing::{debug, info, warn};
 use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
 
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
+use super::journal::{Journal, MapKind, Snapshot, Tracked};
 use super::options::DeleteMode;
 use super::plan::{
     Decision, DeleteBudget, DeleteVerdict, Listed, Note, PassFacts, PathFacts, Pending, plan,
@@ -66,6 +67,11 @@ fn marker_distrust(found: Option<&str>, store_id: &str) -> Option<&'static str> 
     }
 }
 
+/// Does the marker in `folder` name the store `store_id`? (Read now.)
+pub(crate) fn marks_store(folder: &Folder, store_id: &str) -> bool {
+    matches!(folder.hash_file(MARKER_PATH), Ok(found) if marker_distrust(found.as_deref(), store_id).is_none())
+}
+
 /// A download's write: private while nothing else can write to the folder
 /// (see [`Folder::put_private`]).
 fn put(folder: &Folder, rel: &str, data: &[u8], private: bool) -> Result<(), FolderError> {
@@ -89,15 +95,18 @@ pub(crate) enum PassError {
     Join(String),
 }
 
-#[derive(Debug, Default)]
+/// One store's sync state. `baseline`, `tentative`, `pending` and `sent`
+/// are journaled: every change to them is appended to the store's journal
+/// when the lock is released ([`StateGuard`]).
+#[derive(Debug)]
 struct State {
-    baseline: BTreeMap<String, String>,
+    baseline: Tracked<String>,
     /// Baseline entries from before a re-download that did not land them
     /// again: they tell a local edit from a conflict, and never drive a delete.
-    tentative: BTreeMap<String, String>,
+    tentative: Tracked<String>,
     refused: HashMap<String, String>,
-    pending: HashMap<String, Instant>,
-    sent: HashMap<String, String>,
+    pending: Tracked<Instant>,
+    sent: Tracked<String>,
     /// Names already reported as unsyncable.
     warned_names: HashSet<String>,
     /// Paths already reported as unreadable or too large (each warned once).
@@ -109,6 +118,103 @@ struct State {
     new_refusals: usize,
     /// Uploads that lost to a remote change (409) since the last pass took the count.
     lost_uploads: usize,
+    /// Where the journaled maps are committed; `None`: journaling is off
+    /// (no state directory).
+    journal: Option<Journal>,
+    /// An append failed: the journal is left as it was (lagging, which is
+    /// safe) and still locked, and nothing more is appended.
+    journal_failed: bool,
+}
+
+impl State {
+    fn new(journal: Option<Journal>, restored: Snapshot) -> State {
+        State {
+            baseline: Tracked::restored(MapKind::Baseline, restored.baseline),
+            tentative: Tracked::restored(MapKind::Tentative, restored.tentative),
+            refused: HashMap::new(),
+            // A recovered folder's deletions start their window afresh:
+            // nothing is deleted on the server without this worker's own
+            // scans corroborating it.
+            pending: Tracked::new(MapKind::Pending),
+            sent: Tracked::restored(MapKind::Sent, restored.sent),
+            warned_names: HashSet::new(),
+            warned_paths: HashSet::new(),
+            ids: HashMap::new(),
+            new_refusals: 0,
+            lost_uploads: 0,
+            journal,
+            journal_failed: false,
+        }
+    }
+
+    /// The journaled maps as they are now.
+    fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            baseline: self.baseline.journal_map(),
+            tentative: self.tentative.journal_map(),
+            sent: self.sent.journal_map(),
+            pending: self.pending.journal_map(),
+        }
+    }
+
+    /// Append the changes made since the last commit (one `write`), and
+    /// compact the journal when its log has outgrown the state.
+    fn commit(&mut self, store_id: &str) {
+        let mut records = Vec::new();
+        self.baseline.drain_changes(&mut records);
+        self.tentative.drain_changes(&mut records);
+        self.pending.drain_changes(&mut records);
+        self.sent.drain_changes(&mut records);
+        if records.is_empty() || self.journal_failed {
+            return;
+        }
+        let live =
+            self.baseline.len() + self.tentative.len() + self.pending.len() + self.sent.len();
+        let Some(journal) = self.journal.as_mut() else {
+            return;
+        };
+        let mut result = journal.append(&records);
+        if result.is_ok() && journal.compaction_due(live) {
+            let snapshot = self.snapshot();
+            if let Some(journal) = self.journal.as_mut() {
+                result = journal.snapshot(&snapshot);
+            }
+        }
+        if let Err(e) = result {
+            self.journal_failed = true;
+            warn!(
+                memory_store.id = %store_id,
+                error = %e,
+                "cannot write the memory store's journal; edits made from now on are lost if the worker dies before they are synced"
+            );
+        }
+    }
+}
+
+/// The store's state, locked; releasing it commits what changed to the
+/// journal, in the order it changed.
+struct StateGuard<'a> {
+    state: std::sync::MutexGuard<'a, State>,
+    store_id: &'a str,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        self.state.commit(self.store_id);
+    }
 }
 
 /// A scan with the marker taken out and checked.
@@ -153,22 +259,60 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl AttachedStore {
-    pub(crate) fn new(id: String, read_only: bool, folder: Folder) -> AttachedStore {
+    /// A store about to be mounted; `journal` (when there is a state
+    /// directory) records its sync state from the first write on.
+    pub(crate) fn new(
+        id: String,
+        read_only: bool,
+        folder: Folder,
+        journal: Option<Journal>,
+    ) -> AttachedStore {
+        Self::restored(id, read_only, folder, journal, Snapshot::default())
+    }
+
+    /// A store whose folder a dead worker left, with the state its journal
+    /// held (empty when the journal was damaged).
+    pub(crate) fn restored(
+        id: String,
+        read_only: bool,
+        folder: Folder,
+        journal: Option<Journal>,
+        state: Snapshot,
+    ) -> AttachedStore {
         AttachedStore {
             id,
             read_only,
             folder: Arc::new(folder),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State::new(journal, state)),
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> StateGuard<'_> {
+        StateGuard {
+            state: self.state.lock().unwrap_or_else(|e| e.into_inner()),
+            store_id: &self.id,
+        }
     }
 
     /// The current baseline (for tests and diagnostics).
     pub fn baseline(&self) -> BTreeMap<String, String> {
-        self.state().baseline.clone()
+        self.state().baseline.as_map().clone()
+    }
+
+    /// Make the journal's appends durable against a machine crash; once a
+    /// pass, and only when it changed something.
+    fn sync_journal(&self) {
+        let mut state = self.state();
+        if let Some(journal) = state.journal.as_mut()
+            && let Err(e) = journal.sync()
+        {
+            debug!(memory_store.id = %self.id, error = %e, "cannot fsync the memory store's journal");
+        }
+    }
+
+    /// Take the journal out (dispose: the folder is gone).
+    fn take_journal(&self) -> Option<Journal> {
+        self.state().journal.take()
     }
 
     async fn scan(&self) -> Result<Marked, PassError> {
@@ -286,7 +430,7 @@ impl AttachedStore {
     /// record is then dropped, so it never claims another writer's bytes.
     fn settle_sent(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
         let mut state = self.state();
-        let sent = std::mem::take(&mut state.sent);
+        let sent = state.sent.take();
         for (rel, sha) in sent {
             if remote.get(&rel).is_some_and(|m| m.content_sha256 == sha) {
                 state.baseline.insert(rel, sha);
@@ -311,7 +455,7 @@ impl AttachedStore {
     async fn stamp_and_pull(&self, api: &dyn MemoryApi, private: bool) -> Result<usize, PassError> {
         {
             let mut state = self.state();
-            let old = std::mem::take(&mut state.baseline);
+            let old = state.baseline.take();
             state.tentative.extend(old);
             state.sent.clear();
             // The disk was just rebuilt: earlier absences mean nothing.
@@ -354,6 +498,7 @@ impl AttachedStore {
                     .collect::<Vec<_>>()
             })
             .await?;
+            crate::killpoint::hit("memory.pull.written");
             let mut state = self.state();
             for (rel, id, sha, result) in results {
                 state.ids.insert(rel.clone(), id);
@@ -403,6 +548,7 @@ impl AttachedStore {
         if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
             warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
         }
+        self.sync_journal();
         stats
     }
 
@@ -516,9 +662,7 @@ impl AttachedStore {
                     Pending::Clear => {
                         pending.remove(rel);
                     }
-                    Pending::Since(t) => {
-                        pending.entry(rel.clone()).or_insert(t);
-                    }
+                    Pending::Since(t) => pending.insert_if_absent(rel, t),
                 }
                 if p.note == Some(Note::DeleteSuppressed) {
                     suppressed += 1;
@@ -749,6 +893,7 @@ impl AttachedStore {
             };
             match result {
                 Ok(memory) => {
+                    crate::killpoint::hit("memory.upload.landed");
                     let mut state = self.state();
                     state.refused.remove(rel);
                     state.sent.remove(rel);
@@ -842,6 +987,7 @@ impl AttachedStore {
         }
         match api.delete(&self.id, id, base).await {
             Ok(()) => {
+                crate::killpoint::hit("memory.delete.landed");
                 info!(memory_store.id = %self.id, memory.path = %rel, "propagated local deletion");
                 self.state().pending.remove(rel);
                 None
@@ -880,6 +1026,7 @@ impl AttachedStore {
                 let content = memory.content.unwrap_or_default();
                 match blocking(move || folder.put(&r, content.as_bytes())).await {
                     Ok(Ok(())) => {
+                        crate::killpoint::hit("memory.pull.written");
                         let mut state = self.state();
                         state.tentative.remove(&rel);
                         state.baseline.insert(rel, memory.content_sha256);
@@ -909,6 +1056,7 @@ impl AttachedStore {
         if self.read_only {
             return stats;
         }
+        crate::killpoint::hit("memory.flush.start");
         let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
         let mut guard = CutOffGuard {
             store_id: &self.id,
@@ -919,6 +1067,7 @@ impl AttachedStore {
         if let Err(e) = self.try_flush(api, &progress, &mut guard, &mut stats).await {
             warn!(memory_store.id = %self.id, error = %e, "memory flush failed");
         }
+        self.sync_journal();
         guard.done = true;
         stats
     }
@@ -1056,11 +1205,20 @@ impl AttachedStore {
             && !checked.files.is_empty()
         {
             warn!(memory_store.id = %self.id, root = %self.folder.root().display(), "{reason}; leaving the memory store folder on disk");
+            // Not ours any more: nothing to recover from it.
+            if let Some(journal) = self.take_journal() {
+                journal.remove();
+            }
             return;
         }
         let folder = self.folder.clone();
+        // A folder that could not be removed keeps its journal: the next
+        // mount at its path recovers it instead of refusing it.
         match blocking(move || folder.dispose()).await {
             Ok(Ok(())) if self.folder.removed_on_dispose() => {
+                if let Some(journal) = self.take_journal() {
+                    journal.remove();
+                }
                 info!(memory_store.id = %self.id, root = %self.folder.root().display(), "removed memory store dir");
             }
             Ok(Ok(())) => {}

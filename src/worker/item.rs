@@ -366,7 +366,8 @@ impl<'w> ItemRun<'w> {
                 opts.memory_sync_interval,
                 opts.memory_sync_deletions,
             )
-            .with_remap(opts.mount_remap.clone());
+            .with_remap(opts.mount_remap.clone())
+            .with_state_dir(opts.state_dir.as_deref());
             let downloaded = tokio::select! {
                 _ = self.stop.cancelled() => Err(None),
                 d = stores.download(session) => d.map_err(Some),

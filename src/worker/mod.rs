@@ -114,6 +114,10 @@ pub struct WorkerOptions {
     pub memory_sync_bound: Duration,
     /// Mount paths under `advertised` really live under `actual` (Lambda: `/mnt/memory` → `/tmp/mnt/memory`).
     pub(crate) mount_remap: Option<crate::remap::MountRemap>,
+    /// Where each mounted store's sync state is journaled, so a worker that
+    /// dies loses no edit (see `memory::journal`); `None`: not journaled.
+    /// The CLI's default is `<tmp>/envworker-<uid>`.
+    pub state_dir: Option<PathBuf>,
     pub(crate) events: Option<EventSink>,
     /// Told of the same events first, in order (the server's `/metrics` counters).
     pub(crate) observers: Vec<Arc<dyn WorkerObserver>>,
@@ -167,6 +171,7 @@ impl WorkerOptions {
             memory_teardown_bound: crate::memory::options::FLUSH_TIMEOUT,
             memory_sync_bound: crate::memory::options::SYNC_BOUND,
             mount_remap: None,
+            state_dir: None,
             events: None,
             observers: Vec::new(),
         }

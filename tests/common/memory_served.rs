@@ -2,15 +2,15 @@
 //! credential a worker really has: the sessions token from a polled work
 //! item's secret.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use base64::Engine;
-use envworker::api::types::{PollWork, SessionResource};
+use envworker::api::types::{PollWork, Session, SessionResource};
 use envworker::api::{Client, Credential};
 use envworker::devserver::DevserverConfig;
-use envworker::memory::SessionMemoryStores;
 use envworker::memory::options::{DeleteMode, SyncInterval};
+use envworker::memory::{MemoryError, SessionMemoryStores};
 use serde_json::{Value, json};
 
 use super::{ADMIN_KEY, TestServer};
@@ -24,6 +24,11 @@ pub struct Served {
     /// Each store's id, in the scenario's order.
     pub ids: Vec<String>,
     pub session: String,
+    /// What a worker holds to mount the stores again (a recovery).
+    pub client: Client,
+    pub session_resource: Session,
+    /// Where the stores' sync state is journaled, when it is.
+    pub state_dir: Option<PathBuf>,
 }
 
 /// A scenario-made session with a writable and a read-only store, claimed
@@ -38,6 +43,11 @@ pub async fn served() -> Served {
 
 /// [`served`] with these scenario `memory_stores`.
 pub async fn served_with(memory_stores: Value) -> Served {
+    served_journaled(memory_stores, None).await
+}
+
+/// [`served_with`], journaling the stores' sync state under `state_dir`.
+pub async fn served_journaled(memory_stores: Value, state_dir: Option<&Path>) -> Served {
     let mnt = tempfile::tempdir().unwrap();
     let s = TestServer::start_with(
         DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
@@ -86,11 +96,12 @@ pub async fn served_with(memory_stores: Value) -> Served {
         .map(|m| PathBuf::from(m.mount_path.clone().unwrap()))
         .collect();
     let mut stores = SessionMemoryStores::new(
-        Arc::new(client),
+        Arc::new(client.clone()),
         mnt.path(),
         SyncInterval::default(),
         DeleteMode::Enabled,
-    );
+    )
+    .with_state_dir(state_dir);
     stores.download(&session).await.unwrap();
     Served {
         s,
@@ -99,10 +110,27 @@ pub async fn served_with(memory_stores: Value) -> Served {
         mounts,
         ids,
         session: started.session_id,
+        client,
+        session_resource: session,
+        state_dir: state_dir.map(Path::to_path_buf),
     }
 }
 
 impl Served {
+    /// The session's stores mounted again, as a new worker process on the
+    /// same disk would (same state directory), after the first one died.
+    pub async fn mount_again(&self) -> Result<SessionMemoryStores, MemoryError> {
+        let mut stores = SessionMemoryStores::new(
+            Arc::new(self.client.clone()),
+            self.mnt.path(),
+            SyncInterval::default(),
+            DeleteMode::Enabled,
+        )
+        .with_state_dir(self.state_dir.as_deref());
+        stores.download(&self.session_resource).await?;
+        Ok(stores)
+    }
+
     /// The id of the memory at `path` in `store`.
     pub async fn memory_id(&self, store: &str, path: &str) -> String {
         let (items, _) = self
