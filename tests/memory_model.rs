@@ -1,7 +1,8 @@
 //! A model-based property test of the memory sync: random interleavings of
 //! agent edits, deletes and renames, remote edits and deletes, syncs, time
-//! passing, dropped responses and server errors, then a quiet phase. After
-//! every run:
+//! passing, dropped responses and server errors, worker deaths (the stores
+//! dropped with no teardown, then mounted again on the same disk: recovered
+//! from their journal), then a quiet phase. After every run:
 //!
 //! (a) no local edit is lost unless a concurrent remote change won and a
 //!     warning naming the path was logged;
@@ -35,6 +36,7 @@ enum Step {
     Wait(u64),
     Fail(ApiOp, FailKind),
     BreakMarker,
+    Crash,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +70,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0u64..40).prop_map(Step::Wait),
         3 => (api_op, kind).prop_map(|(o, k)| Step::Fail(o, k)),
         1 => Just(Step::BreakMarker),
+        1 => Just(Step::Crash),
     ]
 }
 
@@ -94,10 +97,22 @@ struct Model {
     final_at: Option<Instant>,
 }
 
+impl Model {
+    /// What a sync leaves equal on both sides is what the worker last agreed on.
+    fn agree(&mut self, h: &H, now: Instant) {
+        for p in PATHS {
+            let server = h.fake.get("s", p);
+            if h.read("s", p) == server {
+                self.agreed.insert(p.to_string(), (now, server));
+            }
+        }
+    }
+}
+
 async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     let logs = Logs::capture();
     let initial: Vec<(&str, &str)> = vec![("a.md", "init-a"), ("d/c.md", "init-c")];
-    let h = H::new(&[("s", Access::ReadWrite, &initial)], DeleteMode::Enabled).await;
+    let mut h = H::new(&[("s", Access::ReadWrite, &initial)], DeleteMode::Enabled).await;
     let start = Instant::now();
     let mut m = Model {
         local: vec![],
@@ -180,13 +195,16 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             Step::Sync => {
                 m.syncs.push((now, disk_absent(&h)));
                 h.stores.sync_now().await;
-                // What a sync leaves equal on both sides is what the worker last agreed on.
-                for p in PATHS {
-                    let server = h.fake.get("s", p);
-                    if h.read("s", p) == server {
-                        m.agreed.insert(p.to_string(), (now, server));
-                    }
-                }
+                m.agree(&h, now);
+            }
+            // A distrusted folder is not recovered (that is tested elsewhere).
+            Step::Crash if broken => {}
+            Step::Crash => {
+                // The recovery runs one sync pass before the agent resumes.
+                m.syncs.push((now, disk_absent(&h)));
+                let remounted = h.crash_and_remount().await;
+                prop_assert!(remounted.is_ok(), "the recovery failed: {:?}", remounted);
+                m.agree(&h, now);
             }
             Step::Wait(secs) => tokio::time::advance(Duration::from_secs(secs)).await,
             Step::Fail(op, kind) => h.fake.fault(

@@ -36,6 +36,9 @@ pub struct H {
     pub fake: Arc<FakeMemory>,
     pub dir: tempfile::TempDir,
     pub stores: SessionMemoryStores,
+    deletions: DeleteMode,
+    /// The session the stores were downloaded for (for a remount).
+    session: Option<Session>,
 }
 
 /// One store of a harness: id, access, initial memories.
@@ -55,13 +58,36 @@ impl H {
             fake.store(id, memories);
         }
         let dir = tempfile::tempdir().unwrap();
-        let stores = SessionMemoryStores::new(
+        let stores = Self::stores_in(&fake, dir.path(), deletions);
+        H {
+            fake,
+            dir,
+            stores,
+            deletions,
+            session: None,
+        }
+    }
+
+    /// Stores on the fake, in `dir`, journaled under `dir/state` like the
+    /// worker's are.
+    fn stores_in(fake: &Arc<FakeMemory>, dir: &Path, deletions: DeleteMode) -> SessionMemoryStores {
+        SessionMemoryStores::new(
             fake.clone(),
-            &dir.path().join("work"),
+            &dir.join("work"),
             SyncInterval::default(),
             deletions,
-        );
-        H { fake, dir, stores }
+        )
+        .with_state_dir(Some(&dir.join("state")))
+    }
+
+    /// The worker dies (no final sync, no flush, no dispose: the folders and
+    /// their journals stay) and a new one mounts the same session on the
+    /// same disk, recovering the folders.
+    pub async fn crash_and_remount(&mut self) -> Result<(), envworker::memory::MemoryError> {
+        let fresh = Self::stores_in(&self.fake, self.dir.path(), self.deletions);
+        drop(std::mem::replace(&mut self.stores, fresh));
+        let session = self.session.clone().expect("downloaded before");
+        self.stores.download(&session).await
     }
 
     pub async fn download(mut h: H, specs: &[Spec<'_>]) -> H {
@@ -73,10 +99,9 @@ impl H {
             .iter()
             .map(|(id, a, m)| (id.as_str(), *a, Some(m.as_str()), id.as_str()))
             .collect();
-        h.stores
-            .download(&session(&resources))
-            .await
-            .expect("download");
+        let session = session(&resources);
+        h.stores.download(&session).await.expect("download");
+        h.session = Some(session);
         h.fake.take_calls();
         h
     }
