@@ -15,7 +15,14 @@
 //! memories, runs two syncs and a flush, and compares the peak RSS with the
 //! same store without it: a file's size must not drive memory use (target:
 //! within 1.2×). `ENVWORKER_BENCH_ROWS` picks rows by name, comma-separated
-//! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`); all by default.
+//! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`, `journal`); all
+//! by default.
+//!
+//! Ours journals each store's sync state as the worker does (the durable
+//! commit, `memory::journal`), in a state directory on the disk (not tmpfs,
+//! so `fsync` costs what it costs). The `journal` row (ours only) runs the
+//! four operations with the journal off and on, at 0 ms latency, and prints
+//! the ratio: the journal must not double the cost of a no-op sync.
 
 #[path = "../tests/common/process.rs"]
 #[allow(dead_code)]
@@ -62,10 +69,13 @@ fn peak_rss_kb() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `--child OP URL KEY SESSION_ID WORKDIR NONCE`: one measured operation of ours.
+/// `--child OP URL KEY SESSION_ID WORKDIR NONCE STATE_DIR`: one measured
+/// operation of ours; `STATE_DIR` is `off` for no journal.
 async fn child(args: &[String]) {
-    let (op, url, key, session_id, workdir, nonce) =
-        (&args[0], &args[1], &args[2], &args[3], &args[4], &args[5]);
+    let (op, url, key, session_id, workdir, nonce, state_dir) = (
+        &args[0], &args[1], &args[2], &args[3], &args[4], &args[5], &args[6],
+    );
+    let state_dir = (state_dir != "off").then(|| std::path::PathBuf::from(state_dir));
     let client = Client::builder(Credential::api_key(key.as_str()))
         .base_url(url.as_str())
         .build()
@@ -76,7 +86,8 @@ async fn child(args: &[String]) {
         std::path::Path::new(workdir),
         SyncInterval::every(Duration::from_secs(5)).unwrap(),
         DeleteMode::Enabled,
-    );
+    )
+    .with_state_dir(state_dir.as_deref());
     let (wall, cpu);
     if let Some(with) = op.strip_prefix("sparse_") {
         stores.download(&session).await.unwrap();
@@ -300,9 +311,11 @@ async fn main() {
             "mem×"
         );
     }
-    // A child's arguments: `OP URL KEY SESSION_ID WORKDIR NONCE`, a fresh nonce each time.
+    // A child's arguments: `OP URL KEY SESSION_ID WORKDIR NONCE STATE_DIR`,
+    // a fresh nonce each time; the journal on by default, as in the worker.
+    let state_dir = tmp.path().join("state");
     let nonce = std::cell::Cell::new(0u64);
-    let child_args = |op: &str| -> Vec<String> {
+    let child_args_with = |op: &str, journal: bool| -> Vec<String> {
         nonce.set(nonce.get() + 1);
         vec![
             op.to_string(),
@@ -311,8 +324,14 @@ async fn main() {
             session_id.clone(),
             workdir.to_str().unwrap().to_string(),
             nonce.get().to_string(),
+            if journal {
+                state_dir.to_str().unwrap().to_string()
+            } else {
+                "off".to_string()
+            },
         ]
     };
+    let child_args = |op: &str| child_args_with(op, true);
     for latency in [0u64, 5] {
         let Some(python) = &python else {
             break;
@@ -362,6 +381,39 @@ async fn main() {
                 o.wall_ms / t.wall_ms,
                 o.cpu_ms / t.cpu_ms,
                 o.peak_rss_kb / t.peak_rss_kb
+            );
+        }
+    }
+    if wanted("journal") {
+        http.delete(format!("{url}/dev/faults"))
+            .header("x-api-key", ADMIN_KEY)
+            .send()
+            .await
+            .unwrap();
+        println!(
+            "journal: ours with the journal off and on, 0 ms latency, 9 runs each (state directory on {})",
+            tmp.path().display()
+        );
+        println!(
+            "{:<12} | {:>10} {:>10} | {:>10} {:>10} | {:>6} {:>6}",
+            "operation", "off wall", "off cpu", "on wall", "on cpu", "wall×", "cpu×"
+        );
+        for op in sdk_rows {
+            let (mut off, mut on) = (Vec::new(), Vec::new());
+            for _ in 0..9 {
+                off.push(run_child(&me, &["--child"], &child_args_with(op, false)));
+                on.push(run_child(&me, &["--child"], &child_args_with(op, true)));
+            }
+            let (off, on) = (medians(&off), medians(&on));
+            println!(
+                "{:<12} | {:>8.1}ms {:>8.1}ms | {:>8.1}ms {:>8.1}ms | {:>6.2} {:>6.2}",
+                op,
+                off.wall_ms,
+                off.cpu_ms,
+                on.wall_ms,
+                on.cpu_ms,
+                on.wall_ms / off.wall_ms,
+                on.cpu_ms / off.cpu_ms
             );
         }
     }
