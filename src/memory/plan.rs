@@ -633,6 +633,62 @@ mod tests {
     /// depend on the clock.
     const ANY_TIME: &[Duration] = &[T0, WINDOW];
 
+    /// One run of a table: every row checked, every failure collected, so
+    /// one run names every broken row (and a name used twice).
+    struct Run {
+        /// What the table's rows are, for the verdict ("planned", "budget").
+        what: &'static str,
+        names: std::collections::HashSet<&'static str>,
+        failures: Vec<String>,
+        checked: usize,
+    }
+
+    impl Run {
+        fn new(what: &'static str) -> Run {
+            Run {
+                what,
+                names: std::collections::HashSet::new(),
+                failures: Vec::new(),
+                checked: 0,
+            }
+        }
+
+        /// A row begins: its name must be its own.
+        fn row(&mut self, name: &'static str) {
+            if !self.names.insert(name) {
+                self.fail(format!("{name}: the name is used twice"));
+            }
+        }
+
+        fn fail(&mut self, failure: String) {
+            self.failures.push(failure);
+        }
+
+        /// One checked case, `label` naming the row (and its options).
+        fn check<T: PartialEq + std::fmt::Debug>(
+            &mut self,
+            label: &dyn std::fmt::Display,
+            got: T,
+            want: T,
+        ) {
+            self.checked += 1;
+            if got != want {
+                self.fail(format!("{label}:\n    got  {got:?}\n    want {want:?}"));
+            }
+        }
+
+        fn finish(self) {
+            assert!(
+                self.failures.is_empty(),
+                "{} of {} {} cases failed:\n{}",
+                self.failures.len(),
+                self.checked,
+                self.what,
+                self.failures.join("\n")
+            );
+        }
+    }
+
     /// The expected decision, with borrowed hashes so a row is a constant.
     #[derive(Debug, Clone, Copy)]
     enum Want {
@@ -1189,13 +1245,9 @@ mod tests {
     #[test]
     fn every_case_plans_as_the_table_says() {
         let start = Instant::now();
-        let mut failures = Vec::new();
-        let mut names = std::collections::HashSet::new();
-        let mut checked = 0;
+        let mut run = Run::new("planned");
         for case in TABLES.iter().flat_map(|t| t.iter()) {
-            if !names.insert(case.name) {
-                failures.push(format!("{}: the name is used twice", case.name));
-            }
+            run.row(case.name);
             let want = Plan {
                 decision: case.decision.decision(),
                 pending: case.pending.at(start),
@@ -1221,31 +1273,25 @@ mod tests {
                                 final_sync,
                                 now: start + now,
                             };
-                            let got = plan(facts, pass);
                             combinations += 1;
-                            if got != want {
-                                failures.push(format!(
+                            run.check(
+                                &format_args!(
                                     "{} (read_only={read_only} {deletions:?} \
-                                     final_sync={final_sync} now=+{now:?}):\n    \
-                                     got  {got:?}\n    want {want:?}",
+                                     final_sync={final_sync} now=+{now:?})",
                                     case.name
-                                ));
-                            }
+                                ),
+                                plan(facts, pass),
+                                want.clone(),
+                            );
                         }
                     }
                 }
             }
             if combinations == 0 {
-                failures.push(format!("{}: no combination of options", case.name));
+                run.fail(format!("{}: no combination of options", case.name));
             }
-            checked += combinations;
         }
-        assert!(
-            failures.is_empty(),
-            "{} of {checked} planned cases failed:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
+        run.finish();
     }
 
     /// One pass's delete budget: the mode, the baseline the pass started
@@ -1354,12 +1400,9 @@ mod tests {
     /// Every budget row; every failure collected, each row named.
     #[test]
     fn every_budget_case_counts_as_the_table_says() {
-        let mut failures = Vec::new();
-        let mut names = std::collections::HashSet::new();
+        let mut run = Run::new("budget");
         for case in BUDGET {
-            if !names.insert(case.name) {
-                failures.push(format!("{}: the name is used twice", case.name));
-            }
+            run.row(case.name);
             let want: Vec<DeleteVerdict> = case
                 .verdicts
                 .iter()
@@ -1369,20 +1412,9 @@ mod tests {
             let got: Vec<DeleteVerdict> = (0..case.confirmed).map(|_| budget.take()).collect();
             let got = (got, budget.logged(), budget.held(), budget.cap_reached());
             let want = (want, case.logged, case.held, case.cap_reached);
-            if got != want {
-                failures.push(format!(
-                    "{}:\n    got  {got:?}\n    want {want:?}",
-                    case.name
-                ));
-            }
+            run.check(&case.name, got, want);
         }
-        assert!(
-            failures.is_empty(),
-            "{} of {} budget cases failed:\n{}",
-            failures.len(),
-            BUDGET.len(),
-            failures.join("\n")
-        );
+        run.finish();
     }
 
     /// One judgement of the whole folder: the operation(s) asking, what
@@ -1562,15 +1594,11 @@ mod tests {
     /// Every folder row under each operation it lists; every failure named.
     #[test]
     fn every_folder_case_judges_as_the_table_says() {
-        let mut failures = Vec::new();
-        let mut names = std::collections::HashSet::new();
-        let mut checked = 0;
+        let mut run = Run::new("folder");
         for case in FOLDERS {
-            if !names.insert(case.name) {
-                failures.push(format!("{}: the name is used twice", case.name));
-            }
+            run.row(case.name);
             if case.ops.is_empty() {
-                failures.push(format!("{}: no operation", case.name));
+                run.fail(format!("{}: no operation", case.name));
             }
             for &op in case.ops {
                 let got = plan_folder(FolderFacts {
@@ -1581,21 +1609,10 @@ mod tests {
                     unreadable: case.unreadable,
                     baseline: case.baseline,
                 });
-                checked += 1;
-                if got != case.want {
-                    failures.push(format!(
-                        "{} ({op:?}):\n    got  {got:?}\n    want {:?}",
-                        case.name, case.want
-                    ));
-                }
+                run.check(&format_args!("{} ({op:?})", case.name), got, case.want);
             }
         }
-        assert!(
-            failures.is_empty(),
-            "{} of {checked} folder cases failed:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
+        run.finish();
     }
 
     /// The store as a flush row sees it.
@@ -1802,12 +1819,9 @@ mod tests {
     /// every failure named.
     #[test]
     fn every_flush_case_pushes_as_the_table_says() {
-        let mut failures = Vec::new();
-        let mut names = std::collections::HashSet::new();
+        let mut run = Run::new("flush");
         for case in FLUSHES {
-            if !names.insert(case.name) {
-                failures.push(format!("{}: the name is used twice", case.name));
-            }
+            run.row(case.name);
             let dirty = flush_dirty(DirtyFacts {
                 local: case.local,
                 baseline: case.baseline,
@@ -1829,21 +1843,9 @@ mod tests {
                     },
                 })
             });
-            let want = case.want.decision();
-            if got != want {
-                failures.push(format!(
-                    "{}:\n    got  {got:?}\n    want {want:?}",
-                    case.name
-                ));
-            }
+            run.check(&case.name, got, case.want.decision());
         }
-        assert!(
-            failures.is_empty(),
-            "{} of {} flush cases failed:\n{}",
-            failures.len(),
-            FLUSHES.len(),
-            failures.join("\n")
-        );
+        run.finish();
     }
 
     #[test]
