@@ -998,20 +998,7 @@ impl AttachedStore {
             // Never for a flush: it neither skips nor re-downloads.
             FolderVerdict::Skip | FolderVerdict::Recover(_) => return Ok(()),
         }
-        let dirty: BTreeMap<String, String> = {
-            let state = self.state();
-            scan.files
-                .into_iter()
-                .filter(|(rel, sha)| {
-                    flush_dirty(DirtyFacts {
-                        local: sha,
-                        baseline: state.baseline.get(rel).map(String::as_str),
-                        sent: state.sent.contains_key(rel),
-                        refused: state.refused.get(rel).map(String::as_str),
-                    })
-                })
-                .collect()
-        };
+        let dirty = self.dirty(scan.files);
         if dirty.is_empty() {
             return Ok(());
         }
@@ -1044,24 +1031,7 @@ impl AttachedStore {
         };
         let mut work = Vec::new();
         for (rel, local) in &dirty {
-            let decision = {
-                let state = self.state();
-                plan_flush(FlushFacts {
-                    local,
-                    baseline: state.baseline.get(rel).map(String::as_str),
-                    tentative: state.tentative.get(rel).map(String::as_str),
-                    remote: match &remote {
-                        Some(remote) => FlushRemote::Listed(remote.get(rel).map(|m| Listed {
-                            id: &m.id,
-                            sha: &m.content_sha256,
-                        })),
-                        None => FlushRemote::Unlisted {
-                            known_id: state.ids.get(rel).map(String::as_str),
-                        },
-                    },
-                })
-            };
-            match decision {
+            match self.plan_flush_path(rel, local, remote.as_ref()) {
                 FlushDecision::Done => done(rel),
                 FlushDecision::Adopt => {
                     self.state().baseline.insert(rel.clone(), local.clone());
@@ -1096,6 +1066,48 @@ impl AttachedStore {
             .await;
         stats.uploaded = results.iter().filter(|ok| **ok).count();
         Ok(())
+    }
+
+    /// The scanned files the flush looks at ([`flush_dirty`]), judged
+    /// against the state before the listing.
+    fn dirty(&self, files: BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let state = self.state();
+        files
+            .into_iter()
+            .filter(|(rel, sha)| {
+                flush_dirty(DirtyFacts {
+                    local: sha,
+                    baseline: state.baseline.get(rel).map(String::as_str),
+                    sent: state.sent.contains_key(rel),
+                    refused: state.refused.get(rel).map(String::as_str),
+                })
+            })
+            .collect()
+    }
+
+    /// The flush's plan for one dirty file ([`plan_flush`]), from the state
+    /// as the listing (`None`: the store could not be listed) left it.
+    fn plan_flush_path(
+        &self,
+        rel: &str,
+        local: &str,
+        remote: Option<&BTreeMap<String, MemoryIndexEntry>>,
+    ) -> FlushDecision {
+        let state = self.state();
+        plan_flush(FlushFacts {
+            local,
+            baseline: state.baseline.get(rel).map(String::as_str),
+            tentative: state.tentative.get(rel).map(String::as_str),
+            remote: match remote {
+                Some(remote) => FlushRemote::Listed(remote.get(rel).map(|m| Listed {
+                    id: &m.id,
+                    sha: &m.content_sha256,
+                })),
+                None => FlushRemote::Unlisted {
+                    known_id: state.ids.get(rel).map(String::as_str),
+                },
+            },
+        })
     }
 
     /// Remove the folder if the worker made it and it still passes the
