@@ -433,6 +433,7 @@ impl AttachedStore {
         final_sync: bool,
         stats: &mut PassStats,
     ) -> Result<(), PassError> {
+        // Observe, judging the folder before the store is listed.
         let scan = self.scan().await?;
         let mut folder = scan.folder_facts(FolderOp::Sync);
         if !self.carry_out_folder_verdict(api, folder, stats).await? {
@@ -453,6 +454,7 @@ impl AttachedStore {
             return Ok(());
         }
 
+        // Plan every path.
         let pass = PassFacts {
             read_only: self.read_only,
             deletions,
@@ -476,6 +478,8 @@ impl AttachedStore {
             self.report(&rel, note);
         }
 
+        // Execute. The decisions' own baseline entries are recorded at once;
+        // each I/O below records its entry the moment it completes.
         for (rel, sha) in changes {
             self.record(rel, sha);
         }
