@@ -28,8 +28,13 @@
 //! `disabled` a local deletion is held (the plan of the path says so); in
 //! `enabled` and `log_only` each corroborated deletion that passes its
 //! re-check is sent, or only logged, until the pass's cap is spent, and
-//! the rest are held for later passes. The executor only carries out the
-//! verdicts.
+//! the rest are held for later passes.
+//!
+//! Before any path is planned, the folder as a whole is judged
+//! ([`plan_folder`]): whether its marker lets it be synced, pushed from or
+//! removed, and when a sync re-downloads it instead (a lost marker, a
+//! wipe). The flush, push-only, has its own rules ([`flush_dirty`],
+//! [`plan_flush`]). The executor only carries out the verdicts.
 
 use std::time::Duration;
 
@@ -396,6 +401,203 @@ impl DeleteBudget {
     }
 }
 
+/// Which operation asks whether to trust the store folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FolderOp {
+    /// A sync pass.
+    Sync,
+    /// The push-only flush.
+    Flush,
+    /// The removal of the folder at the end of the session.
+    Dispose,
+}
+
+/// What the scan (and, for a sync, the listing) says of the whole folder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FolderFacts {
+    pub(crate) op: FolderOp,
+    /// The root itself could not be read.
+    pub(crate) root_unreadable: bool,
+    /// `None` when the marker names this store; otherwise why not, in words
+    /// fit for the log.
+    pub(crate) distrust: Option<&'static str>,
+    /// Files the scan read (the marker not counted).
+    pub(crate) files: usize,
+    /// Paths the scan could not read.
+    pub(crate) unreadable: usize,
+    /// The baseline's size once the listing has settled the uploads whose
+    /// answer never came; `None` before the store is listed.
+    pub(crate) baseline: Option<usize>,
+}
+
+/// Why a sync re-downloads the folder instead of syncing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recovery {
+    /// The marker is not ours and the folder holds no file.
+    MarkerGone,
+    /// Every file vanished at once from a baseline of more than one.
+    Wipe,
+}
+
+impl Recovery {
+    /// The reason, as the log says it.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Recovery::MarkerGone => "the folder or its marker is gone",
+            Recovery::Wipe => "every memory file is gone at once",
+        }
+    }
+}
+
+/// What to do with the folder as a whole, before any path is planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FolderVerdict {
+    /// Go on: plan the paths (a sync lists the store first and asks again
+    /// with the baseline), push the edits, or remove the folder.
+    Proceed,
+    /// Nothing can be told: do nothing, and say nothing more (the scan
+    /// warned once already).
+    Skip,
+    /// The folder is not ours (the reason says why): leave it as found —
+    /// no sync, no push, no removal.
+    LeaveAlone(&'static str),
+    /// Re-download the store into the folder instead of syncing.
+    Recover(Recovery),
+}
+
+/// Whether the folder as a whole can be trusted, and what to do if not.
+///
+/// - **Sync.** The root cannot be read → skip: nothing can be told, so
+///   nothing is done, not even a recovery. The marker is not ours and
+///   files are present → leave the folder as found and do not sync (the
+///   server copy is intact; deleting the folder recovers). The marker is
+///   not ours and the folder is empty → recover (re-download). Once
+///   listed: no file left at all, none unreadable, and the baseline held
+///   more than one entry → recover: every file gone at once is a wipe, not
+///   a deletion — while a file the scan could not read is unknown, not gone.
+/// - **Flush.** The marker is not ours → push nothing (whatever the folder
+///   holds).
+/// - **Dispose.** The marker is not ours and files are present → leave the
+///   folder on disk; an empty folder is removed whatever its marker says.
+pub(crate) fn plan_folder(f: FolderFacts) -> FolderVerdict {
+    match f.op {
+        FolderOp::Sync => {
+            if f.root_unreadable {
+                return FolderVerdict::Skip;
+            }
+            if let Some(reason) = f.distrust {
+                if f.files > 0 {
+                    return FolderVerdict::LeaveAlone(reason);
+                }
+                return FolderVerdict::Recover(Recovery::MarkerGone);
+            }
+            if f.files == 0 && f.unreadable == 0 && f.baseline.is_some_and(|n| n > 1) {
+                return FolderVerdict::Recover(Recovery::Wipe);
+            }
+            FolderVerdict::Proceed
+        }
+        FolderOp::Flush => match f.distrust {
+            Some(reason) => FolderVerdict::LeaveAlone(reason),
+            None => FolderVerdict::Proceed,
+        },
+        FolderOp::Dispose => match f.distrust {
+            Some(reason) if f.files > 0 => FolderVerdict::LeaveAlone(reason),
+            _ => FolderVerdict::Proceed,
+        },
+    }
+}
+
+/// What the flush knows of one scanned file before it lists the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DirtyFacts<'a> {
+    /// The file's hash on disk.
+    pub(crate) local: &'a str,
+    /// The confirmed baseline entry (not a tentative one).
+    pub(crate) baseline: Option<&'a str>,
+    /// An upload of this path whose answer never came.
+    pub(crate) sent: bool,
+    /// A hash the server refused for this path.
+    pub(crate) refused: Option<&'a str>,
+}
+
+/// Is this scanned file one the flush must look at? It is when it differs
+/// from its confirmed baseline, or an upload of it was never answered —
+/// unless the server refused exactly these bytes already.
+pub(crate) fn flush_dirty(f: DirtyFacts<'_>) -> bool {
+    (f.baseline != Some(f.local) || f.sent) && f.refused != Some(f.local)
+}
+
+/// The store as the flush sees one dirty path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlushRemote<'a> {
+    /// The store was listed: the memory at the path, if any.
+    Listed(Option<Listed<'a>>),
+    /// The store could not be listed: the memory id known from the last
+    /// listing or upload, if any.
+    Unlisted { known_id: Option<&'a str> },
+}
+
+/// Everything the flush knows of one dirty path once it tried to list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlushFacts<'a> {
+    /// The file's hash on disk.
+    pub(crate) local: &'a str,
+    /// The confirmed baseline entry (after the listing settled the sends).
+    pub(crate) baseline: Option<&'a str>,
+    /// The tentative entry a re-download left, if any.
+    pub(crate) tentative: Option<&'a str>,
+    pub(crate) remote: FlushRemote<'a>,
+}
+
+/// What the flush does with one dirty path.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FlushDecision {
+    /// Nothing to push: the file holds its base.
+    Done,
+    /// The server already holds the file's bytes: they enter the baseline.
+    Adopt,
+    /// Changed on both sides: the flush leaves the remote version (a
+    /// warning, and a conflict counted).
+    Conflict,
+    /// Push the file: an update of `(id, expected hash)`, or a create.
+    Upload { update: Option<(String, String)> },
+}
+
+/// The flush's rules for one dirty path (push-only: it never pulls or
+/// deletes).
+///
+/// The base is the confirmed baseline, or else the tentative one a
+/// re-download left, so an edit is never taken for a conflict. The memory
+/// the edit is judged against is the listed one; when the store could not
+/// be listed, it is the known id guarded by the base (the server refuses
+/// the update with 409 only if another writer changed it since), and with
+/// no id or no base the file is created.
+///
+/// - The file holds its base → done (an unsettled send that never landed,
+///   or unchanged since the tentative baseline).
+/// - The memory holds the file's bytes → adopt them into the baseline.
+/// - The memory differs from the base → a conflict: leave the remote
+///   version.
+/// - Otherwise → upload: an update guarded by the memory's hash, or a
+///   create when there is no memory.
+pub(crate) fn plan_flush(f: FlushFacts<'_>) -> FlushDecision {
+    let base = f.baseline.or(f.tentative);
+    if base == Some(f.local) {
+        return FlushDecision::Done;
+    }
+    let existing = match f.remote {
+        FlushRemote::Listed(listed) => listed.map(|m| (m.id, m.sha)),
+        FlushRemote::Unlisted { known_id } => base.and_then(|b| known_id.map(|id| (id, b))),
+    };
+    match existing {
+        Some((_, sha)) if sha == f.local => FlushDecision::Adopt,
+        Some((_, sha)) if Some(sha) != base => FlushDecision::Conflict,
+        _ => FlushDecision::Upload {
+            update: existing.map(|(id, sha)| (id.to_string(), sha.to_string())),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     //! The planner's rules as data: one row per case — the path's facts, the
@@ -430,6 +632,62 @@ mod tests {
     /// The first pass and one a whole window later: the plan does not
     /// depend on the clock.
     const ANY_TIME: &[Duration] = &[T0, WINDOW];
+
+    /// One run of a table: every row checked, every failure collected, so
+    /// one run names every broken row (and a name used twice).
+    struct Run {
+        /// What the table's rows are, for the verdict ("planned", "budget").
+        what: &'static str,
+        names: std::collections::HashSet<&'static str>,
+        failures: Vec<String>,
+        checked: usize,
+    }
+
+    impl Run {
+        fn new(what: &'static str) -> Run {
+            Run {
+                what,
+                names: std::collections::HashSet::new(),
+                failures: Vec::new(),
+                checked: 0,
+            }
+        }
+
+        /// A row begins: its name must be its own.
+        fn row(&mut self, name: &'static str) {
+            if !self.names.insert(name) {
+                self.fail(format!("{name}: the name is used twice"));
+            }
+        }
+
+        fn fail(&mut self, failure: String) {
+            self.failures.push(failure);
+        }
+
+        /// One checked case, `label` naming the row (and its options).
+        fn check<T: PartialEq + std::fmt::Debug>(
+            &mut self,
+            label: &dyn std::fmt::Display,
+            got: T,
+            want: T,
+        ) {
+            self.checked += 1;
+            if got != want {
+                self.fail(format!("{label}:\n    got  {got:?}\n    want {want:?}"));
+            }
+        }
+
+        fn finish(self) {
+            assert!(
+                self.failures.is_empty(),
+                "{} of {} {} cases failed:\n{}",
+                self.failures.len(),
+                self.checked,
+                self.what,
+                self.failures.join("\n")
+            );
+        }
+    }
 
     /// The expected decision, with borrowed hashes so a row is a constant.
     #[derive(Debug, Clone, Copy)]
@@ -987,13 +1245,9 @@ mod tests {
     #[test]
     fn every_case_plans_as_the_table_says() {
         let start = Instant::now();
-        let mut failures = Vec::new();
-        let mut names = std::collections::HashSet::new();
-        let mut checked = 0;
+        let mut run = Run::new("planned");
         for case in TABLES.iter().flat_map(|t| t.iter()) {
-            if !names.insert(case.name) {
-                failures.push(format!("{}: the name is used twice", case.name));
-            }
+            run.row(case.name);
             let want = Plan {
                 decision: case.decision.decision(),
                 pending: case.pending.at(start),
@@ -1019,31 +1273,25 @@ mod tests {
                                 final_sync,
                                 now: start + now,
                             };
-                            let got = plan(facts, pass);
                             combinations += 1;
-                            if got != want {
-                                failures.push(format!(
+                            run.check(
+                                &format_args!(
                                     "{} (read_only={read_only} {deletions:?} \
-                                     final_sync={final_sync} now=+{now:?}):\n    \
-                                     got  {got:?}\n    want {want:?}",
+                                     final_sync={final_sync} now=+{now:?})",
                                     case.name
-                                ));
-                            }
+                                ),
+                                plan(facts, pass),
+                                want.clone(),
+                            );
                         }
                     }
                 }
             }
             if combinations == 0 {
-                failures.push(format!("{}: no combination of options", case.name));
+                run.fail(format!("{}: no combination of options", case.name));
             }
-            checked += combinations;
         }
-        assert!(
-            failures.is_empty(),
-            "{} of {checked} planned cases failed:\n{}",
-            failures.len(),
-            failures.join("\n")
-        );
+        run.finish();
     }
 
     /// One pass's delete budget: the mode, the baseline the pass started
@@ -1152,12 +1400,9 @@ mod tests {
     /// Every budget row; every failure collected, each row named.
     #[test]
     fn every_budget_case_counts_as_the_table_says() {
-        let mut failures = Vec::new();
-        let mut names = std::collections::HashSet::new();
+        let mut run = Run::new("budget");
         for case in BUDGET {
-            if !names.insert(case.name) {
-                failures.push(format!("{}: the name is used twice", case.name));
-            }
+            run.row(case.name);
             let want: Vec<DeleteVerdict> = case
                 .verdicts
                 .iter()
@@ -1167,20 +1412,440 @@ mod tests {
             let got: Vec<DeleteVerdict> = (0..case.confirmed).map(|_| budget.take()).collect();
             let got = (got, budget.logged(), budget.held(), budget.cap_reached());
             let want = (want, case.logged, case.held, case.cap_reached);
-            if got != want {
-                failures.push(format!(
-                    "{}:\n    got  {got:?}\n    want {want:?}",
-                    case.name
-                ));
+            run.check(&case.name, got, want);
+        }
+        run.finish();
+    }
+
+    /// One judgement of the whole folder: the operation(s) asking, what
+    /// the scan (and for a sync the listing) says, and the verdict.
+    #[derive(Debug, Clone, Copy)]
+    struct FolderCase {
+        name: &'static str,
+        /// The row holds for each of these operations.
+        ops: &'static [FolderOp],
+        root_unreadable: bool,
+        distrust: Option<&'static str>,
+        files: usize,
+        unreadable: usize,
+        baseline: Option<usize>,
+        want: FolderVerdict,
+    }
+
+    const GONE: &str = "the marker file is gone";
+    const ALL_OPS: &[FolderOp] = &[FolderOp::Sync, FolderOp::Flush, FolderOp::Dispose];
+    const SYNC: &[FolderOp] = &[FolderOp::Sync];
+    const FLUSH: &[FolderOp] = &[FolderOp::Flush];
+    const DISPOSE: &[FolderOp] = &[FolderOp::Dispose];
+
+    /// What a folder row leaves out: a trusted, readable folder holding
+    /// files, not yet listed.
+    const FOLDER: FolderCase = FolderCase {
+        name: "",
+        ops: ALL_OPS,
+        root_unreadable: false,
+        distrust: None,
+        files: 3,
+        unreadable: 0,
+        baseline: None,
+        want: FolderVerdict::Proceed,
+    };
+
+    const FOLDERS: &[FolderCase] = {
+        use FolderVerdict::{LeaveAlone, Proceed, Recover, Skip};
+        &[
+            FolderCase {
+                name: "our marker, files present: proceed",
+                baseline: Some(3),
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, root unreadable: nothing done, not even a wipe recovery",
+                ops: SYNC,
+                root_unreadable: true,
+                files: 0,
+                baseline: Some(5),
+                want: Skip,
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, root unreadable and no marker: nothing done, not even a re-download",
+                ops: SYNC,
+                root_unreadable: true,
+                distrust: Some(GONE),
+                files: 0,
+                want: Skip,
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, not our marker, files present: left as found, not synced",
+                ops: SYNC,
+                distrust: Some(GONE),
+                want: LeaveAlone(GONE),
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, not our marker, folder empty: re-downloaded",
+                ops: SYNC,
+                distrust: Some(GONE),
+                files: 0,
+                want: Recover(Recovery::MarkerGone),
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, not our marker, only unreadable entries: re-downloaded",
+                ops: SYNC,
+                distrust: Some(GONE),
+                files: 0,
+                unreadable: 2,
+                want: Recover(Recovery::MarkerGone),
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, every file gone from a baseline of two: a wipe, re-downloaded",
+                ops: SYNC,
+                files: 0,
+                baseline: Some(2),
+                want: Recover(Recovery::Wipe),
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, the only file gone: a deletion, not a wipe",
+                ops: SYNC,
+                files: 0,
+                baseline: Some(1),
+                want: Proceed,
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, empty store, empty folder: proceed",
+                ops: SYNC,
+                files: 0,
+                baseline: Some(0),
+                want: Proceed,
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, every readable file gone but one entry unreadable: unknown, not a wipe",
+                ops: SYNC,
+                files: 0,
+                unreadable: 1,
+                baseline: Some(5),
+                want: Proceed,
+                ..FOLDER
+            },
+            FolderCase {
+                name: "sync, every file gone, not yet listed: the wipe waits for the listing",
+                ops: SYNC,
+                files: 0,
+                baseline: None,
+                want: Proceed,
+                ..FOLDER
+            },
+            FolderCase {
+                name: "flush, not our marker, files present: nothing pushed",
+                ops: FLUSH,
+                distrust: Some(GONE),
+                want: LeaveAlone(GONE),
+                ..FOLDER
+            },
+            FolderCase {
+                name: "flush, not our marker, folder empty: nothing pushed, no re-download",
+                ops: FLUSH,
+                distrust: Some(GONE),
+                files: 0,
+                want: LeaveAlone(GONE),
+                ..FOLDER
+            },
+            FolderCase {
+                name: "flush and dispose, every file gone: no wipe recovery",
+                ops: &[FolderOp::Flush, FolderOp::Dispose],
+                files: 0,
+                baseline: Some(5),
+                want: Proceed,
+                ..FOLDER
+            },
+            FolderCase {
+                name: "flush and dispose, root unreadable under our marker: proceed",
+                ops: &[FolderOp::Flush, FolderOp::Dispose],
+                root_unreadable: true,
+                files: 0,
+                want: Proceed,
+                ..FOLDER
+            },
+            FolderCase {
+                name: "dispose, not our marker, files present: left on disk",
+                ops: DISPOSE,
+                distrust: Some(GONE),
+                want: LeaveAlone(GONE),
+                ..FOLDER
+            },
+            FolderCase {
+                name: "dispose, not our marker, folder empty: removed",
+                ops: DISPOSE,
+                distrust: Some(GONE),
+                files: 0,
+                want: Proceed,
+                ..FOLDER
+            },
+        ]
+    };
+
+    /// Every folder row under each operation it lists; every failure named.
+    #[test]
+    fn every_folder_case_judges_as_the_table_says() {
+        let mut run = Run::new("folder");
+        for case in FOLDERS {
+            run.row(case.name);
+            if case.ops.is_empty() {
+                run.fail(format!("{}: no operation", case.name));
+            }
+            for &op in case.ops {
+                let got = plan_folder(FolderFacts {
+                    op,
+                    root_unreadable: case.root_unreadable,
+                    distrust: case.distrust,
+                    files: case.files,
+                    unreadable: case.unreadable,
+                    baseline: case.baseline,
+                });
+                run.check(&format_args!("{} ({op:?})", case.name), got, case.want);
             }
         }
-        assert!(
-            failures.is_empty(),
-            "{} of {} budget cases failed:\n{}",
-            failures.len(),
-            BUDGET.len(),
-            failures.join("\n")
-        );
+        run.finish();
+    }
+
+    /// The store as a flush row sees it.
+    #[derive(Debug, Clone, Copy)]
+    enum Store {
+        /// Listed: memory `ID` with this hash, or no memory at the path.
+        Listed(Option<&'static str>),
+        /// Not listable; whether the id of memory `ID` is known.
+        Unlisted { id_known: bool },
+    }
+
+    /// The expected flush decision.
+    #[derive(Debug, Clone, Copy)]
+    enum Flush {
+        /// Not dirty: the flush does not look at the file.
+        Clean,
+        Done,
+        Adopt,
+        Conflict,
+        /// An update of memory `ID` guarded by this hash.
+        Update(&'static str),
+        Create,
+    }
+
+    impl Flush {
+        fn decision(self) -> Option<FlushDecision> {
+            Some(match self {
+                Flush::Clean => return None,
+                Flush::Done => FlushDecision::Done,
+                Flush::Adopt => FlushDecision::Adopt,
+                Flush::Conflict => FlushDecision::Conflict,
+                Flush::Update(sha) => FlushDecision::Upload {
+                    update: Some((ID.into(), sha.into())),
+                },
+                Flush::Create => FlushDecision::Upload { update: None },
+            })
+        }
+    }
+
+    /// One scanned file in a flush: its hash on disk, the sync state, the
+    /// store, and what the flush does with it.
+    #[derive(Debug, Clone, Copy)]
+    struct FlushCase {
+        name: &'static str,
+        local: &'static str,
+        baseline: Option<&'static str>,
+        tentative: Option<&'static str>,
+        sent: bool,
+        refused: Option<&'static str>,
+        store: Store,
+        want: Flush,
+    }
+
+    /// What a flush row leaves out: an edit `V2` of a file synced at `V1`,
+    /// the store listed and unchanged.
+    const FLUSHED: FlushCase = FlushCase {
+        name: "",
+        local: V2,
+        baseline: Some(V1),
+        tentative: None,
+        sent: false,
+        refused: None,
+        store: Store::Listed(Some(V1)),
+        want: Flush::Update(V1),
+    };
+
+    const FLUSHES: &[FlushCase] = &[
+        FlushCase {
+            name: "unchanged since the sync: not looked at",
+            local: V1,
+            want: Flush::Clean,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "unchanged, but an upload was never answered: looked at, nothing to push",
+            local: V1,
+            sent: true,
+            want: Flush::Done,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "the bytes the server refused: not looked at",
+            refused: Some(V2),
+            want: Flush::Clean,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "the bytes the server refused, sent unanswered: the refusal wins",
+            refused: Some(V2),
+            sent: true,
+            want: Flush::Clean,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "a refused file edited again: pushed",
+            local: V3,
+            refused: Some(V2),
+            want: Flush::Update(V1),
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "edited here, unchanged there: update guarded by the listed hash",
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "the server already holds the edit: adopted",
+            store: Store::Listed(Some(V2)),
+            want: Flush::Adopt,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "edited both sides: a conflict, the remote version left",
+            store: Store::Listed(Some(V3)),
+            want: Flush::Conflict,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "edited here, deleted there: re-created",
+            store: Store::Listed(None),
+            want: Flush::Create,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "a new file: created",
+            baseline: None,
+            store: Store::Listed(None),
+            want: Flush::Create,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "a new file where another writer created a memory: a conflict",
+            baseline: None,
+            store: Store::Listed(Some(V3)),
+            want: Flush::Conflict,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "a new file the server already holds: adopted",
+            baseline: None,
+            store: Store::Listed(Some(V2)),
+            want: Flush::Adopt,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "unchanged since the tentative baseline: looked at, nothing to push",
+            local: V1,
+            baseline: None,
+            tentative: Some(V1),
+            want: Flush::Done,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "edited since the tentative baseline: an update, not a conflict",
+            baseline: None,
+            tentative: Some(V1),
+            want: Flush::Update(V1),
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "the confirmed baseline is the base, not the tentative one",
+            tentative: Some(V3),
+            store: Store::Listed(Some(V3)),
+            want: Flush::Conflict,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "unlisted, the id known: update guarded by the last synced hash",
+            store: Store::Unlisted { id_known: true },
+            want: Flush::Update(V1),
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "unlisted, guarded by the tentative baseline when there is no other",
+            baseline: None,
+            tentative: Some(V1),
+            store: Store::Unlisted { id_known: true },
+            want: Flush::Update(V1),
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "unlisted, the id unknown: created",
+            store: Store::Unlisted { id_known: false },
+            want: Flush::Create,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "unlisted, never synced: created",
+            baseline: None,
+            store: Store::Unlisted { id_known: true },
+            want: Flush::Create,
+            ..FLUSHED
+        },
+        FlushCase {
+            name: "unlisted, an unanswered send of the synced bytes: nothing to push",
+            local: V1,
+            sent: true,
+            store: Store::Unlisted { id_known: true },
+            want: Flush::Done,
+            ..FLUSHED
+        },
+    ];
+
+    /// Every flush row through both stages (dirty, then the decision);
+    /// every failure named.
+    #[test]
+    fn every_flush_case_pushes_as_the_table_says() {
+        let mut run = Run::new("flush");
+        for case in FLUSHES {
+            run.row(case.name);
+            let dirty = flush_dirty(DirtyFacts {
+                local: case.local,
+                baseline: case.baseline,
+                sent: case.sent,
+                refused: case.refused,
+            });
+            let got = dirty.then(|| {
+                plan_flush(FlushFacts {
+                    local: case.local,
+                    baseline: case.baseline,
+                    tentative: case.tentative,
+                    remote: match case.store {
+                        Store::Listed(sha) => {
+                            FlushRemote::Listed(sha.map(|sha| Listed { id: ID, sha }))
+                        }
+                        Store::Unlisted { id_known } => FlushRemote::Unlisted {
+                            known_id: id_known.then_some(ID),
+                        },
+                    },
+                })
+            });
+            run.check(&case.name, got, case.want.decision());
+        }
+        run.finish();
     }
 
     #[test]

@@ -28,7 +28,9 @@ use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
 use super::journal::{Journal, MapKind, Snapshot, Tracked};
 use super::options::DeleteMode;
 use super::plan::{
-    Decision, DeleteBudget, DeleteVerdict, Listed, Note, PassFacts, PathFacts, Pending, plan,
+    Decision, DeleteBudget, DeleteVerdict, DirtyFacts, FlushDecision, FlushFacts, FlushRemote,
+    FolderFacts, FolderOp, FolderVerdict, Listed, Note, PassFacts, PathFacts, Pending, flush_dirty,
+    plan, plan_flush, plan_folder,
 };
 use super::remote::MemoryApi;
 
@@ -224,6 +226,21 @@ struct Marked {
     distrust: Option<&'static str>,
     /// The scan itself, without its files: which paths it could not read.
     unknown: Scan,
+}
+
+impl Marked {
+    /// What this scan says of the folder as a whole, for `op`'s verdict
+    /// (a sync adds the baseline once it has listed the store).
+    fn folder_facts(&self, op: FolderOp) -> FolderFacts {
+        FolderFacts {
+            op,
+            root_unreadable: self.unknown.is_unknown(""),
+            distrust: self.distrust,
+            files: self.files.len(),
+            unreadable: self.unknown.unreadable.len(),
+            baseline: None,
+        }
+    }
 }
 
 /// What a pass did, for the caller's counters.
@@ -552,6 +569,9 @@ impl AttachedStore {
         stats
     }
 
+    /// One pass: observe (scan the folder, list the store) → plan (the
+    /// folder's verdict, then each path's) → execute, each operation
+    /// committed to the baseline the moment it completes.
     async fn try_sync(
         &self,
         api: &dyn MemoryApi,
@@ -559,23 +579,11 @@ impl AttachedStore {
         final_sync: bool,
         stats: &mut PassStats,
     ) -> Result<(), PassError> {
+        // Observe, judging the folder before the store is listed.
         let scan = self.scan().await?;
-        if scan.unknown.is_unknown("") {
-            // The root itself cannot be read (warned once by the scan):
-            // nothing can be told, so nothing is done — no recovery either.
+        let mut folder = scan.folder_facts(FolderOp::Sync);
+        if !self.carry_out_folder_verdict(api, folder, stats).await? {
             return Ok(());
-        }
-        if let Some(reason) = scan.distrust {
-            if !scan.files.is_empty() {
-                warn!(
-                    memory_store.id = %self.id,
-                    root = %self.folder.root().display(),
-                    "{reason}; leaving the memory store folder as found and not syncing. Delete it to recover — the server copy is intact."
-                );
-                return Ok(());
-            }
-            stats.recovered = true;
-            return self.recover(api, "the folder or its marker is gone").await;
         }
         // A file this scan saw is not missing, whatever happens to the rest of
         // the pass: a pass that fails after the scan still breaks a pending
@@ -586,120 +594,38 @@ impl AttachedStore {
             .retain(|rel, _| !scan.files.contains_key(rel));
         let remote = self.index(api).await?;
         self.settle_sent(&remote);
-        // One file gone is a deletion; every file gone at once is a wipe —
-        // unless some could not be read: those are unknown, not gone.
-        if scan.files.is_empty()
-            && scan.unknown.unreadable.is_empty()
-            && self.state().baseline.len() > 1
-        {
-            stats.recovered = true;
-            return self.recover(api, "every memory file is gone at once").await;
+        // Asked again with the baseline the listing settled: is this a wipe?
+        folder.baseline = Some(self.state().baseline.len());
+        if !self.carry_out_folder_verdict(api, folder, stats).await? {
+            return Ok(());
         }
 
+        // Plan every path.
         let pass = PassFacts {
             read_only: self.read_only,
             deletions,
             final_sync,
             now: Instant::now(),
         };
-        // Every path is planned under one lock, reading the state in place.
-        // The baseline only changes where a decision (or its I/O) moves it:
-        // `changes` holds the decisions' entries, applied right after the
-        // planning (`None` takes the path out of the baseline); each I/O
-        // records its own entry the moment it completes.
-        let mut changes: Vec<(String, Option<String>)> = Vec::new();
-        let mut pulls = Vec::new();
-        let mut uploads = Vec::new();
-        let mut removals = Vec::new();
-        let mut deletes = Vec::new();
-        let mut suppressed = 0;
-        let mut budget;
-        {
-            let mut guard = self.state();
-            let State {
-                baseline,
-                tentative,
-                refused,
-                pending,
-                ..
-            } = &mut *guard;
-            budget = DeleteBudget::new(deletions, baseline.len());
-            let mut remote_it = remote.iter().peekable();
-            let mut local_it = scan.files.iter().peekable();
-            let mut baseline_it = baseline.iter().peekable();
-            let mut tentative_it = tentative.iter().peekable();
-            // The four maps are sorted by path: walk them in step, so each
-            // path is visited once and looked up nowhere.
-            while let Some(rel) = [
-                remote_it.peek().map(|e| e.0),
-                local_it.peek().map(|e| e.0),
-                baseline_it.peek().map(|e| e.0),
-                tentative_it.peek().map(|e| e.0),
-            ]
-            .into_iter()
-            .flatten()
-            .min()
-            {
-                let listed = remote_it.next_if(|e| e.0 == rel).map(|e| e.1);
-                let local = local_it.next_if(|e| e.0 == rel).map(|e| e.1);
-                let confirmed = baseline_it.next_if(|e| e.0 == rel).map(|e| e.1);
-                let held = tentative_it.next_if(|e| e.0 == rel).map(|e| e.1);
-                let facts = PathFacts {
-                    local: local.map(String::as_str),
-                    baseline: confirmed.or(held).map(String::as_str),
-                    remote: listed.map(|m| Listed {
-                        id: &m.id,
-                        sha: &m.content_sha256,
-                    }),
-                    refused: refused.get(rel).map(String::as_str),
-                    missing_since: pending.get(rel).copied(),
-                    tentative: confirmed.is_none() && held.is_some(),
-                    unreadable: local.is_none() && scan.unknown.is_unknown(rel),
-                };
-                let p = plan(facts, pass);
-                match p.pending {
-                    Pending::Unchanged => {}
-                    Pending::Clear => {
-                        pending.remove(rel);
-                    }
-                    Pending::Since(t) => pending.insert_if_absent(rel, t),
-                }
-                if p.note == Some(Note::DeleteSuppressed) {
-                    suppressed += 1;
-                } else if let Some(note) = p.note {
-                    if note == Note::BothChanged {
-                        stats.conflicts += 1;
-                    }
-                    self.report(rel, note);
-                }
-                let mut keep = |sha: Option<String>| {
-                    if confirmed != sha.as_ref() {
-                        changes.push((rel.clone(), sha));
-                    }
-                };
-                match p.decision {
-                    Decision::Forget => keep(None),
-                    Decision::Keep(sha) | Decision::HoldDelete { base: sha } => keep(Some(sha)),
-                    Decision::Pull { keep: k } => {
-                        keep(k);
-                        // The planner pulls only what the server listed.
-                        if let Some(m) = listed {
-                            pulls.push((rel.clone(), m.id.clone()));
-                        }
-                    }
-                    // These settle their baseline entry after their I/O.
-                    Decision::Upload { update, fallback } => uploads.push((
-                        rel.clone(),
-                        facts.local.map(str::to_string),
-                        update,
-                        fallback,
-                    )),
-                    Decision::RemoveLocal { base } => removals.push((rel.clone(), base)),
-                    Decision::Delete { id, base } => deletes.push((rel.clone(), id, base)),
-                }
+        let Work {
+            changes,
+            pulls,
+            mut uploads,
+            removals,
+            deletes,
+            notes,
+            suppressed,
+            mut budget,
+        } = self.plan_paths(&scan, &remote, pass);
+        for (rel, note) in notes {
+            if note == Note::BothChanged {
+                stats.conflicts += 1;
             }
+            self.report(&rel, note);
         }
 
+        // Execute. The decisions' own baseline entries are recorded at once;
+        // each I/O below records its entry the moment it completes.
         for (rel, sha) in changes {
             self.record(rel, sha);
         }
@@ -788,6 +714,136 @@ impl AttachedStore {
             );
         }
         Ok(())
+    }
+
+    /// Carry out a sync's verdict on the folder ([`plan_folder`]): `true`
+    /// when the pass goes on.
+    async fn carry_out_folder_verdict(
+        &self,
+        api: &dyn MemoryApi,
+        facts: FolderFacts,
+        stats: &mut PassStats,
+    ) -> Result<bool, PassError> {
+        match plan_folder(facts) {
+            FolderVerdict::Proceed => Ok(true),
+            // The scan warned once already.
+            FolderVerdict::Skip => Ok(false),
+            FolderVerdict::LeaveAlone(reason) => {
+                warn!(
+                    memory_store.id = %self.id,
+                    root = %self.folder.root().display(),
+                    "{reason}; leaving the memory store folder as found and not syncing. Delete it to recover — the server copy is intact."
+                );
+                Ok(false)
+            }
+            FolderVerdict::Recover(why) => {
+                stats.recovered = true;
+                self.recover(api, why.reason()).await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Plan every path of the pass ([`plan`]) under one lock, reading the
+    /// state in place, and say what is left to do. The pending-delete
+    /// records move here, as the plans say; the baseline only changes
+    /// where a decision (or its I/O) moves it, by the caller.
+    fn plan_paths(
+        &self,
+        scan: &Marked,
+        remote: &BTreeMap<String, MemoryIndexEntry>,
+        pass: PassFacts,
+    ) -> Work {
+        let mut guard = self.state();
+        let State {
+            baseline,
+            tentative,
+            refused,
+            pending,
+            ..
+        } = &mut *guard;
+        let mut work = Work {
+            changes: Vec::new(),
+            pulls: Vec::new(),
+            uploads: Vec::new(),
+            removals: Vec::new(),
+            deletes: Vec::new(),
+            notes: Vec::new(),
+            suppressed: 0,
+            budget: DeleteBudget::new(pass.deletions, baseline.len()),
+        };
+        let mut remote_it = remote.iter().peekable();
+        let mut local_it = scan.files.iter().peekable();
+        let mut baseline_it = baseline.iter().peekable();
+        let mut tentative_it = tentative.iter().peekable();
+        // The four maps are sorted by path: walk them in step, so each
+        // path is visited once and looked up nowhere.
+        while let Some(rel) = [
+            remote_it.peek().map(|e| e.0),
+            local_it.peek().map(|e| e.0),
+            baseline_it.peek().map(|e| e.0),
+            tentative_it.peek().map(|e| e.0),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        {
+            let listed = remote_it.next_if(|e| e.0 == rel).map(|e| e.1);
+            let local = local_it.next_if(|e| e.0 == rel).map(|e| e.1);
+            let confirmed = baseline_it.next_if(|e| e.0 == rel).map(|e| e.1);
+            let held = tentative_it.next_if(|e| e.0 == rel).map(|e| e.1);
+            let facts = PathFacts {
+                local: local.map(String::as_str),
+                baseline: confirmed.or(held).map(String::as_str),
+                remote: listed.map(|m| Listed {
+                    id: &m.id,
+                    sha: &m.content_sha256,
+                }),
+                refused: refused.get(rel).map(String::as_str),
+                missing_since: pending.get(rel).copied(),
+                tentative: confirmed.is_none() && held.is_some(),
+                unreadable: local.is_none() && scan.unknown.is_unknown(rel),
+            };
+            let p = plan(facts, pass);
+            match p.pending {
+                Pending::Unchanged => {}
+                Pending::Clear => {
+                    pending.remove(rel);
+                }
+                Pending::Since(t) => pending.insert_if_absent(rel, t),
+            }
+            match p.note {
+                Some(Note::DeleteSuppressed) => work.suppressed += 1,
+                Some(note) => work.notes.push((rel.clone(), note)),
+                None => {}
+            }
+            let mut keep = |sha: Option<String>| {
+                if confirmed != sha.as_ref() {
+                    work.changes.push((rel.clone(), sha));
+                }
+            };
+            match p.decision {
+                Decision::Forget => keep(None),
+                Decision::Keep(sha) | Decision::HoldDelete { base: sha } => keep(Some(sha)),
+                Decision::Pull { keep: k } => {
+                    keep(k);
+                    // The planner pulls only what the server listed.
+                    if let Some(m) = listed {
+                        work.pulls.push((rel.clone(), m.id.clone()));
+                    }
+                }
+                // These settle their baseline entry after their I/O.
+                Decision::Upload { update, fallback } => work.uploads.push((
+                    rel.clone(),
+                    facts.local.map(str::to_string),
+                    update,
+                    fallback,
+                )),
+                Decision::RemoveLocal { base } => work.removals.push((rel.clone(), base)),
+                Decision::Delete { id, base } => work.deletes.push((rel.clone(), id, base)),
+            }
+        }
+        work
     }
 
     /// Record one path's new baseline entry (`None`: out of the baseline),
@@ -1080,26 +1136,20 @@ impl AttachedStore {
         stats: &mut FlushStats,
     ) -> Result<(), PassError> {
         let scan = self.scan().await?;
-        if let Some(reason) = scan.distrust {
-            warn!(
-                memory_store.id = %self.id,
-                root = %self.folder.root().display(),
-                "{reason}; not uploading anything from the memory store folder"
-            );
-            return Ok(());
+        match plan_folder(scan.folder_facts(FolderOp::Flush)) {
+            FolderVerdict::Proceed => {}
+            FolderVerdict::LeaveAlone(reason) => {
+                warn!(
+                    memory_store.id = %self.id,
+                    root = %self.folder.root().display(),
+                    "{reason}; not uploading anything from the memory store folder"
+                );
+                return Ok(());
+            }
+            // Never for a flush: it neither skips nor re-downloads.
+            FolderVerdict::Skip | FolderVerdict::Recover(_) => return Ok(()),
         }
-        // Judged against the baseline, or the tentative one a re-download
-        // left (as the planner does), so an edit is never taken for a conflict.
-        let dirty: BTreeMap<String, String> = {
-            let state = self.state();
-            scan.files
-                .into_iter()
-                .filter(|(rel, sha)| {
-                    (state.baseline.get(rel) != Some(sha) || state.sent.contains_key(rel))
-                        && state.refused.get(rel) != Some(sha)
-                })
-                .collect()
-        };
+        let dirty = self.dirty(scan.files);
         if dirty.is_empty() {
             return Ok(());
         }
@@ -1132,34 +1182,13 @@ impl AttachedStore {
         };
         let mut work = Vec::new();
         for (rel, local) in &dirty {
-            let (base, known_id) = {
-                let state = self.state();
-                let base = state
-                    .baseline
-                    .get(rel)
-                    .or_else(|| state.tentative.get(rel))
-                    .cloned();
-                (base, state.ids.get(rel).cloned())
-            };
-            if Some(local) == base.as_ref() {
-                // Listed only for an unsettled send that never landed, or
-                // unchanged since the tentative baseline.
-                done(rel);
-                continue;
-            }
-            let existing = match &remote {
-                Some(remote) => remote
-                    .get(rel)
-                    .map(|m| (m.id.clone(), m.content_sha256.clone())),
-                None => base.clone().and_then(|b| known_id.map(|id| (id, b))),
-            };
-            if let Some((_, listed)) = &existing {
-                if listed == local {
+            match self.plan_flush_path(rel, local, remote.as_ref()) {
+                FlushDecision::Done => done(rel),
+                FlushDecision::Adopt => {
                     self.state().baseline.insert(rel.clone(), local.clone());
                     done(rel);
-                    continue;
                 }
-                if Some(listed) != base.as_ref() {
+                FlushDecision::Conflict => {
                     warn!(
                         memory_store.id = %self.id,
                         memory.path = %rel,
@@ -1167,10 +1196,9 @@ impl AttachedStore {
                     );
                     stats.conflicts += 1;
                     done(rel);
-                    continue;
                 }
+                FlushDecision::Upload { update } => work.push((rel.clone(), local.clone(), update)),
             }
-            work.push((rel.clone(), local.clone(), existing));
         }
         let results: Vec<bool> = stream::iter(work)
             .map(|(rel, local, update)| async move {
@@ -1191,6 +1219,48 @@ impl AttachedStore {
         Ok(())
     }
 
+    /// The scanned files the flush looks at ([`flush_dirty`]), judged
+    /// against the state before the listing.
+    fn dirty(&self, files: BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let state = self.state();
+        files
+            .into_iter()
+            .filter(|(rel, sha)| {
+                flush_dirty(DirtyFacts {
+                    local: sha,
+                    baseline: state.baseline.get(rel).map(String::as_str),
+                    sent: state.sent.contains_key(rel),
+                    refused: state.refused.get(rel).map(String::as_str),
+                })
+            })
+            .collect()
+    }
+
+    /// The flush's plan for one dirty file ([`plan_flush`]), from the state
+    /// as the listing (`None`: the store could not be listed) left it.
+    fn plan_flush_path(
+        &self,
+        rel: &str,
+        local: &str,
+        remote: Option<&BTreeMap<String, MemoryIndexEntry>>,
+    ) -> FlushDecision {
+        let state = self.state();
+        plan_flush(FlushFacts {
+            local,
+            baseline: state.baseline.get(rel).map(String::as_str),
+            tentative: state.tentative.get(rel).map(String::as_str),
+            remote: match remote {
+                Some(remote) => FlushRemote::Listed(remote.get(rel).map(|m| Listed {
+                    id: &m.id,
+                    sha: &m.content_sha256,
+                })),
+                None => FlushRemote::Unlisted {
+                    known_id: state.ids.get(rel).map(String::as_str),
+                },
+            },
+        })
+    }
+
     /// Remove the folder if the worker made it and it still passes the
     /// marker check; never fails.
     pub(crate) async fn dispose(&self) {
@@ -1201,15 +1271,18 @@ impl AttachedStore {
                 return;
             }
         };
-        if let Some(reason) = checked.distrust
-            && !checked.files.is_empty()
-        {
-            warn!(memory_store.id = %self.id, root = %self.folder.root().display(), "{reason}; leaving the memory store folder on disk");
-            // Not ours any more: nothing to recover from it.
-            if let Some(journal) = self.take_journal() {
-                journal.remove();
+        match plan_folder(checked.folder_facts(FolderOp::Dispose)) {
+            FolderVerdict::Proceed => {}
+            FolderVerdict::LeaveAlone(reason) => {
+                warn!(memory_store.id = %self.id, root = %self.folder.root().display(), "{reason}; leaving the memory store folder on disk");
+                // Not ours any more: nothing to recover from it.
+                if let Some(journal) = self.take_journal() {
+                    journal.remove();
+                }
+                return;
             }
-            return;
+            // Never for a disposal: it neither skips nor re-downloads.
+            FolderVerdict::Skip | FolderVerdict::Recover(_) => return,
         }
         let folder = self.folder.clone();
         // A folder that could not be removed keeps its journal: the next
@@ -1230,6 +1303,35 @@ impl AttachedStore {
             }
         }
     }
+}
+
+/// An upload a pass plans: the path, the file's hash, the update (memory
+/// id, expected hash) or `None` to create, and the baseline entry if it fails.
+type PlannedUpload = (
+    String,
+    Option<String>,
+    Option<(String, String)>,
+    Option<String>,
+);
+
+/// What a sync pass planned: the work lists the executor carries out.
+struct Work {
+    /// The decisions' baseline entries (`None` takes the path out), applied
+    /// right after the planning.
+    changes: Vec<(String, Option<String>)>,
+    /// (path, memory id) to fetch and write.
+    pulls: Vec<(String, String)>,
+    uploads: Vec<PlannedUpload>,
+    /// (path, base): remove the file if it still holds `base`.
+    removals: Vec<(String, String)>,
+    /// (path, memory id, base): corroborated local deletions to re-check.
+    deletes: Vec<(String, String, String)>,
+    /// The conditions to report, in path order.
+    notes: Vec<(String, Note)>,
+    /// Local deletions kept on the server because deletions are disabled.
+    suppressed: usize,
+    /// The pass's delete budget, from the baseline it was planned against.
+    budget: DeleteBudget,
 }
 
 enum Removal {
