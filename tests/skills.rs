@@ -8,10 +8,8 @@ use std::io::{Cursor, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use std::cell::RefCell;
-use std::sync::Once;
-
 use base64::Engine;
+use common::harness::Logs;
 use common::{ADMIN_KEY, Answer, TestServer};
 use envworker::api::types::Session;
 use envworker::api::{Client, Credential};
@@ -20,49 +18,6 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 const SKILLS_BETA: &str = "skills-2025-10-02";
-
-thread_local! {
-    static LOG_LINES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-}
-
-/// The log lines of the calling thread (each test runs on its own thread, on
-/// a current-thread runtime). One global subscriber serves every test: a
-/// per-test `set_default` races with tracing's cached callsite interest when
-/// another test hits the same callsite without a subscriber.
-struct Logs;
-
-impl Logs {
-    fn capture() -> Logs {
-        static INIT: Once = Once::new();
-        INIT.call_once(|| {
-            struct ThreadSink;
-            impl Write for ThreadSink {
-                fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                    LOG_LINES.with(|l| l.borrow_mut().extend_from_slice(b));
-                    Ok(b.len())
-                }
-                fn flush(&mut self) -> std::io::Result<()> {
-                    Ok(())
-                }
-            }
-            tracing_subscriber::fmt()
-                .with_writer(|| ThreadSink)
-                .with_ansi(false)
-                .with_max_level(tracing::Level::INFO)
-                .init();
-        });
-        LOG_LINES.with(|l| l.borrow_mut().clear());
-        Logs
-    }
-
-    fn text(&self) -> String {
-        LOG_LINES.with(|l| String::from_utf8_lossy(&l.borrow()).into_owned())
-    }
-
-    fn count(&self, needle: &str) -> usize {
-        self.text().lines().filter(|l| l.contains(needle)).count()
-    }
-}
 
 fn client(server: &TestServer) -> Client {
     Client::builder(Credential::api_key(ADMIN_KEY))

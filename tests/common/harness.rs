@@ -163,17 +163,32 @@ impl H {
 }
 
 /// Capture this thread's logs (the async tests run on one thread).
+///
+/// One global subscriber, installed once per test binary, writes each
+/// event into the capture of the thread that emitted it (and drops events
+/// of threads that capture nothing). A per-thread default subscriber
+/// (`set_default`) would race with tracing's per-callsite interest cache
+/// when tests on other threads register the same callsites, and miss lines.
 pub struct Logs {
     buf: Arc<Mutex<Vec<u8>>>,
-    _guard: tracing::subscriber::DefaultGuard,
+    previous: Option<Arc<Mutex<Vec<u8>>>>,
 }
 
-#[derive(Clone)]
-struct Sink(Arc<Mutex<Vec<u8>>>);
+thread_local! {
+    static CAPTURE: std::cell::RefCell<Option<Arc<Mutex<Vec<u8>>>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Writes into the current thread's capture, if any.
+struct Sink;
 
 impl Write for Sink {
     fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
+        CAPTURE.with(|c| {
+            if let Some(buf) = c.borrow().as_ref() {
+                buf.lock().unwrap().extend_from_slice(b);
+            }
+        });
         Ok(b.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -183,17 +198,19 @@ impl Write for Sink {
 
 impl Logs {
     pub fn capture() -> Logs {
+        static INSTALL: std::sync::Once = std::sync::Once::new();
+        INSTALL.call_once(|| {
+            let subscriber = tracing_subscriber::fmt()
+                .with_writer(|| Sink)
+                .with_ansi(false)
+                .with_max_level(tracing::Level::DEBUG)
+                .finish();
+            tracing::subscriber::set_global_default(subscriber)
+                .expect("no other global subscriber in a test binary");
+        });
         let buf = Arc::new(Mutex::new(Vec::new()));
-        let sink = Sink(buf.clone());
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || sink.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
-            .finish();
-        Logs {
-            buf,
-            _guard: tracing::subscriber::set_default(subscriber),
-        }
+        let previous = CAPTURE.with(|c| c.borrow_mut().replace(buf.clone()));
+        Logs { buf, previous }
     }
 
     pub fn text(&self) -> String {
@@ -207,5 +224,12 @@ impl Logs {
 
     pub fn clear(&self) {
         self.buf.lock().unwrap().clear();
+    }
+}
+
+impl Drop for Logs {
+    fn drop(&mut self) {
+        let previous = self.previous.take();
+        CAPTURE.with(|c| *c.borrow_mut() = previous);
     }
 }
