@@ -1,0 +1,833 @@
+//! The durable commit under SIGKILL (issue 13): the real binary serves a
+//! scripted session that edits its memory store, dies by SIGKILL at a named
+//! kill point (or at a random moment), and a second worker process on the
+//! same disk re-claims the item once its lease expires and ends the session.
+//! The server — the source of truth — must then hold every edit that reached
+//! the disk before the kill, the remote change nobody local touched (no stale
+//! overwrite), and every memory nobody deleted (no spurious remote delete).
+//!
+//! How a run goes (each run has its own devserver, workdir and state dir, so
+//! runs go concurrently):
+//! 1. A devserver over real HTTP (lease TTL 3 s) starts [`scenario`]: a store
+//!    seeded with memories; the agent creates, modifies (write, edit, bash),
+//!    removes (`rm`) and moves files, with two 5.1 s waits so the periodic
+//!    sync (`--memory-sync-interval 5s`) runs mid-session; a remote update
+//!    of `/remote.md` lands through the API after the worker downloaded it.
+//! 2. Worker 1 (`envworker poll`, `ENVWORKER_KILL_AT=<point>:<n>`) serves it
+//!    until it kills itself; it must die by signal 9. At that moment the test
+//!    reads what reached the disk (the folder) and which tool calls were
+//!    emitted and answered (the session's events).
+//! 3. Worker 2 (no kill; same `--workdir`, same `ENVWORKER_STATE_DIR`)
+//!    re-claims the item and ends the session. The tool call worker 1 left
+//!    unanswered is dispatched again by worker 2's runner: on (re)connect it
+//!    reads the whole history and runs every call without a result
+//!    (`src/session/mod.rs`, `reconcile`; protocol §1.6 "a later reconcile
+//!    re-dispatches"). So every step is idempotent in effect (`write`,
+//!    `printf >`, `rm -f`, an `edit` whose second run fails without changing
+//!    anything) and the session always completes.
+//! 4. Against the server: every edit found on disk at the kill is there
+//!    (`recovered`, else `lost`); the remote change is intact; the untouched
+//!    memories are intact; the removed and the moved-away file are either
+//!    gone (the delete reached the server) or back with their original
+//!    content — never anything else; no other memory exists; every scenario
+//!    step passed.
+//!
+//! Kill points: a clean census run first (worker with
+//! `ENVWORKER_KILL_TRACE`, no kill) counts how often each point of
+//! [`POINTS`] is reached; the kill runs then aim at `n` spread over
+//! `1..=count` of each point, and the rest of the budget are kills at a
+//! seeded random moment. Every configured point must have been reached in
+//! the census and must have killed worker 1 in at least one run (its trace's
+//! last line names it), so a renamed point fails the test instead of making
+//! it vacuous.
+//!
+//! Environment:
+//! - `ENVWORKER_CRASH_RUNS` — kill runs (default 56; CI-sized, about two
+//!   minutes on 2 cores). Raise it for a longer probe, e.g. 400.
+//! - `ENVWORKER_CRASH_JOBS` — runs at once (default 8).
+//! - `ENVWORKER_CRASH_SEED` — seed of the random kill moments (default 13;
+//!   printed with the table).
+//! - `ENVWORKER_CRASH_POINTS` — a comma-separated subset of [`POINTS`] (e.g.
+//!   `tool.done` while the memory points are not in the build yet).
+//!
+//! `cargo test --test crash -- --nocapture` prints the table (point, n,
+//! killed?, edits made / recovered / lost, problems) and the totals.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::process::collect_stderr;
+use common::{ADMIN_KEY, Started, TestServer, env_count};
+use envworker::devserver::DevserverConfig;
+use futures::StreamExt;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+/// Every kill point the worker has (or is getting) on the way of a memory
+/// edit: after a tool's effect reached the disk, mid-scan, after the server
+/// committed an upload / a delete the worker has not recorded yet, after a
+/// pulled memory was written, mid-append of a journal record (a torn tail),
+/// a journal snapshot not yet renamed, and the teardown flush's start.
+const POINTS: [&str; 8] = [
+    "tool.done",
+    "memory.scan.file",
+    "memory.upload.landed",
+    "memory.delete.landed",
+    "memory.pull.written",
+    "memory.journal.append",
+    "memory.journal.snapshot",
+    "memory.flush.start",
+];
+
+/// The lease TTL: how soon worker 2 may re-claim a dead worker's item.
+const LEASE_TTL_SECONDS: i64 = 3;
+/// A run that has not ended by then is stuck (reported, not waited for).
+const RUN_DEADLINE: Duration = Duration::from_secs(150);
+/// A tool step's wait for its result: longer than a re-claim takes.
+const STEP_TIMEOUT_MS: u64 = 120_000;
+
+/// The memories the store starts with.
+const SEED: [(&str, &str); 10] = [
+    ("/keep1.md", "keep one\n"),
+    ("/keep2.md", "keep two\n"),
+    ("/dir/keep3.md", "keep three\n"),
+    ("/remote.md", "remote one\n"),
+    ("/edit.md", "edit original\n"),
+    ("/edit2.md", "second original\n"),
+    ("/bash.md", "bash one\n"),
+    ("/rm.md", "rm original\n"),
+    ("/move-from.md", "moved\n"),
+    ("/ignored-by-agent.md", "nobody touches this\n"),
+];
+
+/// The remote update made through the API mid-session.
+const REMOTE: (&str, &str) = ("/remote.md", "remote two\n");
+
+/// One edit the agent makes: the tool step's index among the tool steps, the
+/// path it changes and the content it leaves (`None`: removed).
+struct Edit {
+    tool_index: usize,
+    path: &'static str,
+    after: Option<&'static str>,
+}
+
+/// The agent's edits, in order. Each changes one path no other step touches
+/// (the move touches two: both listed).
+const EDITS: [Edit; 10] = [
+    Edit {
+        tool_index: 0,
+        path: "/new1.md",
+        after: Some("new one\n"),
+    },
+    Edit {
+        tool_index: 1,
+        path: "/edit.md",
+        after: Some("edit changed\n"),
+    },
+    Edit {
+        tool_index: 2,
+        path: "/bash.md",
+        after: Some("bash two\n"),
+    },
+    Edit {
+        tool_index: 3,
+        path: "/rm.md",
+        after: None,
+    },
+    Edit {
+        tool_index: 4,
+        path: "/sub/deep.md",
+        after: Some("deep\n"),
+    },
+    Edit {
+        tool_index: 5,
+        path: "/new2.md",
+        after: Some("new two\n"),
+    },
+    Edit {
+        tool_index: 6,
+        path: "/move-from.md",
+        after: None,
+    },
+    Edit {
+        tool_index: 6,
+        path: "/move-to.md",
+        after: Some("moved\n"),
+    },
+    Edit {
+        tool_index: 7,
+        path: "/edit2.md",
+        after: Some("second changed\n"),
+    },
+    Edit {
+        tool_index: 8,
+        path: "/late.md",
+        after: Some("late\n"),
+    },
+];
+
+/// The scripted session. Every step is idempotent in effect, because the
+/// call a dead worker left unanswered runs again on the next worker.
+fn scenario() -> Value {
+    let tool = |name: &str, input: Value| json!({"tool": name, "input": input, "timeout_ms": STEP_TIMEOUT_MS});
+    let bash = |command: &str| tool("bash", json!({"command": command}));
+    json!({
+        "name": "crash",
+        "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write",
+                           "memories": SEED.iter().map(|(p, c)| (p.to_string(), json!(c)))
+                               .collect::<serde_json::Map<_, _>>()}],
+        "steps": [
+            tool("write", json!({"file_path": "{mount:notes}/new1.md", "content": "new one\n"})),
+            tool("edit", json!({"file_path": "{mount:notes}/edit.md",
+                                "old_string": "edit original", "new_string": "edit changed"})),
+            bash("printf 'bash two\\n' > {mount:notes}/bash.md"),
+            {"remote": {"op": "update", "store": "notes", "path": REMOTE.0, "content": REMOTE.1}},
+            {"wait_ms": 5100},
+            bash("rm -f {mount:notes}/rm.md"),
+            tool("write", json!({"file_path": "{mount:notes}/sub/deep.md", "content": "deep\n"})),
+            tool("write", json!({"file_path": "{mount:notes}/new2.md", "content": "new two\n"})),
+            bash("if [ -e {mount:notes}/move-from.md ]; then mv -f {mount:notes}/move-from.md {mount:notes}/move-to.md; fi"),
+            {"wait_ms": 5100},
+            tool("edit", json!({"file_path": "{mount:notes}/edit2.md",
+                                "old_string": "second original", "new_string": "second changed"})),
+            bash("printf 'late\\n' > {mount:notes}/late.md"),
+            {"tool": "read", "input": {"file_path": "{mount:notes}/remote.md"},
+             "expect": {"contains": "remote two"}, "timeout_ms": STEP_TIMEOUT_MS},
+        ],
+    })
+}
+
+/// Where worker 1 dies.
+#[derive(Debug, Clone)]
+enum Kill {
+    /// No kill: the census run.
+    None,
+    /// `ENVWORKER_KILL_AT=point:n`.
+    At(&'static str, u64),
+    /// The test sends SIGKILL this long after worker 1 started.
+    After(Duration),
+}
+
+impl Kill {
+    fn point(&self) -> String {
+        match self {
+            Kill::None => "(census)".into(),
+            Kill::At(p, _) => p.to_string(),
+            Kill::After(_) => "random".into(),
+        }
+    }
+
+    fn n(&self) -> String {
+        match self {
+            Kill::None => "-".into(),
+            Kill::At(_, n) => n.to_string(),
+            Kill::After(d) => format!("{}ms", d.as_millis()),
+        }
+    }
+}
+
+/// What one run showed.
+#[derive(Debug)]
+struct Outcome {
+    kill: Kill,
+    /// Worker 1 died by signal 9.
+    killed: bool,
+    /// The last kill point worker 1 reached (its trace's last line).
+    last_point: Option<String>,
+    /// Every kill point hit by worker 1, counted (the census).
+    hits: BTreeMap<String, u64>,
+    /// Edits found on disk at the kill (all of them when there was no kill).
+    made: usize,
+    recovered: usize,
+    lost: Vec<String>,
+    /// Removed or moved-away files back on the server with their content.
+    back: usize,
+    /// Everything else that went wrong in the run.
+    problems: Vec<String>,
+    took: Duration,
+}
+
+/// An `envworker poll` child on the run's workdir and state dir, killed on drop.
+struct Worker {
+    child: Child,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Worker {
+    fn spawn(run: &RunDirs, url: &str, started: &Started, name: &str, kill: &Kill) -> Worker {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_envworker"));
+        command
+            .args(["poll", "--workdir"])
+            .arg(&run.work)
+            .args([
+                "--max-idle",
+                "1s",
+                "--memory-sync-interval",
+                "5s",
+                "--memory-teardown-bound",
+                "10s",
+            ])
+            .env_remove("ANTHROPIC_WORK_SECRET")
+            .env_remove("ENVWORKER_KILL_AT")
+            .envs([
+                ("ANTHROPIC_BASE_URL", url),
+                ("ANTHROPIC_ENVIRONMENT_ID", started.environment_id.as_str()),
+                (
+                    "ANTHROPIC_ENVIRONMENT_KEY",
+                    started.environment_key.as_str(),
+                ),
+                ("ANTHROPIC_WORKER_ID", name),
+                ("RUST_LOG", "info"),
+            ])
+            // The state dir: by variable, so the same command line works
+            // before and after `--state-dir` exists.
+            .env("ENVWORKER_STATE_DIR", &run.state)
+            .env("ENVWORKER_KILL_TRACE", run.trace(name))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Kill::At(point, n) = kill {
+            command.env("ENVWORKER_KILL_AT", format!("{point}:{n}"));
+        }
+        let mut child = command.spawn().expect("envworker starts");
+        let stderr = collect_stderr(&mut child);
+        Worker { child, stderr }
+    }
+
+    /// The line of its log that says the item failed, if it did.
+    fn failure(&self) -> Option<String> {
+        let text = self.stderr.lock().unwrap();
+        text.lines()
+            .find(|l| l.contains("work item failed"))
+            .map(str::to_string)
+    }
+
+    fn tail(&self) -> String {
+        let text = self.stderr.lock().unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(8)..].join("\n")
+    }
+
+    /// SIGTERM, then SIGKILL after 15 s; the exit status.
+    async fn stop(&mut self) -> std::process::ExitStatus {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let pid = rustix::process::Pid::from_child(&self.child);
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        let _ = self.child.kill();
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A run's directories: the mount root, the shared workdir and state dir,
+/// and each worker's kill trace.
+struct RunDirs {
+    tmp: tempfile::TempDir,
+    work: PathBuf,
+    state: PathBuf,
+}
+
+impl RunDirs {
+    fn new() -> RunDirs {
+        let tmp = tempfile::Builder::new()
+            .prefix("envworker-crash-")
+            .tempdir()
+            .unwrap();
+        let work = tmp.path().join("work");
+        let state = tmp.path().join("state");
+        RunDirs { work, state, tmp }
+    }
+
+    fn mount_root(&self) -> PathBuf {
+        self.tmp.path().join("mnt/memory")
+    }
+
+    fn trace(&self, worker: &str) -> PathBuf {
+        self.tmp.path().join(format!("{worker}.trace"))
+    }
+
+    /// The kill points a worker reached, in order.
+    fn hits(&self, worker: &str) -> Vec<String> {
+        std::fs::read_to_string(self.trace(worker))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// The scenario's report once final, or `None` while it runs.
+async fn final_report(server: &TestServer, session_id: &str) -> Option<Value> {
+    let report = server
+        .dev(Method::GET, &format!("/dev/scenarios/{session_id}"), None)
+        .await
+        .ok();
+    (report["status"] != "running").then_some(report)
+}
+
+/// The session's tool calls so far: how many were emitted, and which of
+/// them (by order) have a result.
+async fn calls(server: &TestServer, session_id: &str) -> (usize, Vec<bool>) {
+    let events = server.events(session_id).await;
+    let answered: std::collections::HashSet<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "user.tool_result")
+        .filter_map(|e| e["tool_use_id"].as_str())
+        .collect();
+    let uses: Vec<bool> = events
+        .iter()
+        .filter(|e| e["type"] == "agent.tool_use")
+        .map(|e| answered.contains(e["id"].as_str().unwrap_or_default()))
+        .collect();
+    (uses.len(), uses)
+}
+
+/// Whether the scenario's remote update has been made (its step passed).
+async fn remote_done(server: &TestServer, session_id: &str) -> bool {
+    let report = server
+        .dev(Method::GET, &format!("/dev/scenarios/{session_id}"), None)
+        .await
+        .ok();
+    report["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|s| s["kind"] == "remote" && s["status"] == "passed")
+}
+
+/// A file's content under the store's folder, `None` when absent.
+fn on_disk(root: &Path, path: &str) -> Option<String> {
+    std::fs::read_to_string(root.join(path.trim_start_matches('/'))).ok()
+}
+
+/// One run: worker 1 until it dies (or the session ends), worker 2 to the
+/// end, then the server's contents against what reached the disk.
+async fn run_one(kill: Kill) -> Outcome {
+    let began = Instant::now();
+    let dirs = RunDirs::new();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY)
+            .mount_root(dirs.mount_root().to_str().unwrap())
+            .lease_ttl_seconds(LEASE_TTL_SECONDS),
+    )
+    .await;
+    let started = server.start_scenario(&scenario()).await;
+    let sid = started.session_id.clone();
+    let mut outcome = Outcome {
+        kill: kill.clone(),
+        killed: false,
+        last_point: None,
+        hits: BTreeMap::new(),
+        made: 0,
+        recovered: 0,
+        lost: Vec::new(),
+        back: 0,
+        problems: Vec::new(),
+        took: Duration::ZERO,
+    };
+    let mut w1 = Worker::spawn(&dirs, &server.url(), &started, "w1", &kill);
+
+    // Worker 1 until it dies or the session ends.
+    let mut report = None;
+    let deadline = Instant::now() + RUN_DEADLINE;
+    let status = loop {
+        if let Some(status) = w1.child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if let Kill::After(at) = kill
+            && began.elapsed() >= at
+        {
+            let _ = w1.child.kill();
+            continue;
+        }
+        if let Some(r) = final_report(&server, &sid).await {
+            report = Some(r);
+            break None;
+        }
+        if Instant::now() > deadline {
+            outcome
+                .problems
+                .push(format!("worker 1 stuck; its log ends:\n{}", w1.tail()));
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let trace = dirs.hits("w1");
+    outcome.last_point = trace.last().cloned();
+    for point in &trace {
+        *outcome.hits.entry(point.clone()).or_default() += 1;
+    }
+
+    let store = server.session_store(&sid).await;
+    let mount = {
+        let r = server
+            .dev(Method::GET, &format!("/dev/scenarios/{sid}"), None)
+            .await
+            .ok();
+        PathBuf::from(r["stores"]["notes"]["mount_path"].as_str().unwrap())
+    };
+    // What reached the disk and the session before worker 2 starts.
+    let made: Vec<&Edit> = match status {
+        Some(status) => {
+            outcome.killed = status.signal() == Some(9);
+            if !outcome.killed {
+                outcome.problems.push(format!(
+                    "worker 1 ended with {status}, not SIGKILL; its log ends:\n{}",
+                    w1.tail()
+                ));
+            }
+            // An edit reached the disk when its result was delivered, or
+            // when its call was emitted and its effect is there now (the
+            // call in flight; `tool.done` kills right after it). After the
+            // teardown removed the folder, only the delivered ones count.
+            let (emitted, answered) = calls(&server, &sid).await;
+            let delivered = |e: &Edit| answered.get(e.tool_index) == Some(&true);
+            let folder = mount.is_dir();
+            let made: Vec<&Edit> = EDITS
+                .iter()
+                .filter(|e| {
+                    delivered(e)
+                        || (folder
+                            && e.tool_index < emitted
+                            && on_disk(&mount, e.path).as_deref() == e.after)
+                })
+                .collect();
+            for e in EDITS.iter().filter(|e| folder && delivered(e)) {
+                if on_disk(&mount, e.path).as_deref() != e.after {
+                    outcome.problems.push(format!(
+                        "{} was answered but its effect is not on disk at the kill",
+                        e.path
+                    ));
+                }
+            }
+            made
+        }
+        None => {
+            let _ = w1.stop().await;
+            // No kill: every answered edit was made.
+            let (_, answered) = calls(&server, &sid).await;
+            EDITS
+                .iter()
+                .filter(|e| answered.get(e.tool_index) == Some(&true))
+                .collect()
+        }
+    };
+    outcome.made = made.len();
+
+    // Worker 2, same disk, to the end of the session.
+    let mut w2 = None;
+    if report.is_none() && outcome.problems.is_empty() {
+        let mut worker = Worker::spawn(&dirs, &server.url(), &started, "w2", &Kill::None);
+        loop {
+            if let Some(r) = final_report(&server, &sid).await {
+                report = Some(r);
+                break;
+            }
+            if let Some(line) = worker.failure() {
+                outcome.problems.push(format!("worker 2: {line}"));
+                break;
+            }
+            if let Some(status) = worker.child.try_wait().ok().flatten() {
+                outcome.problems.push(format!(
+                    "worker 2 exited with {status}; its log ends:\n{}",
+                    worker.tail()
+                ));
+                break;
+            }
+            if Instant::now() > deadline {
+                outcome.problems.push(format!(
+                    "the session did not end within {RUN_DEADLINE:?}; worker 2's log ends:\n{}",
+                    worker.tail()
+                ));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        w2 = Some(worker);
+    }
+    if let Some(report) = &report
+        && report["status"] != "passed"
+    {
+        outcome.problems.push(format!(
+            "scenario {}: {}",
+            report["status"], report["failures"]
+        ));
+    }
+
+    // The server against what reached the disk.
+    let held = server.store_memories(&store).await;
+    let original = |path: &str| SEED.iter().find(|(p, _)| *p == path).map(|(_, c)| *c);
+    for e in &made {
+        let now = held.get(e.path).map(String::as_str);
+        if now == e.after {
+            outcome.recovered += 1;
+        } else if e.after.is_none() && now == original(e.path) {
+            // A delete not corroborated may come back: nothing is lost.
+            outcome.recovered += 1;
+            outcome.back += 1;
+        } else {
+            outcome.lost.push(format!("{} (server: {now:?})", e.path));
+        }
+    }
+    let mut expected: BTreeMap<&str, Option<&str>> =
+        SEED.iter().map(|(p, c)| (*p, Some(*c))).collect();
+    expected.insert(REMOTE.0, Some(REMOTE.1));
+    for e in &EDITS {
+        expected.insert(e.path, e.after);
+    }
+    if report.is_some() {
+        for (path, want) in &expected {
+            let now = held.get(*path).map(String::as_str);
+            let deleted_or_back = want.is_none() && now == original(path);
+            if now != *want && !deleted_or_back {
+                outcome
+                    .problems
+                    .push(format!("server {path}: {now:?}, expected {want:?}"));
+            }
+        }
+    } else if remote_done(&server, &sid).await
+        && held.get(REMOTE.0).map(String::as_str) != Some(REMOTE.1)
+    {
+        outcome.problems.push(format!(
+            "the remote change was overwritten: {:?}",
+            held.get(REMOTE.0)
+        ));
+    }
+    for (path, _) in SEED
+        .iter()
+        .filter(|(p, _)| !expected.get(p).is_some_and(|w| w.is_none()))
+    {
+        if !held.contains_key(*path) {
+            outcome.problems.push(format!(
+                "{path} was deleted remotely, though nobody deleted it"
+            ));
+        }
+    }
+    for path in held.keys() {
+        if !expected.contains_key(path.as_str()) {
+            outcome
+                .problems
+                .push(format!("unexpected memory on the server: {path}"));
+        }
+    }
+    if let Some(mut w2) = w2 {
+        w2.stop().await;
+    }
+    outcome.took = began.elapsed();
+    outcome
+}
+
+/// SplitMix64: the seeded random kill moments, reproducible from the seed.
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// `k` values of `n` spread evenly over `1..=count` (both ends included).
+fn spread(count: u64, k: u64) -> Vec<u64> {
+    if k >= count {
+        return (1..=count).collect();
+    }
+    let mut ns: Vec<u64> = (0..k)
+        .map(|i| 1 + (i * (count - 1) + (k - 1) / 2) / (k - 1).max(1))
+        .collect();
+    ns.dedup();
+    ns
+}
+
+/// The kill runs: per reached point, `n` spread over its census count,
+/// handed out one at a time round-robin within `budget`; the rest (at least
+/// an eighth) are kills at a random moment of the census run's length.
+fn plan(
+    points: &[&'static str],
+    census: &BTreeMap<String, u64>,
+    budget: u64,
+    seed: u64,
+    span: Duration,
+) -> Vec<Kill> {
+    let mut random = (budget / 8).max(1);
+    let named_budget = budget - random;
+    let mut allot: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut given = 0;
+    loop {
+        let before = given;
+        for p in points {
+            let count = census.get(*p).copied().unwrap_or(0);
+            let a = allot.entry(p).or_default();
+            if given < named_budget && *a < count {
+                *a += 1;
+                given += 1;
+            }
+        }
+        if given == before {
+            break;
+        }
+    }
+    random += named_budget - given;
+    let mut kills = Vec::new();
+    for p in points {
+        let count = census.get(*p).copied().unwrap_or(0);
+        for n in spread(count, allot.get(p).copied().unwrap_or(0)) {
+            kills.push(Kill::At(p, n));
+        }
+    }
+    let mut state = seed;
+    let span_ms = span.as_millis().max(1000) as u64;
+    for _ in 0..random {
+        kills.push(Kill::After(Duration::from_millis(
+            200 + splitmix(&mut state) % span_ms,
+        )));
+    }
+    kills
+}
+
+fn table(outcomes: &[Outcome]) -> String {
+    let mut out = format!(
+        "{:<24} {:>7} {:>7} {:<24} {:>5} {:>9} {:>4} {:>4} {:>6}  problems\n",
+        "point", "n", "killed", "last point", "made", "recovered", "lost", "back", "secs"
+    );
+    for o in outcomes {
+        out.push_str(&format!(
+            "{:<24} {:>7} {:>7} {:<24} {:>5} {:>9} {:>4} {:>4} {:>6.1}  {}\n",
+            o.kill.point(),
+            o.kill.n(),
+            if o.killed { "yes" } else { "no" },
+            o.last_point.as_deref().unwrap_or("-"),
+            o.made,
+            o.recovered,
+            o.lost.len(),
+            o.back,
+            o.took.as_secs_f64(),
+            o.problems
+                .first()
+                .map(|p| p.lines().next().unwrap_or_default())
+                .unwrap_or_default(),
+        ));
+    }
+    let killed = outcomes.iter().filter(|o| o.killed).count();
+    let named = outcomes
+        .iter()
+        .filter(|o| o.killed && matches!(o.kill, Kill::At(..)))
+        .count();
+    let sum = |f: fn(&Outcome) -> usize| outcomes.iter().map(f).sum::<usize>();
+    out.push_str(&format!(
+        "runs {}, killed {killed} ({named} at a named point, {} at a random moment); edits made {}, recovered {}, lost {}; deletes back {}; runs with problems {}\n",
+        outcomes.len(),
+        killed - named,
+        sum(|o| o.made),
+        sum(|o| o.recovered),
+        sum(|o| o.lost.len()),
+        sum(|o| o.back),
+        outcomes.iter().filter(|o| !o.problems.is_empty()).count(),
+    ));
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_at_any_point_loses_no_edit_that_reached_the_disk() {
+    let budget = env_count("ENVWORKER_CRASH_RUNS", 56);
+    let jobs = env_count("ENVWORKER_CRASH_JOBS", 8).max(1) as usize;
+    let seed = env_count("ENVWORKER_CRASH_SEED", 13);
+    let points: Vec<&'static str> = match std::env::var("ENVWORKER_CRASH_POINTS") {
+        Ok(list) => POINTS
+            .iter()
+            .copied()
+            .filter(|p| list.split(',').any(|q| q.trim() == *p))
+            .collect(),
+        Err(_) => POINTS.to_vec(),
+    };
+
+    // The census: a clean run counts each point's hits.
+    let census = run_one(Kill::None).await;
+    eprintln!(
+        "census (no kill, {:.1}s): {:?}",
+        census.took.as_secs_f64(),
+        census.hits
+    );
+    assert!(
+        census.problems.is_empty() && census.lost.is_empty(),
+        "the session fails without any kill: {:#?}",
+        census.problems
+    );
+    let kills = plan(&points, &census.hits, budget, seed, census.took);
+    eprintln!("{} kill runs, {jobs} at once, seed {seed}", kills.len());
+
+    let mut outcomes: Vec<Outcome> = futures::stream::iter(kills)
+        .map(|kill| async move { tokio::spawn(run_one(kill)).await.unwrap() })
+        .buffer_unordered(jobs)
+        .collect()
+        .await;
+    outcomes.sort_by_key(|o| {
+        (
+            POINTS
+                .iter()
+                .position(|p| *p == o.kill.point())
+                .unwrap_or(POINTS.len()),
+            match o.kill {
+                Kill::At(_, n) => n,
+                Kill::After(d) => d.as_millis() as u64,
+                Kill::None => 0,
+            },
+        )
+    });
+    outcomes.insert(0, census);
+    let table = table(&outcomes);
+    eprintln!("{table}");
+
+    let failed: Vec<String> = outcomes
+        .iter()
+        .filter(|o| !o.problems.is_empty() || !o.lost.is_empty())
+        .map(|o| {
+            format!(
+                "{} {}: lost {:?}; {}",
+                o.kill.point(),
+                o.kill.n(),
+                o.lost,
+                o.problems.join("; ")
+            )
+        })
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} runs failed; the first: {}\n{table}",
+        failed.len(),
+        outcomes.len(),
+        failed[0]
+    );
+    for point in &points {
+        let killed_there = outcomes.iter().any(|o| {
+            matches!(o.kill, Kill::At(p, _) if p == *point)
+                && o.killed
+                && o.last_point.as_deref() == Some(*point)
+        });
+        assert!(
+            killed_there,
+            "kill point {point} never killed worker 1 (census hits: {}): renamed or not on the path?\n{table}",
+            outcomes[0].hits.get(*point).copied().unwrap_or(0)
+        );
+    }
+    let killed = outcomes.iter().filter(|o| o.killed).count() as u64;
+    assert!(
+        killed >= budget.min(50),
+        "only {killed} runs were killed\n{table}"
+    );
+}
