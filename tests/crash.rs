@@ -35,15 +35,17 @@
 //! Kill points: a clean census run first (worker with
 //! `ENVWORKER_KILL_TRACE`, no kill) counts how often each point of
 //! [`POINTS`] is reached; the kill runs then aim at `n` spread over
-//! `1..=count` of each point, and the rest of the budget are kills at a
-//! seeded random moment. Every configured point must have been reached in
-//! the census and must have killed worker 1 in at least one run (its trace's
-//! last line names it), so a renamed point fails the test instead of making
-//! it vacuous.
+//! `1..=count` of each point; a tenth are chained (worker 1 dies at
+//! `tool.done`, worker 2 dies too while it re-claims and recovers, worker 3
+//! ends the session); the rest of the budget are kills at a seeded random
+//! moment. Every configured point must have been reached in the census and
+//! must have killed a worker in at least one run (its trace's last line
+//! names it), so a renamed point fails the test instead of making it
+//! vacuous; and at least 50 kills must have happened.
 //!
 //! Environment:
-//! - `ENVWORKER_CRASH_RUNS` — kill runs (default 56; CI-sized, about two
-//!   minutes on 2 cores). Raise it for a longer probe, e.g. 400.
+//! - `ENVWORKER_CRASH_RUNS` — kill runs (default 60: about two minutes on
+//!   2 cores). Raise it for a longer probe, e.g. 400.
 //! - `ENVWORKER_CRASH_JOBS` — runs at once (default 8).
 //! - `ENVWORKER_CRASH_SEED` — seed of the random kill moments (default 13;
 //!   printed with the table).
@@ -525,13 +527,15 @@ async fn run_one(kills: Vec<Kill>) -> Outcome {
                 .killed
                 .push(matches!(&stint, Stint::Exited(s) if s.signal() == Some(9)));
         }
-        // An edit reached the disk when its result was delivered, or when
-        // its call was emitted and its effect is there now (the call in
-        // flight: `tool.done` kills right after it). After the teardown
-        // removed the folder, only the delivered ones count.
+        // What reached the disk before this worker died (or, in a run
+        // without a kill, before the session ended): an edit whose result
+        // was delivered, or whose call was emitted and whose effect is there
+        // now (the call in flight: `tool.done` kills right after it). After
+        // the teardown removed the folder, only the delivered ones count.
         let (emitted, answered) = calls(&server, &sid).await;
         let folder = mount.is_dir();
-        for (k, e) in EDITS.iter().enumerate() {
+        let counts = matches!(stint, Stint::Exited(_)) || i == 0;
+        for (k, e) in EDITS.iter().enumerate().filter(|_| counts) {
             let delivered = answered.get(e.tool_index) == Some(&true);
             let there = on_disk(&mount, e.path).as_deref() == e.after;
             made[k] |= delivered || (folder && e.tool_index < emitted && there);
@@ -669,10 +673,10 @@ const SECOND_KILLS: [&str; 6] = [
 ///   one at a time round-robin (a point reached 3 times gets at most 3);
 /// - a tenth are chained: worker 1 dies at `tool.done` (unsynced edits on
 ///   disk), then worker 2 dies while it re-claims (the first hit of a point
-///   of [`SECOND_KILLS`], or a random moment within 8 s), and worker 3 ends
-///   the session;
-/// - the rest (at least an eighth) die at a random moment of the census
-///   run's length.
+///   of [`SECOND_KILLS`], or a random moment 0.5–6 s after it started),
+///   and worker 3 ends the session;
+/// - the rest (at least an eighth) die at a random moment within the first
+///   90 % of the census run's length.
 fn plan(
     points: &[&'static str],
     census: &BTreeMap<String, u64>,
@@ -681,9 +685,9 @@ fn plan(
     span: Duration,
 ) -> Vec<Vec<Kill>> {
     let mut state = seed;
-    let mut random_moment = |span: Duration| {
-        let span_ms = span.as_millis().max(1000) as u64;
-        Kill::After(Duration::from_millis(200 + splitmix(&mut state) % span_ms))
+    let mut random_moment = |from: Duration, to: Duration| {
+        let span_ms = to.saturating_sub(from).as_millis().max(1) as u64;
+        Kill::After(from + Duration::from_millis(splitmix(&mut state) % span_ms))
     };
     let reached = |p: &str| census.get(p).copied().unwrap_or(0);
     let chained = if reached("tool.done") > 0 {
@@ -725,12 +729,15 @@ fn plan(
         let first = Kill::At("tool.done", firsts[i % firsts.len()]);
         let second = match seconds.get(i) {
             Some(p) => Kill::At(p, 1),
-            None => random_moment(Duration::from_secs(8)),
+            None => random_moment(Duration::from_millis(500), Duration::from_secs(6)),
         };
         runs.push(vec![first, second]);
     }
     for _ in 0..random {
-        runs.push(vec![random_moment(span)]);
+        runs.push(vec![random_moment(
+            Duration::from_millis(200),
+            span.mul_f64(0.9),
+        )]);
     }
     runs
 }
