@@ -254,6 +254,8 @@ struct Outcome {
     back: usize,
     /// Everything else that went wrong in the run.
     problems: Vec<String>,
+    /// What is worth knowing but not wrong (a worker lost its lease).
+    notes: Vec<String>,
     took: Duration,
 }
 
@@ -325,6 +327,14 @@ impl Worker {
             Some((_, why)) => format!("work item failed: {why}"),
             None => line.to_string(),
         })
+    }
+
+    /// Whether it lost a lease (a heartbeat late by a TTL under load): the
+    /// item then goes back to the queue while the worker lives on.
+    fn lost_a_lease(&self) -> bool {
+        let text = self.stderr.lock().unwrap();
+        text.lines()
+            .any(|l| l.contains("lease lost") || l.contains("lease not extended"))
     }
 
     fn tail(&self) -> String {
@@ -478,6 +488,7 @@ async fn run_one(kills: Vec<Kill>) -> Outcome {
         lost: Vec::new(),
         back: 0,
         problems: Vec::new(),
+        notes: Vec::new(),
         took: Duration::ZERO,
     };
     let deadline = Instant::now() + RUN_DEADLINE;
@@ -488,6 +499,7 @@ async fn run_one(kills: Vec<Kill>) -> Outcome {
         let name = format!("w{}", i + 1);
         let mut worker = Worker::spawn(&dirs, &server.url(), &started, &name, &kill);
         let spawned = Instant::now();
+        let mut polls = 0u64;
         let stint = loop {
             if let Some(status) = worker.child.try_wait().unwrap() {
                 break Stint::Exited(status);
@@ -498,7 +510,12 @@ async fn run_one(kills: Vec<Kill>) -> Outcome {
                 let _ = worker.child.kill();
                 continue;
             }
-            if let Some(r) = final_report(&server, &sid).await {
+            // The report is an HTTP request: not every turn, so the
+            // devservers of concurrent runs stay responsive to heartbeats.
+            polls += 1;
+            if polls % 5 == 0
+                && let Some(r) = final_report(&server, &sid).await
+            {
                 break Stint::Finished(r);
             }
             if let Some(line) = worker.failure() {
@@ -514,6 +531,9 @@ async fn run_one(kills: Vec<Kill>) -> Outcome {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        if worker.lost_a_lease() {
+            outcome.notes.push(format!("{name} lost a lease"));
+        }
         let trace = dirs.hits(&name);
         if i == 0 {
             for point in &trace {
@@ -777,6 +797,7 @@ fn table(outcomes: &[Outcome]) -> String {
             o.took.as_secs_f64(),
             o.problems
                 .first()
+                .or(o.notes.first())
                 .map(|p| p.lines().next().unwrap_or_default())
                 .unwrap_or_default(),
         ));
@@ -789,7 +810,7 @@ fn table(outcomes: &[Outcome]) -> String {
         .count();
     let sum = |f: fn(&Outcome) -> usize| outcomes.iter().map(f).sum::<usize>();
     out.push_str(&format!(
-        "runs {}, kills {kills} ({named} at a named point, {} at a random moment; {} runs killed twice); edits made {}, recovered {}, lost {}; deletes back {}; runs with problems {}\n",
+        "runs {}, kills {kills} ({named} at a named point, {} at a random moment; {} runs killed twice); edits made {}, recovered {}, lost {}; deletes back {}; runs with problems {}; leases lost {}\n",
         outcomes.len(),
         kills - named,
         outcomes.iter().filter(|o| o.kill_count() == 2).count(),
@@ -798,6 +819,7 @@ fn table(outcomes: &[Outcome]) -> String {
         sum(|o| o.lost.len()),
         sum(|o| o.back),
         outcomes.iter().filter(|o| !o.problems.is_empty()).count(),
+        sum(|o| o.notes.len()),
     ));
     out
 }
