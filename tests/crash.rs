@@ -68,7 +68,6 @@ use common::process::collect_stderr;
 use common::{ADMIN_KEY, Started, TestServer, env_count};
 use envworker::devserver::DevserverConfig;
 use futures::StreamExt;
-use reqwest::Method;
 use serde_json::{Value, json};
 
 /// Every kill point the worker has (or is getting) on the way of a memory
@@ -404,10 +403,7 @@ impl RunDirs {
 
 /// The scenario's report once final, or `None` while it runs.
 async fn final_report(server: &TestServer, session_id: &str) -> Option<Value> {
-    let report = server
-        .dev(Method::GET, &format!("/dev/scenarios/{session_id}"), None)
-        .await
-        .ok();
+    let report = server.scenario_report(session_id).await;
     (report["status"] != "running").then_some(report)
 }
 
@@ -430,11 +426,7 @@ async fn calls(server: &TestServer, session_id: &str) -> (usize, Vec<bool>) {
 
 /// Whether the scenario's remote update has been made (its step passed).
 async fn remote_done(server: &TestServer, session_id: &str) -> bool {
-    let report = server
-        .dev(Method::GET, &format!("/dev/scenarios/{session_id}"), None)
-        .await
-        .ok();
-    report["steps"]
+    server.scenario_report(session_id).await["steps"]
         .as_array()
         .into_iter()
         .flatten()
@@ -471,13 +463,8 @@ async fn run_one(kills: Vec<Kill>) -> Outcome {
     let started = server.start_scenario(&scenario()).await;
     let sid = started.session_id.clone();
     let store = server.session_store(&sid).await;
-    let mount = {
-        let r = server
-            .dev(Method::GET, &format!("/dev/scenarios/{sid}"), None)
-            .await
-            .ok();
-        PathBuf::from(r["stores"]["notes"]["mount_path"].as_str().unwrap())
-    };
+    let loaded = server.scenario_report(&sid).await;
+    let mount = PathBuf::from(loaded["stores"]["notes"]["mount_path"].as_str().unwrap());
     let mut outcome = Outcome {
         kills: kills.clone(),
         killed: Vec::new(),
@@ -513,7 +500,7 @@ async fn run_one(kills: Vec<Kill>) -> Outcome {
             // The report is an HTTP request: not every turn, so the
             // devservers of concurrent runs stay responsive to heartbeats.
             polls += 1;
-            if polls % 5 == 0
+            if polls.is_multiple_of(5)
                 && let Some(r) = final_report(&server, &sid).await
             {
                 break Stint::Finished(r);
