@@ -7,13 +7,20 @@
 //! sends itself SIGKILL — no destructor, no flush, no log line after it,
 //! exactly like the OOM killer or a Lambda timeout.
 //!
-//! In release builds [`hit`] is an empty inline function and the variable
-//! is never read, so a production binary carries no kill switch.
+//! `ENVWORKER_KILL_TRACE=<file>` appends each point's name to that file, one
+//! line per hit, before the kill check. A clean run's trace tells the crash
+//! test how often each point is reached (so it can aim at every `n` that
+//! exists), and a killed run's last line proves where it died — a renamed or
+//! removed point shows up as "never reached" instead of a vacuous pass.
+//!
+//! In release builds [`hit`] is an empty inline function and neither
+//! variable is read, so a production binary carries no kill switch.
 
 #[cfg(debug_assertions)]
 mod armed {
-    use std::sync::OnceLock;
+    use std::io::Write;
     use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Mutex, OnceLock};
 
     /// The point armed by `ENVWORKER_KILL_AT`, and at which hit.
     struct Armed {
@@ -22,11 +29,16 @@ mod armed {
         hits: AtomicU64,
     }
 
-    fn armed() -> Option<&'static Armed> {
-        static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
-        ARMED
-            .get_or_init(|| {
-                let spec = std::env::var("ENVWORKER_KILL_AT").ok()?;
+    /// What the environment asked for, read once.
+    struct Config {
+        armed: Option<Armed>,
+        trace: Option<Mutex<std::fs::File>>,
+    }
+
+    fn config() -> &'static Config {
+        static CONFIG: OnceLock<Config> = OnceLock::new();
+        CONFIG.get_or_init(|| Config {
+            armed: std::env::var("ENVWORKER_KILL_AT").ok().and_then(|spec| {
                 let (point, nth) = match spec.rsplit_once(':') {
                     Some((p, n)) => (p.to_string(), n.parse().ok()?),
                     None => (spec, 1),
@@ -36,12 +48,25 @@ mod armed {
                     nth,
                     hits: AtomicU64::new(0),
                 })
-            })
-            .as_ref()
+            }),
+            trace: std::env::var_os("ENVWORKER_KILL_TRACE").and_then(|path| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .ok()
+                    .map(Mutex::new)
+            }),
+        })
     }
 
     pub fn hit(point: &str) {
-        let Some(armed) = armed() else { return };
+        let config = config();
+        if let Some(trace) = &config.trace {
+            let mut file = trace.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = file.write_all(format!("{point}\n").as_bytes());
+        }
+        let Some(armed) = &config.armed else { return };
         if armed.point != point {
             return;
         }

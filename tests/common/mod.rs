@@ -188,14 +188,18 @@ impl TestServer {
         }
     }
 
+    /// The scenario's report as it stands (`GET /dev/scenarios/{session_id}`).
+    pub async fn scenario_report(&self, session_id: &str) -> Value {
+        self.dev(Method::GET, &format!("/dev/scenarios/{session_id}"), None)
+            .await
+            .ok()
+    }
+
     /// The scenario's report once it is no longer `running`.
     pub async fn final_report(&self, session_id: &str, timeout: std::time::Duration) -> Value {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            let report = self
-                .dev(Method::GET, &format!("/dev/scenarios/{session_id}"), None)
-                .await
-                .ok();
+            let report = self.scenario_report(session_id).await;
             if report["status"] != "running" {
                 return report;
             }
