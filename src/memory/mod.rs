@@ -4,6 +4,7 @@
 //! - [`folder`] — the confined folder (fd-based, symlink-proof, atomic writes, stat cache);
 //! - [`plan`] — the pure three-way merge of one path;
 //! - [`store`] — one store's I/O: download, sync, flush, dispose;
+//! - `state` — one store's sync state, committed to its journal as it changes;
 //! - [`journal`] — the durable commit: each store's sync state on disk;
 //! - [`recovery`] — folders a dead worker left: recovered, or let go;
 //! - [`remote`] — the memory endpoints the sync uses, behind a trait;
@@ -20,6 +21,7 @@ pub mod options;
 pub(crate) mod plan;
 pub mod recovery;
 pub mod remote;
+mod state;
 pub mod store;
 
 use std::path::{Path, PathBuf};

@@ -1,10 +1,10 @@
 //! One attached store: its folder, its sync state, and the I/O that carries
 //! out the planner's decisions.
 //!
-//! State per store: the `baseline` (path → hash both sides held at the last
-//! download or successful sync), `refused` (hashes the server refused for
-//! good), `pending` (paths seen missing, since when) and `sent` (hashes of
-//! uploads whose answer never came, settled by the next listing).
+//! A pass reads: observe (scan the folder, list the store) → plan (the
+//! folder's verdict, then every path, by the pure planner in [`super::plan`])
+//! → execute (the I/O, bounded) → commit (each completed operation enters
+//! the state — see `super::state` — and its journal as it completes).
 //!
 //! Each completed operation (upload, delete, pull, local removal) enters the
 //! baseline the moment it completes, never only at the end of a pass: a pass
@@ -14,7 +14,7 @@
 //! tentative one a re-download left), and when it cannot list the store it
 //! still pushes each edit, guarded by the hash it was last synced at.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
@@ -25,7 +25,7 @@ use tracing::{debug, info, warn};
 use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
 
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
-use super::journal::{Journal, MapKind, Snapshot, Tracked};
+use super::journal::{Journal, Snapshot};
 use super::options::DeleteMode;
 use super::plan::{
     Decision, DeleteBudget, DeleteVerdict, DirtyFacts, FlushDecision, FlushFacts, FlushRemote,
@@ -33,6 +33,7 @@ use super::plan::{
     plan, plan_flush, plan_folder,
 };
 use super::remote::MemoryApi;
+use super::state::{State, StateGuard};
 
 /// The reserved marker at every store root; never synced.
 pub const MARKER_PATH: &str = ".anthropic-memory-store";
@@ -95,128 +96,6 @@ pub(crate) enum PassError {
     Io(#[from] std::io::Error),
     #[error("a blocking task failed: {0}")]
     Join(String),
-}
-
-/// One store's sync state. `baseline`, `tentative`, `pending` and `sent`
-/// are journaled: every change to them is appended to the store's journal
-/// when the lock is released ([`StateGuard`]).
-#[derive(Debug)]
-struct State {
-    baseline: Tracked<String>,
-    /// Baseline entries from before a re-download that did not land them
-    /// again: they tell a local edit from a conflict, and never drive a delete.
-    tentative: Tracked<String>,
-    refused: HashMap<String, String>,
-    pending: Tracked<Instant>,
-    sent: Tracked<String>,
-    /// Names already reported as unsyncable.
-    warned_names: HashSet<String>,
-    /// Paths already reported as unreadable or too large (each warned once).
-    warned_paths: HashSet<String>,
-    /// Memory ids by path, from the last listing and the uploads since: the
-    /// flush updates with them when it cannot list the store.
-    ids: HashMap<String, String>,
-    /// Files the server refused since the last pass took the count.
-    new_refusals: usize,
-    /// Uploads that lost to a remote change (409) since the last pass took the count.
-    lost_uploads: usize,
-    /// Where the journaled maps are committed; `None`: journaling is off
-    /// (no state directory).
-    journal: Option<Journal>,
-    /// An append failed: the journal is left as it was (lagging, which is
-    /// safe) and still locked, and nothing more is appended.
-    journal_failed: bool,
-}
-
-impl State {
-    fn new(journal: Option<Journal>, restored: Snapshot) -> State {
-        State {
-            baseline: Tracked::restored(MapKind::Baseline, restored.baseline),
-            tentative: Tracked::restored(MapKind::Tentative, restored.tentative),
-            refused: HashMap::new(),
-            // A recovered folder's deletions start their window afresh:
-            // nothing is deleted on the server without this worker's own
-            // scans corroborating it.
-            pending: Tracked::new(MapKind::Pending),
-            sent: Tracked::restored(MapKind::Sent, restored.sent),
-            warned_names: HashSet::new(),
-            warned_paths: HashSet::new(),
-            ids: HashMap::new(),
-            new_refusals: 0,
-            lost_uploads: 0,
-            journal,
-            journal_failed: false,
-        }
-    }
-
-    /// The journaled maps as they are now.
-    fn snapshot(&self) -> Snapshot {
-        Snapshot {
-            baseline: self.baseline.journal_map(),
-            tentative: self.tentative.journal_map(),
-            sent: self.sent.journal_map(),
-            pending: self.pending.journal_map(),
-        }
-    }
-
-    /// Append the changes made since the last commit (one `write`), and
-    /// compact the journal when its log has outgrown the state.
-    fn commit(&mut self, store_id: &str) {
-        let mut records = Vec::new();
-        self.baseline.drain_changes(&mut records);
-        self.tentative.drain_changes(&mut records);
-        self.pending.drain_changes(&mut records);
-        self.sent.drain_changes(&mut records);
-        if records.is_empty() || self.journal_failed {
-            return;
-        }
-        let live =
-            self.baseline.len() + self.tentative.len() + self.pending.len() + self.sent.len();
-        let Some(journal) = self.journal.as_mut() else {
-            return;
-        };
-        let mut result = journal.append(&records);
-        if result.is_ok() && journal.compaction_due(live) {
-            let snapshot = self.snapshot();
-            if let Some(journal) = self.journal.as_mut() {
-                result = journal.snapshot(&snapshot);
-            }
-        }
-        if let Err(e) = result {
-            self.journal_failed = true;
-            warn!(
-                memory_store.id = %store_id,
-                error = %e,
-                "cannot write the memory store's journal; edits made from now on are lost if the worker dies before they are synced"
-            );
-        }
-    }
-}
-
-/// The store's state, locked; releasing it commits what changed to the
-/// journal, in the order it changed.
-struct StateGuard<'a> {
-    state: std::sync::MutexGuard<'a, State>,
-    store_id: &'a str,
-}
-
-impl std::ops::Deref for StateGuard<'_> {
-    type Target = State;
-    fn deref(&self) -> &State {
-        &self.state
-    }
-}
-
-impl std::ops::DerefMut for StateGuard<'_> {
-    fn deref_mut(&mut self) -> &mut State {
-        &mut self.state
-    }
-}
-
-impl Drop for StateGuard<'_> {
-    fn drop(&mut self) {
-        self.state.commit(self.store_id);
-    }
 }
 
 /// A scan with the marker taken out and checked.

@@ -1,0 +1,139 @@
+//! One store's sync state, and its durable commit.
+//!
+//! `baseline` (path → hash both sides held at the last download or
+//! successful sync), `tentative` (entries a re-download did not land
+//! again), `refused` (hashes the server refused for good), `pending` (paths
+//! seen missing, since when) and `sent` (hashes of uploads whose answer
+//! never came). The first four that tell an edit from a conflict are
+//! journaled ([`super::journal`]): every change to them is appended when the
+//! lock is released ([`StateGuard`]), so no mutation can skip the journal and
+//! the journal's order is the order of the changes.
+
+use std::collections::{HashMap, HashSet};
+
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::journal::{Journal, MapKind, Snapshot, Tracked};
+
+/// One store's sync state. `baseline`, `tentative`, `pending` and `sent`
+/// are journaled: every change to them is appended to the store's journal
+/// when the lock is released ([`StateGuard`]).
+#[derive(Debug)]
+pub(super) struct State {
+    pub(super) baseline: Tracked<String>,
+    /// Baseline entries from before a re-download that did not land them
+    /// again: they tell a local edit from a conflict, and never drive a delete.
+    pub(super) tentative: Tracked<String>,
+    pub(super) refused: HashMap<String, String>,
+    pub(super) pending: Tracked<Instant>,
+    pub(super) sent: Tracked<String>,
+    /// Names already reported as unsyncable.
+    pub(super) warned_names: HashSet<String>,
+    /// Paths already reported as unreadable or too large (each warned once).
+    pub(super) warned_paths: HashSet<String>,
+    /// Memory ids by path, from the last listing and the uploads since: the
+    /// flush updates with them when it cannot list the store.
+    pub(super) ids: HashMap<String, String>,
+    /// Files the server refused since the last pass took the count.
+    pub(super) new_refusals: usize,
+    /// Uploads that lost to a remote change (409) since the last pass took the count.
+    pub(super) lost_uploads: usize,
+    /// Where the journaled maps are committed; `None`: journaling is off
+    /// (no state directory).
+    pub(super) journal: Option<Journal>,
+    /// An append failed: the journal is left as it was (lagging, which is
+    /// safe) and still locked, and nothing more is appended.
+    pub(super) journal_failed: bool,
+}
+
+impl State {
+    pub(super) fn new(journal: Option<Journal>, restored: Snapshot) -> State {
+        State {
+            baseline: Tracked::restored(MapKind::Baseline, restored.baseline),
+            tentative: Tracked::restored(MapKind::Tentative, restored.tentative),
+            refused: HashMap::new(),
+            // A recovered folder's deletions start their window afresh:
+            // nothing is deleted on the server without this worker's own
+            // scans corroborating it.
+            pending: Tracked::new(MapKind::Pending),
+            sent: Tracked::restored(MapKind::Sent, restored.sent),
+            warned_names: HashSet::new(),
+            warned_paths: HashSet::new(),
+            ids: HashMap::new(),
+            new_refusals: 0,
+            lost_uploads: 0,
+            journal,
+            journal_failed: false,
+        }
+    }
+
+    /// The journaled maps as they are now.
+    pub(super) fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            baseline: self.baseline.journal_map(),
+            tentative: self.tentative.journal_map(),
+            sent: self.sent.journal_map(),
+            pending: self.pending.journal_map(),
+        }
+    }
+
+    /// Append the changes made since the last commit (one `write`), and
+    /// compact the journal when its log has outgrown the state.
+    fn commit(&mut self, store_id: &str) {
+        let mut records = Vec::new();
+        self.baseline.drain_changes(&mut records);
+        self.tentative.drain_changes(&mut records);
+        self.pending.drain_changes(&mut records);
+        self.sent.drain_changes(&mut records);
+        if records.is_empty() || self.journal_failed {
+            return;
+        }
+        let live =
+            self.baseline.len() + self.tentative.len() + self.pending.len() + self.sent.len();
+        let Some(journal) = self.journal.as_mut() else {
+            return;
+        };
+        let mut result = journal.append(&records);
+        if result.is_ok() && journal.compaction_due(live) {
+            let snapshot = self.snapshot();
+            if let Some(journal) = self.journal.as_mut() {
+                result = journal.snapshot(&snapshot);
+            }
+        }
+        if let Err(e) = result {
+            self.journal_failed = true;
+            warn!(
+                memory_store.id = %store_id,
+                error = %e,
+                "cannot write the memory store's journal; edits made from now on are lost if the worker dies before they are synced"
+            );
+        }
+    }
+}
+
+/// The store's state, locked; releasing it commits what changed to the
+/// journal, in the order it changed.
+pub(super) struct StateGuard<'a> {
+    pub(super) state: std::sync::MutexGuard<'a, State>,
+    pub(super) store_id: &'a str,
+}
+
+impl std::ops::Deref for StateGuard<'_> {
+    type Target = State;
+    fn deref(&self) -> &State {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for StateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut State {
+        &mut self.state
+    }
+}
+
+impl Drop for StateGuard<'_> {
+    fn drop(&mut self) {
+        self.state.commit(self.store_id);
+    }
+}
