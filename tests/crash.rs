@@ -75,7 +75,7 @@ use serde_json::{Value, json};
 /// committed an upload / a delete the worker has not recorded yet, after a
 /// pulled memory was written, mid-append of a journal record (a torn tail),
 /// a journal snapshot not yet renamed, and the teardown flush's start.
-const POINTS: [&str; 8] = [
+const POINTS: [&str; 9] = [
     "tool.done",
     "memory.scan.file",
     "memory.upload.landed",
@@ -84,6 +84,7 @@ const POINTS: [&str; 8] = [
     "memory.journal.append",
     "memory.journal.snapshot",
     "memory.flush.start",
+    "memory.dispose.removing",
 ];
 
 /// The lease TTL: how soon worker 2 may re-claim a dead worker's item.

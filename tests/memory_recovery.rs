@@ -135,11 +135,15 @@ async fn a_damaged_journal_is_no_baseline_and_deletes_nothing() {
     let (state, mut t) = journaled(notes(json!({"/a.md": "a1", "/gone.md": "g"}))).await;
     let store = t.ids[0].clone();
     let dir = t.mounts[0].clone();
+    // A pull after the mount: one more batch, so the damaged one below is
+    // not the journal's last (a damaged last batch is a torn tail).
+    update_remote(&t, &store, "/gone.md", "g2").await;
+    t.stores.sync_now().await;
     std::fs::write(dir.join("a.md"), "a2 by the agent").unwrap();
     std::fs::write(dir.join("new.md"), "new by the agent").unwrap();
     std::fs::remove_file(dir.join("gone.md")).unwrap();
     kill(&mut t);
-    // A flipped byte in the journal's first record.
+    // A flipped byte in the journal's first batch.
     let journal = &journals(state.path())[0];
     let mut bytes = std::fs::read(journal).unwrap();
     let first = bytes.iter().position(|b| *b == b'\n').unwrap();
@@ -155,7 +159,7 @@ async fn a_damaged_journal_is_no_baseline_and_deletes_nothing() {
             // Without a baseline an edit cannot be told from a conflict: the server wins.
             ("/a.md", "a1"),
             // Never deleted on the server.
-            ("/gone.md", "g"),
+            ("/gone.md", "g2"),
             // A file the server lacks is a new memory.
             ("/new.md", "new by the agent"),
         ])
@@ -163,7 +167,7 @@ async fn a_damaged_journal_is_no_baseline_and_deletes_nothing() {
     assert_eq!(std::fs::read_to_string(dir.join("a.md")).unwrap(), "a1");
     assert_eq!(
         std::fs::read_to_string(dir.join("gone.md")).unwrap(),
-        "g",
+        "g2",
         "restored, not deleted"
     );
     again.dispose().await;
@@ -259,4 +263,25 @@ async fn at_start_a_clean_left_folder_goes_and_an_edited_one_stays() {
         "a1"
     );
     again.dispose().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_op_sync_appends_nothing_to_the_journal() {
+    let (state, t) = journaled(notes(json!({"/a.md": "a1", "/b.md": "b1"}))).await;
+    t.stores.sync_now().await;
+    let journal = journals(state.path())[0].clone();
+    let before = std::fs::read(&journal).unwrap();
+    for _ in 0..3 {
+        t.stores.sync_now().await;
+    }
+    assert_eq!(
+        std::fs::read(&journal).unwrap(),
+        before,
+        "nothing changed, nothing appended"
+    );
+    // An edit is appended as it syncs.
+    std::fs::write(t.mounts[0].join("a.md"), "a2").unwrap();
+    t.stores.sync_now().await;
+    assert!(std::fs::read(&journal).unwrap().len() > before.len());
+    t.stores.dispose().await;
 }

@@ -569,6 +569,14 @@ impl Folder {
             .recursive(true)
             .mode(DIR_MODE)
             .create(&self.configured)?;
+        self.attach_root()
+    }
+
+    /// Open the root that is already there (creating nothing), as
+    /// [`create_root`](Self::create_root) does after making it: a folder a
+    /// dead worker left is taken as it is, or not at all. The root itself
+    /// must be a directory, not a symlink to one.
+    pub(crate) fn attach_root(&self) -> std::io::Result<()> {
         let resolved = std::fs::canonicalize(&self.configured)?;
         let (Some(parent), Some(name)) = (
             resolved.parent(),
@@ -586,6 +594,15 @@ impl Folder {
         )?;
         // A store path that led into /proc (a symlink planted before the
         // mount) would sync the worker's own environment: refused.
+        if std::fs::symlink_metadata(&self.configured)?
+            .file_type()
+            .is_symlink()
+        {
+            return Err(std::io::Error::other(format!(
+                "{} is a symlink, not a memory store folder",
+                self.configured.display()
+            )));
+        }
         let root = rustix::fs::openat(&parent, name, DIR_FLAGS, Mode::empty())
             .and_then(crate::fsx::refuse_pseudo_fs)?;
         let st = rustix::fs::fstat(&root)?;
@@ -641,6 +658,15 @@ impl Folder {
         held.root = Arc::new(root);
         (held.dev, held.ino) = (st.st_dev, st.st_ino);
         Ok(Some(held.root.clone()))
+    }
+
+    /// The device and inode of the directory `create_root` opened.
+    pub(crate) fn identity(&self) -> Option<(u64, u64)> {
+        self.fds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|h| h.original)
     }
 
     /// Is the root still the very directory `create_root` opened (not

@@ -100,11 +100,31 @@ pub(crate) enum MapKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Record(MapKind, Option<String>, Option<String>);
 
+/// Whose folder a journal describes: checked before a folder is recovered.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Owner {
+    pub(crate) store: String,
+    /// The folder's path as the session gave it (after any remap).
+    pub(crate) root: PathBuf,
+    /// The session whose worker mounted it: only that session's next claim
+    /// recovers its edits (another session's agent must not push them).
+    pub(crate) session: String,
+    /// The folder directory's device and inode: a path swapped for another
+    /// directory (or a symlink) is not the folder.
+    pub(crate) dev: u64,
+    pub(crate) ino: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Header {
     journal: u32,
-    store: String,
-    root: PathBuf,
+    #[serde(flatten)]
+    owner: Owner,
+    /// The folder is being removed (the session is over): a folder found
+    /// with such a journal is finished off, never recovered — files already
+    /// removed must not read as deletions.
+    #[serde(default)]
+    disposing: bool,
 }
 
 /// The journaled state of one store.
@@ -162,15 +182,26 @@ impl Snapshot {
 /// What reading a journal back found.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Replay {
-    /// The state, and whether a torn last record was dropped.
+    /// The state, and whether a torn last batch was dropped.
     Intact {
-        store: String,
-        root: PathBuf,
+        owner: Owner,
         state: Snapshot,
         torn: bool,
+        disposing: bool,
     },
-    /// The checksums tell the journal is damaged: no baseline.
-    Corrupt(String),
+    /// The checksums tell the journal is damaged: no baseline. `owner`
+    /// when the header itself is intact (else nothing can be trusted).
+    Corrupt {
+        owner: Option<Owner>,
+        reason: String,
+    },
+}
+
+fn corrupt(owner: Option<Owner>, reason: impl Into<String>) -> Replay {
+    Replay::Corrupt {
+        owner,
+        reason: reason.into(),
+    }
 }
 
 fn line(json: &[u8]) -> Vec<u8> {
@@ -193,38 +224,40 @@ fn decode_line<T: serde::de::DeserializeOwned>(line: &[u8]) -> Option<T> {
 }
 
 /// Read a journal's bytes back (see the module docs for torn and corrupt).
+/// Every line after the header is one batch of records (what one release
+/// of the state lock changed): a batch applies whole or not at all.
 pub(crate) fn replay(bytes: &[u8]) -> Replay {
     let mut lines: Vec<&[u8]> = bytes.split(|b| *b == b'\n').collect();
-    // The piece after the last newline is a record that never finished.
+    // The piece after the last newline is a batch that never finished.
     let unfinished = lines.pop().is_some_and(|rest| !rest.is_empty());
     let Some((first, rest)) = lines.split_first() else {
-        return Replay::Corrupt("the journal has no header".into());
+        return corrupt(None, "the journal has no header");
     };
     let Some(header) = decode_line::<Header>(first) else {
-        return Replay::Corrupt("the journal's header fails its checksum".into());
+        return corrupt(None, "the journal's header fails its checksum");
     };
     if header.journal != VERSION {
-        return Replay::Corrupt(format!("unknown journal version {}", header.journal));
+        return corrupt(None, format!("unknown journal version {}", header.journal));
     }
     let mut state = Snapshot::default();
     let mut torn = unfinished;
     for (i, raw) in rest.iter().enumerate() {
-        match decode_line::<Record>(raw) {
-            Some(record) => state.apply(record),
+        match decode_line::<Vec<Record>>(raw) {
+            Some(batch) => batch.into_iter().for_each(|r| state.apply(r)),
             None if i + 1 == rest.len() && !unfinished => torn = true,
             None => {
-                return Replay::Corrupt(format!(
-                    "record {} of the journal fails its checksum",
-                    i + 1
-                ));
+                return corrupt(
+                    Some(header.owner),
+                    format!("batch {} of the journal fails its checksum", i + 1),
+                );
             }
         }
     }
     Replay::Intact {
-        store: header.store,
-        root: header.root,
+        owner: header.owner,
         state,
         torn,
+        disposing: header.disposing,
     }
 }
 
@@ -271,6 +304,11 @@ impl StateDir {
         hex::encode(&Sha256::digest(root.as_os_str().as_bytes())[..16])
     }
 
+    #[cfg(test)]
+    pub(crate) fn journal_path(&self, root: &Path) -> PathBuf {
+        self.file(&Self::stem(root), "journal")
+    }
+
     fn file(&self, stem: &str, ext: &str) -> PathBuf {
         self.path.join(format!("{stem}.{ext}"))
     }
@@ -287,34 +325,36 @@ impl StateDir {
             .open(&path)
             .map_err(|e| io_error(&path, e))?;
         match rustix::fs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => Ok(file),
+            Ok(()) => {}
             Err(rustix::io::Errno::WOULDBLOCK) => {
-                Err(JournalError::Busy(path.display().to_string()))
+                return Err(JournalError::Busy(path.display().to_string()));
             }
-            Err(e) => Err(io_error(&path, e.into())),
+            Err(e) => return Err(io_error(&path, e.into())),
+        }
+        // The lock file may have been removed (and a new one made) between
+        // our open and our lock, by its holder letting it go: then the lock
+        // we hold guards nothing. Only the file at the path counts.
+        let held = file.metadata().map_err(|e| io_error(&path, e))?;
+        match std::fs::symlink_metadata(&path) {
+            Ok(now) if now.ino() == held.ino() && now.dev() == held.dev() => Ok(file),
+            _ => Err(JournalError::Busy(path.display().to_string())),
         }
     }
 
-    /// A new journal for a store about to be mounted at `root`, holding
+    /// A new journal for a store just created at `owner.root`, holding
     /// `state`: the lock is taken first, and any journal left at the same
     /// path (by a worker that is gone) is replaced.
-    pub(crate) fn create(
-        &self,
-        root: &Path,
-        store: &str,
-        state: &Snapshot,
-    ) -> Result<Journal, JournalError> {
-        let stem = Self::stem(root);
+    pub(crate) fn create(&self, owner: Owner, state: &Snapshot) -> Result<Journal, JournalError> {
+        let stem = Self::stem(&owner.root);
         let lock = self.lock(&stem)?;
-        self.adopt(lock, stem, root, store, state)
+        self.adopt(lock, stem, owner, state)
     }
 
     fn adopt(
         &self,
         lock: File,
         stem: String,
-        root: &Path,
-        store: &str,
+        owner: Owner,
         state: &Snapshot,
     ) -> Result<Journal, JournalError> {
         let path = self.file(&stem, "journal");
@@ -323,8 +363,8 @@ impl StateDir {
             path: path.clone(),
             header: Header {
                 journal: VERSION,
-                store: store.to_string(),
-                root: root.to_path_buf(),
+                owner,
+                disposing: false,
             },
             file: None,
             lock,
@@ -351,7 +391,7 @@ impl StateDir {
         let lock = self.lock(&stem)?;
         let replay = match read_bounded(&path) {
             Ok(bytes) => replay(&bytes),
-            Err(e) => Replay::Corrupt(format!("the journal cannot be read: {e}")),
+            Err(e) => corrupt(None, format!("the journal cannot be read: {e}")),
         };
         Ok(Some((
             replay,
@@ -377,7 +417,7 @@ impl StateDir {
             let Ok(lock) = self.lock(stem) else { continue };
             let replay = match read_bounded(&entry.path()) {
                 Ok(bytes) => replay(&bytes),
-                Err(e) => Replay::Corrupt(format!("the journal cannot be read: {e}")),
+                Err(e) => corrupt(None, format!("the journal cannot be read: {e}")),
             };
             out.push((
                 replay,
@@ -402,7 +442,12 @@ fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
         .custom_flags(libc_nofollow())
         .open(path)?;
     let mut bytes = Vec::new();
-    file.take(MAX_JOURNAL_BYTES).read_to_end(&mut bytes)?;
+    file.take(MAX_JOURNAL_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_JOURNAL_BYTES {
+        return Err(std::io::Error::other(format!(
+            "the journal is larger than {MAX_JOURNAL_BYTES} bytes"
+        )));
+    }
     Ok(bytes)
 }
 
@@ -419,12 +464,11 @@ impl JournalClaim {
     /// Continue the journal as this worker's, starting from `state`.
     pub(crate) fn into_journal(
         self,
-        root: &Path,
-        store: &str,
+        owner: Owner,
         state: &Snapshot,
     ) -> Result<Journal, JournalError> {
         let JournalClaim { dir, stem, lock } = self;
-        dir.adopt(lock, stem, root, store, state)
+        dir.adopt(lock, stem, owner, state)
     }
 
     /// Remove the journal and its lock (the folder is gone or was let go).
@@ -450,21 +494,21 @@ pub(crate) struct Journal {
 }
 
 impl Journal {
-    /// Append `records` (one `write`), in order.
+    /// Append `records` as one batch: one line, one `write`.
     pub(crate) fn append(&mut self, records: &[Record]) -> std::io::Result<()> {
         let Some(file) = self.file.as_mut() else {
             return Err(std::io::Error::other("the journal has no file"));
         };
-        let mut buf = Vec::with_capacity(records.len() * 96);
-        for record in records {
-            let json = serde_json::to_vec(record).map_err(std::io::Error::other)?;
-            buf.extend(line(&json));
+        let buf = line(&serde_json::to_vec(records).map_err(std::io::Error::other)?);
+        if cfg!(debug_assertions) {
+            // The crash test kills here with half the batch written: a torn tail.
+            let half = buf.len() / 2;
+            file.write_all(&buf[..half])?;
+            crate::killpoint::hit("memory.journal.append");
+            file.write_all(&buf[half..])?;
+        } else {
+            file.write_all(&buf)?;
         }
-        // The crash test kills here with half the batch written: a torn tail.
-        let half = buf.len() / 2;
-        file.write_all(&buf[..half])?;
-        crate::killpoint::hit("memory.journal.append");
-        file.write_all(&buf[half..])?;
         self.appended += records.len();
         self.unsynced = true;
         Ok(())
@@ -488,7 +532,7 @@ impl Journal {
             ))?;
             for record in state.records() {
                 out.write_all(&line(
-                    &serde_json::to_vec(&record).map_err(std::io::Error::other)?,
+                    &serde_json::to_vec(&[record]).map_err(std::io::Error::other)?,
                 ))?;
             }
             out.flush()?;
@@ -506,17 +550,23 @@ impl Journal {
         Ok(())
     }
 
-    /// Make the appends durable against a machine crash (`fdatasync`);
-    /// nothing to do when nothing was appended since.
-    pub(crate) fn sync(&mut self) -> std::io::Result<()> {
+    /// A handle to make the appends durable with (`fdatasync`, off the
+    /// state lock); `None` when nothing was appended since the last one.
+    pub(crate) fn take_unsynced(&mut self) -> Option<File> {
         if !self.unsynced {
-            return Ok(());
-        }
-        if let Some(file) = &self.file {
-            file.sync_data()?;
+            return None;
         }
         self.unsynced = false;
-        Ok(())
+        self.file.as_ref().and_then(|f| f.try_clone().ok())
+    }
+
+    /// The session is over and the folder is about to be removed: say so
+    /// first (durably), so a removal cut short is finished by the next
+    /// mount, never recovered — the files it already removed must not read
+    /// as deletions.
+    pub(crate) fn mark_disposing(&mut self) -> std::io::Result<()> {
+        self.header.disposing = true;
+        self.snapshot(&Snapshot::default())
     }
 
     /// The folder is gone: remove the journal and its lock file, then let
@@ -556,7 +606,7 @@ pub(crate) struct Tracked<V> {
     changes: Vec<Record>,
 }
 
-impl<V: JournalValue> Tracked<V> {
+impl<V: JournalValue + PartialEq> Tracked<V> {
     pub(crate) fn new(kind: MapKind) -> Self {
         Tracked {
             kind,
@@ -594,7 +644,11 @@ impl<V: JournalValue> Tracked<V> {
         &self.map
     }
 
+    /// Set `path` (recorded only when its value changes).
     pub(crate) fn insert(&mut self, path: String, value: V) -> Option<V> {
+        if self.map.get(&path) == Some(&value) {
+            return Some(value);
+        }
         self.changes.push(Record(
             self.kind,
             Some(path.clone()),
@@ -680,9 +734,18 @@ mod tests {
         s
     }
 
+    fn owner() -> Owner {
+        Owner {
+            store: "memstore_1".into(),
+            root: "/mnt/memory/notes".into(),
+            session: "sesn_1".into(),
+            dev: 1,
+            ino: 2,
+        }
+    }
+
     fn journal(dir: &StateDir) -> Journal {
-        dir.create(Path::new("/mnt/memory/notes"), "memstore_1", &state())
-            .unwrap()
+        dir.create(owner(), &state()).unwrap()
     }
 
     fn bytes(dir: &StateDir) -> Vec<u8> {
@@ -693,7 +756,7 @@ mod tests {
     fn intact(replay: Replay) -> (Snapshot, bool) {
         match replay {
             Replay::Intact { state, torn, .. } => (state, torn),
-            Replay::Corrupt(why) => panic!("corrupt: {why}"),
+            Replay::Corrupt { reason, .. } => panic!("corrupt: {reason}"),
         }
     }
 
@@ -714,17 +777,16 @@ mod tests {
         want.sent.clear();
         match replay(&bytes(&dir)) {
             Replay::Intact {
-                store,
-                root,
+                owner: found,
                 state,
                 torn,
+                disposing,
             } => {
-                assert_eq!(store, "memstore_1");
-                assert_eq!(root, Path::new("/mnt/memory/notes"));
+                assert_eq!(found, owner());
                 assert_eq!(state, want);
-                assert!(!torn);
+                assert!(!torn && !disposing);
             }
-            Replay::Corrupt(why) => panic!("corrupt: {why}"),
+            Replay::Corrupt { reason, .. } => panic!("corrupt: {reason}"),
         }
     }
 
@@ -766,25 +828,36 @@ mod tests {
         let dir = StateDir::open(&tmp.path().join("state")).unwrap();
         journal(&dir);
         let full = bytes(&dir);
-        // A flipped byte in the header, and in the first record (others follow).
+        // A flipped byte in the header: nothing can be trusted.
         let header_end = full.iter().position(|b| *b == b'\n').unwrap();
-        for at in [12, header_end + 12] {
-            let mut bad = full.clone();
-            bad[at] ^= 0x20;
-            assert!(
-                matches!(replay(&bad), Replay::Corrupt(_)),
-                "a flipped byte at {at} must be caught"
-            );
-        }
-        assert!(matches!(replay(b""), Replay::Corrupt(_)));
-        assert!(matches!(replay(b"garbage"), Replay::Corrupt(_)));
+        let mut bad = full.clone();
+        bad[12] ^= 0x20;
+        assert_eq!(
+            replay(&bad),
+            Replay::Corrupt {
+                owner: None,
+                reason: "the journal's header fails its checksum".into()
+            }
+        );
+        // In the first batch (others follow): corrupt, the owner still known.
+        let mut bad = full.clone();
+        bad[header_end + 12] ^= 0x20;
+        assert!(
+            matches!(replay(&bad), Replay::Corrupt { owner: Some(o), .. } if o == owner()),
+            "a flipped byte in a middle batch must be caught"
+        );
+        assert!(matches!(replay(b""), Replay::Corrupt { owner: None, .. }));
+        assert!(matches!(
+            replay(b"garbage"),
+            Replay::Corrupt { owner: None, .. }
+        ));
     }
 
     #[test]
     fn a_live_lock_keeps_others_out_and_a_dead_one_lets_them_claim() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = StateDir::open(&tmp.path().join("state")).unwrap();
-        let root = Path::new("/mnt/memory/notes");
+        let root = &owner().root;
         let j = journal(&dir);
         assert!(matches!(dir.claim(root), Err(JournalError::Busy(_))));
         assert!(dir.orphans().is_empty(), "a held journal is no orphan");
@@ -794,6 +867,54 @@ mod tests {
         assert!(matches!(dir.claim(root), Err(JournalError::Busy(_))));
         claim.remove();
         assert!(dir.claim(root).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_batch_applies_whole_or_not_at_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(&tmp.path().join("state")).unwrap();
+        let mut j = journal(&dir);
+        // The re-download's first batch: the baseline moves to tentative.
+        j.append(&[
+            Record(MapKind::Baseline, None, None),
+            Record(MapKind::Tentative, Some("a.md".into()), Some("aa".into())),
+        ])
+        .unwrap();
+        let full = bytes(&dir);
+        let (got, _) = intact(replay(&full[..full.len() - 20]));
+        assert_eq!(
+            got,
+            state(),
+            "a torn batch: none of it, not the clear alone"
+        );
+        let (got, _) = intact(replay(&full));
+        assert!(got.baseline.is_empty() && got.tentative.contains_key("a.md"));
+    }
+
+    #[test]
+    fn a_disposing_journal_says_so_and_holds_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(&tmp.path().join("state")).unwrap();
+        let mut j = journal(&dir);
+        j.mark_disposing().unwrap();
+        match replay(&bytes(&dir)) {
+            Replay::Intact {
+                state, disposing, ..
+            } => {
+                assert!(disposing);
+                assert_eq!(state, Snapshot::default());
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_journal_over_the_size_limit_is_not_read_as_a_torn_one() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("big.journal");
+        let file = File::create(&path).unwrap();
+        file.set_len(MAX_JOURNAL_BYTES + 1).unwrap();
+        assert!(read_bounded(&path).is_err());
     }
 
     #[test]

@@ -35,8 +35,9 @@ use tracing::{info, warn};
 use crate::api::types::{Access, Session};
 
 use self::folder::{Folder, is_clean_absolute};
-use self::journal::{JournalError, Snapshot, StateDir};
+use self::journal::{JournalError, Owner, Snapshot, StateDir};
 use self::options::{DeleteMode, FLUSH_TIMEOUT, SyncInterval};
+use self::recovery::Adopted;
 use self::remote::MemoryApi;
 use self::store::{AttachedStore, FlushStats, PassStats};
 
@@ -205,52 +206,71 @@ impl SessionMemoryStores {
                 resource.mount_path.as_deref(),
             )?;
             let read_only = resource.access() == Access::ReadOnly;
-            let folder = Folder::open(&root, true).map_err(|e| {
-                MemoryError::Mount(format!(
-                    "failed to download memory store memory_store_id={id}: {e}"
-                ))
-            })?;
+            let open = || {
+                Folder::open(&root, true).map_err(|e| {
+                    MemoryError::Mount(format!(
+                        "failed to download memory store memory_store_id={id}: {e}"
+                    ))
+                })
+            };
+            let mut folder = open()?;
             if !folder.removed_on_dispose() {
                 // A dead worker's folder is recovered; anything else refuses.
-                let store =
-                    recovery::adopt(self.state_dir.as_ref(), &root, &id, read_only, folder)?;
-                let pass = store.sync(self.api.as_ref(), self.deletions, false).await;
-                info!(
-                    memory_store.id = %id,
-                    root = %store.folder.root().display(),
-                    uploads = pass.uploads,
-                    pulls = pass.pulls,
-                    conflicts = pass.conflicts,
-                    "recovered memory store folder"
-                );
-                self.stores.push(store);
-                continue;
+                match recovery::adopt(self.state_dir.as_ref(), &root, &id, &session.id, read_only)?
+                {
+                    Adopted::Store(store) => {
+                        let pass = store.sync(self.api.as_ref(), self.deletions, false).await;
+                        info!(
+                            memory_store.id = %id,
+                            root = %store.folder.root().display(),
+                            uploads = pass.uploads,
+                            pulls = pass.pulls,
+                            conflicts = pass.conflicts,
+                            "recovered memory store folder"
+                        );
+                        self.stores.push(*store);
+                        continue;
+                    }
+                    Adopted::Cleared => {
+                        folder = open()?;
+                        if !folder.removed_on_dispose() {
+                            return Err(recovery::occupied(&root, &id));
+                        }
+                    }
+                }
             }
-            let journal = match &self.state_dir {
-                None => None,
-                Some(dir) => match dir.create(&root, &id, &Snapshot::default()) {
-                    Ok(journal) => Some(journal),
-                    Err(e @ JournalError::Busy(_)) => {
-                        return Err(MemoryError::Mount(format!(
-                            "{e} (memory_store_id={id}); a session's store can be mounted by one worker at a time"
-                        )));
-                    }
-                    Err(e) => {
-                        warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
-                        None
-                    }
-                },
-            };
             if let Err(e) = folder.create_root() {
                 let _ = folder.dispose();
-                if let Some(journal) = journal {
-                    journal.remove();
-                }
                 return Err(MemoryError::Mount(format!(
                     "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
                     root.display()
                 )));
             }
+            let journal = match (&self.state_dir, folder.identity()) {
+                (Some(dir), Some((dev, ino))) => {
+                    let owner = Owner {
+                        store: id.clone(),
+                        root: root.clone(),
+                        session: session.id.clone(),
+                        dev,
+                        ino,
+                    };
+                    match dir.create(owner, &Snapshot::default()) {
+                        Ok(journal) => Some(journal),
+                        Err(e @ JournalError::Busy(_)) => {
+                            let _ = folder.dispose();
+                            return Err(MemoryError::Mount(format!(
+                                "{e} (memory_store_id={id}); a session's store can be mounted by one worker at a time"
+                            )));
+                        }
+                        Err(e) => {
+                            warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
             let store = AttachedStore::new(id.clone(), read_only, folder, journal);
             match store.mount(self.api.as_ref()).await {
                 Ok(count) => {

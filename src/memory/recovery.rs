@@ -11,9 +11,21 @@
 //! - **Only a dead worker's folder.** The journal's lock must be free (the
 //!   kernel released it when its worker died); a live worker's folder is
 //!   refused, as before.
-//! - **Only our folder, for this store.** The journal must name this store
-//!   and this path, and the folder's marker must name this store; otherwise
-//!   the folder is hands-off, exactly as a folder without a journal is.
+//! - **Only our folder, for this store.** The journal's header must be
+//!   readable and name this store and this path, the folder must be the very
+//!   directory it names (device and inode: not a symlink, not another
+//!   directory put in its place), and the folder's marker must name this
+//!   store; otherwise the folder is hands-off, exactly as a folder without a
+//!   journal is.
+//! - **Only for its own session.** A folder another session's worker left
+//!   is recovered only when that session is claimed again; when it holds
+//!   nothing unsynced it is removed so it blocks no mount, otherwise the
+//!   mount fails naming the session. (The agent may run as the worker's own
+//!   user and write the state directory: binding edits to their session
+//!   means no agent can plant memories into another session's mount.)
+//! - **A removal cut short is finished.** Dispose marks the journal before
+//!   it removes anything; a folder found so marked is removed and mounted
+//!   afresh, never recovered (the files already gone are not deletions).
 //! - **Recovered, then reused.** The folder is adopted, the store's state is
 //!   restored from the journal, and one ordinary sync pass runs before the
 //!   agent does: local edits against the journaled baseline are pushed with
@@ -24,9 +36,10 @@
 //!   recovered folder is deleted on the server only after this worker's own
 //!   scans have seen it missing for the whole window (or the session's final
 //!   sync, as for any deletion).
-//! - **A damaged journal is no baseline.** Every difference from the server
-//!   is then a conflict the server wins, and a file the server lacks is
-//!   uploaded as new — nothing is deleted on the server.
+//! - **A damaged journal is no baseline.** When its header still names the
+//!   owner, every difference from the server is then a conflict the server
+//!   wins, and a file the server lacks is uploaded as new — nothing is
+//!   deleted on the server. A journal whose header is damaged is hands-off.
 //!
 //! At start ([`let_go_of_clean_folders`]), a folder whose journal is
 //! orphaned and whose files are exactly its journaled baseline holds
@@ -41,28 +54,74 @@ use tracing::{info, warn};
 
 use super::MemoryError;
 use super::folder::Folder;
-use super::journal::{JournalError, Replay, Snapshot, StateDir};
+use super::journal::{JournalClaim, JournalError, Owner, Replay, Snapshot, StateDir};
 use super::store::{AttachedStore, MARKER_PATH, marks_store};
 
 /// The mount's error for a path something else already occupies.
-fn occupied(root: &Path, store_id: &str) -> MemoryError {
+pub(crate) fn occupied(root: &Path, store_id: &str) -> MemoryError {
     MemoryError::Mount(format!(
         "something already exists at the memory store's path: {} (memory_store_id={store_id}); it must not exist when the session starts",
         root.display()
     ))
 }
 
-/// A folder found at `root` when mounting `store_id`: the store restored
-/// from a dead worker's journal, ready for its recovery pass; or the mount's
-/// error when it is not a folder this worker may take over (see the module
-/// docs).
+/// What became of a folder found at a store's path.
+pub(crate) enum Adopted {
+    /// A dead worker's folder of this session: restored, ready for its
+    /// recovery pass.
+    Store(Box<AttachedStore>),
+    /// It held nothing to recover (a removal cut short, or nothing
+    /// unsynced of another session): removed; mount afresh.
+    Cleared,
+}
+
+/// Does the folder (root attached) hold exactly its journaled baseline,
+/// with no upload in flight and no re-download half done?
+fn is_clean(folder: &Folder, state: &Snapshot) -> bool {
+    let Ok(scan) = folder.scan() else {
+        return false;
+    };
+    let mut files = scan.files;
+    files.remove(MARKER_PATH);
+    scan.unreadable.is_empty()
+        && state.sent.is_empty()
+        && state.tentative.is_empty()
+        && files == state.baseline
+}
+
+/// The checks every left folder passes before anything is done with it:
+/// it is the very directory the journal names (device and inode — a path
+/// swapped for another directory or a symlink is not it), and its marker
+/// names the journal's store. `None`: hands off.
+fn attach(root: &Path, owner: &Owner) -> Option<Folder> {
+    let folder = Folder::open(root, true).ok()?;
+    if folder.removed_on_dispose() {
+        return None;
+    }
+    folder.attach_root().ok()?;
+    (folder.identity() == Some((owner.dev, owner.ino)) && marks_store(&folder, &owner.store))
+        .then_some(folder)
+}
+
+/// Remove a left folder and its journal; `false` when the folder stays.
+fn clear(folder: Folder, claim: JournalClaim) -> bool {
+    if folder.adopt().dispose().is_err() {
+        return false;
+    }
+    claim.remove();
+    true
+}
+
+/// A folder found at `root` when session `session_id` mounts `store_id`
+/// (see the module docs): adopted, cleared, or the mount's error when it is
+/// not a folder this worker may touch.
 pub(crate) fn adopt(
     state_dir: Option<&StateDir>,
     root: &Path,
     store_id: &str,
+    session_id: &str,
     read_only: bool,
-    folder: Folder,
-) -> Result<AttachedStore, MemoryError> {
+) -> Result<Adopted, MemoryError> {
     let Some(dir) = state_dir else {
         return Err(occupied(root, store_id));
     };
@@ -79,39 +138,67 @@ pub(crate) fn adopt(
             return Err(occupied(root, store_id));
         }
     };
-    let restored = match replay {
+    let (owner, mut restored, disposing) = match replay {
         Replay::Intact {
-            store,
-            root: at,
+            owner,
             state,
             torn,
-        } if store == store_id && at == root => {
+            disposing,
+        } => {
             if torn {
-                info!(memory_store.id = %store_id, "the journal's last record was cut short when its worker died; it is dropped, and the records before it stand");
+                info!(memory_store.id = %store_id, "the journal's last batch was cut short when its worker died; it is dropped, and the batches before it stand");
             }
-            state
+            (owner, state, disposing)
         }
-        // Another store's or another path's journal: hands off.
-        Replay::Intact { .. } => return Err(occupied(root, store_id)),
-        Replay::Corrupt(reason) => {
+        Replay::Corrupt {
+            owner: Some(owner),
+            reason,
+        } => {
             warn!(
                 memory_store.id = %store_id,
                 reason = %reason,
                 "the journal of the folder a dead worker left is damaged; recovering it with no baseline: every difference from the server is a conflict the server wins, and nothing is deleted on the server"
             );
-            Snapshot::default()
+            (owner, Snapshot::default(), false)
         }
+        // Not even the header can be read: whose folder this is is unknown.
+        Replay::Corrupt { owner: None, .. } => return Err(occupied(root, store_id)),
     };
-    if let Err(e) = folder.create_root() {
-        warn!(memory_store.id = %store_id, error = %e, "cannot open the folder a dead worker left");
+    if owner.store != store_id || owner.root != root {
         return Err(occupied(root, store_id));
     }
-    if !marks_store(&folder, store_id) {
-        // Not ours (or not this store's): left exactly as found.
+    let Some(folder) = attach(root, &owner) else {
+        // Not ours (or not this store's, or swapped): left exactly as found.
         return Err(occupied(root, store_id));
+    };
+    if disposing {
+        // A removal cut short: finish it. What it had removed must not
+        // read as deletions.
+        return if clear(folder, claim) {
+            info!(memory_store.id = %store_id, root = %root.display(), "finished removing the memory store folder a dead worker was removing");
+            Ok(Adopted::Cleared)
+        } else {
+            Err(occupied(root, store_id))
+        };
+    }
+    if owner.session != session_id {
+        // Another session's folder: its edits are for that session's next
+        // claim, never pushed from this one. With nothing unsynced it
+        // blocks nothing.
+        if is_clean(&folder, &restored) && clear(folder, claim) {
+            info!(memory_store.id = %store_id, root = %root.display(), "removed the memory store folder another session's dead worker left; it held nothing unsynced");
+            return Ok(Adopted::Cleared);
+        }
+        return Err(MemoryError::Mount(format!(
+            "the memory store's path {} holds edits a dead worker left for session {} that are not on the server yet (memory_store_id={store_id}); they are recovered when that session is claimed again on this host, or remove the folder to give them up",
+            root.display(),
+            owner.session
+        )));
     }
     let waiting = restored.pending.len();
-    let journal = match claim.into_journal(root, store_id, &restored) {
+    // Deletions waiting in the dead worker start their window afresh.
+    restored.pending.clear();
+    let journal = match claim.into_journal(owner, &restored) {
         Ok(journal) => Some(journal),
         Err(e) => {
             warn!(memory_store.id = %store_id, error = %e, "cannot rewrite the recovered journal; this store is not journaled from now on");
@@ -125,19 +212,20 @@ pub(crate) fn adopt(
         deletions_waiting = waiting,
         "recovering the memory store folder a dead worker left: syncing its edits before the session runs"
     );
-    Ok(AttachedStore::restored(
+    Ok(Adopted::Store(Box::new(AttachedStore::restored(
         store_id.to_string(),
         read_only,
         folder.adopt(),
         journal,
         restored,
-    ))
+    ))))
 }
 
 /// At start: remove every folder a dead worker left that holds nothing
-/// unsynced (its files are exactly its journaled baseline), with its
-/// journal; drop journals whose folder is gone. Returns how many folders
-/// were removed. Never fails: what cannot be read is left as it is.
+/// unsynced (its files are exactly its journaled baseline) or whose removal
+/// was cut short, with its journal; drop journals whose folder is gone.
+/// Returns how many folders were removed. Never fails: what cannot be read
+/// is left as it is.
 pub fn let_go_of_clean_folders(state_dir: &Path) -> usize {
     let dir = match StateDir::open(state_dir) {
         Ok(dir) => dir,
@@ -149,44 +237,156 @@ pub fn let_go_of_clean_folders(state_dir: &Path) -> usize {
     let mut removed = 0;
     for (replay, claim) in dir.orphans() {
         let Replay::Intact {
-            store, root, state, ..
+            owner,
+            state,
+            disposing,
+            ..
         } = replay
         else {
             // Damaged: the mount that recovers the folder decides.
             continue;
         };
-        let folder = match Folder::open(&root, true) {
-            Ok(folder) if folder.removed_on_dispose() => {
-                // The folder is gone: so is everything to recover.
-                claim.remove();
-                continue;
-            }
-            Ok(folder) => folder,
-            Err(_) => continue,
-        };
-        if folder.create_root().is_err() || !marks_store(&folder, &store) {
+        if !owner.root.exists() && std::fs::symlink_metadata(&owner.root).is_err() {
+            // The folder is gone: so is everything to recover.
+            claim.remove();
             continue;
         }
-        let Ok(scan) = folder.scan() else { continue };
-        let mut files = scan.files;
-        files.remove(MARKER_PATH);
-        let clean = scan.unreadable.is_empty()
-            && state.sent.is_empty()
-            && state.tentative.is_empty()
-            && files == state.baseline;
-        if !clean {
+        let Some(folder) = attach(&owner.root, &owner) else {
+            continue;
+        };
+        if !disposing && !is_clean(&folder, &state) {
             warn!(
-                memory_store.id = %store,
-                root = %root.display(),
+                memory_store.id = %owner.store,
+                root = %owner.root.display(),
+                session_id = %owner.session,
                 "a dead worker left this memory store folder with edits not yet on the server; it is kept, and recovered when its session is claimed again on this host"
             );
             continue;
         }
-        if folder.adopt().dispose().is_ok() {
-            claim.remove();
+        if clear(folder, claim) {
             removed += 1;
-            info!(memory_store.id = %store, root = %root.display(), "removed a memory store folder a dead worker left; it held nothing unsynced");
+            info!(memory_store.id = %owner.store, root = %owner.root.display(), "removed a memory store folder a dead worker left; it held nothing unsynced");
         }
     }
     removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::store::marker_content;
+
+    /// A folder with its marker and `files`, journaled for `session` with
+    /// `files` as its baseline; the journal's lock let go (its worker died).
+    fn left_folder(
+        files: &[(&str, &str)],
+        session: &str,
+    ) -> (tempfile::TempDir, StateDir, std::path::PathBuf) {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("mnt/notes");
+        let folder = Folder::open(&root, true).unwrap();
+        folder.create_root().unwrap();
+        folder
+            .put(MARKER_PATH, marker_content("memstore_1").as_bytes())
+            .unwrap();
+        let mut state = Snapshot::default();
+        for (rel, content) in files {
+            folder.put(rel, content.as_bytes()).unwrap();
+            state.baseline.insert(
+                rel.to_string(),
+                crate::memory::store::sha256_hex(content.as_bytes()),
+            );
+        }
+        let (dev, ino) = folder.identity().unwrap();
+        let dir = StateDir::open(&tmp.path().join("state")).unwrap();
+        let owner = Owner {
+            store: "memstore_1".into(),
+            root: root.clone(),
+            session: session.into(),
+            dev,
+            ino,
+        };
+        drop(dir.create(owner, &state).unwrap());
+        (tmp, dir, root)
+    }
+
+    #[test]
+    fn a_removal_cut_short_is_finished_never_recovered() {
+        let (_tmp, dir, root) = left_folder(&[("a.md", "a"), ("b.md", "b")], "sesn_1");
+        // The dead worker had marked the journal and removed one file.
+        let (_, claim) = dir.claim(&root).unwrap().unwrap();
+        let owner =
+            match crate::memory::journal::replay(&std::fs::read(dir_journal(&dir, &root)).unwrap())
+            {
+                Replay::Intact { owner, .. } => owner,
+                other => panic!("{other:?}"),
+            };
+        let mut journal = claim.into_journal(owner, &Snapshot::default()).unwrap();
+        journal.mark_disposing().unwrap();
+        drop(journal);
+        std::fs::remove_file(root.join("a.md")).unwrap();
+
+        let adopted = adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).unwrap();
+        assert!(
+            matches!(adopted, Adopted::Cleared),
+            "finished, not recovered"
+        );
+        assert!(!root.exists());
+        assert!(
+            dir.claim(&root).unwrap().is_none(),
+            "its journal is gone too"
+        );
+    }
+
+    #[test]
+    fn another_sessions_folder_is_cleared_when_clean_and_refused_when_not() {
+        let (_tmp, dir, root) = left_folder(&[("a.md", "a")], "sesn_1");
+        assert!(matches!(
+            adopt(Some(&dir), &root, "memstore_1", "sesn_2", false),
+            Ok(Adopted::Cleared)
+        ));
+        assert!(!root.exists());
+
+        let (_tmp, dir, root) = left_folder(&[("a.md", "a")], "sesn_1");
+        std::fs::write(root.join("a.md"), "edited by session 1's agent").unwrap();
+        let err = match adopt(Some(&dir), &root, "memstore_1", "sesn_2", false) {
+            Err(e) => e.to_string(),
+            Ok(_) => panic!("another session's edits must not be taken"),
+        };
+        assert!(err.contains("session sesn_1"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(root.join("a.md")).unwrap(),
+            "edited by session 1's agent"
+        );
+        // Its own session recovers it.
+        assert!(matches!(
+            adopt(Some(&dir), &root, "memstore_1", "sesn_1", false),
+            Ok(Adopted::Store(_))
+        ));
+    }
+
+    #[test]
+    fn a_folder_swapped_for_another_directory_or_a_symlink_is_hands_off() {
+        let (tmp, dir, root) = left_folder(&[("a.md", "a")], "sesn_1");
+        let copy = tmp.path().join("copy");
+        std::fs::rename(&root, &copy).unwrap();
+        std::os::unix::fs::symlink(&copy, &root).unwrap();
+        assert!(adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).is_err());
+        std::fs::remove_file(&root).unwrap();
+        // A new directory with a copied marker and files: not the folder.
+        std::fs::create_dir(&root).unwrap();
+        for entry in std::fs::read_dir(&copy).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), root.join(entry.file_name())).unwrap();
+        }
+        assert!(adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).is_err());
+        assert!(
+            root.join("a.md").exists() && copy.join("a.md").exists(),
+            "both left as found"
+        );
+    }
+
+    fn dir_journal(dir: &StateDir, root: &Path) -> std::path::PathBuf {
+        dir.journal_path(root)
+    }
 }

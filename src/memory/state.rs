@@ -78,19 +78,20 @@ impl State {
         }
     }
 
-    /// Append the changes made since the last commit (one `write`), and
-    /// compact the journal when its log has outgrown the state.
-    fn commit(&mut self, store_id: &str) {
+    /// Append the changes made since the last commit as one batch (one
+    /// `write`), and compact the journal when its log has outgrown the state.
+    pub(super) fn commit(&mut self, store_id: &str) {
         let mut records = Vec::new();
         self.baseline.drain_changes(&mut records);
         self.tentative.drain_changes(&mut records);
         self.pending.drain_changes(&mut records);
         self.sent.drain_changes(&mut records);
+        // After a failed write the journal is rewritten whole at the end of
+        // the pass (`end_of_pass`), not appended to.
         if records.is_empty() || self.journal_failed {
             return;
         }
-        let live =
-            self.baseline.len() + self.tentative.len() + self.pending.len() + self.sent.len();
+        let live = self.live();
         let Some(journal) = self.journal.as_mut() else {
             return;
         };
@@ -106,9 +107,28 @@ impl State {
             warn!(
                 memory_store.id = %store_id,
                 error = %e,
-                "cannot write the memory store's journal; edits made from now on are lost if the worker dies before they are synced"
+                "cannot write the memory store's journal; it is rewritten whole at the end of the pass, and until then edits are lost if the worker dies"
             );
         }
+    }
+
+    fn live(&self) -> usize {
+        self.baseline.len() + self.tentative.len() + self.pending.len() + self.sent.len()
+    }
+
+    /// The end of a pass: a journal whose write failed is rewritten whole
+    /// (a snapshot); otherwise a handle to `fdatasync` the pass's appends
+    /// with, off the lock (`None` when nothing was appended).
+    pub(super) fn end_of_pass(&mut self) -> Option<std::fs::File> {
+        if self.journal_failed {
+            let snapshot = self.snapshot();
+            let journal = self.journal.as_mut()?;
+            if journal.snapshot(&snapshot).is_ok() {
+                self.journal_failed = false;
+            }
+            return None;
+        }
+        self.journal.as_mut()?.take_unsynced()
     }
 }
 

@@ -49,7 +49,7 @@ pub(crate) fn marker_content(store_id: &str) -> String {
     format!("version {MARKER_VERSION}\n{store_id}")
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
@@ -197,10 +197,10 @@ impl AttachedStore {
 
     /// Make the journal's appends durable against a machine crash; once a
     /// pass, and only when it changed something.
-    fn sync_journal(&self) {
-        let mut state = self.state();
-        if let Some(journal) = state.journal.as_mut()
-            && let Err(e) = journal.sync()
+    async fn sync_journal(&self) {
+        let handle = self.state().end_of_pass();
+        if let Some(file) = handle
+            && let Ok(Err(e)) = blocking(move || file.sync_data()).await
         {
             debug!(memory_store.id = %self.id, error = %e, "cannot fsync the memory store's journal");
         }
@@ -444,7 +444,7 @@ impl AttachedStore {
         if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
             warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
         }
-        self.sync_journal();
+        self.sync_journal().await;
         stats
     }
 
@@ -829,9 +829,14 @@ impl AttachedStore {
             match result {
                 Ok(memory) => {
                     crate::killpoint::hit("memory.upload.landed");
+                    // The baseline and the sent record change in one batch:
+                    // the journal never holds one without the other.
                     let mut state = self.state();
                     state.refused.remove(rel);
                     state.sent.remove(rel);
+                    state
+                        .baseline
+                        .insert(rel.to_string(), memory.content_sha256.clone());
                     state.ids.insert(rel.to_string(), memory.id);
                     Some(memory.content_sha256)
                 }
@@ -1002,7 +1007,7 @@ impl AttachedStore {
         if let Err(e) = self.try_flush(api, &progress, &mut guard, &mut stats).await {
             warn!(memory_store.id = %self.id, error = %e, "memory flush failed");
         }
-        self.sync_journal();
+        self.sync_journal().await;
         guard.done = true;
         stats
     }
@@ -1163,9 +1168,19 @@ impl AttachedStore {
             // Never for a disposal: it neither skips nor re-downloads.
             FolderVerdict::Skip | FolderVerdict::Recover(_) => return,
         }
+        // The journal says the folder is going before anything goes: a
+        // removal cut short is finished by the next mount, never recovered
+        // (the files it removed must not read as deletions).
+        {
+            let mut state = self.state();
+            if let Some(journal) = state.journal.as_mut()
+                && let Err(e) = journal.mark_disposing()
+            {
+                warn!(memory_store.id = %self.id, error = %e, "cannot mark the memory store's journal before removing the folder");
+            }
+        }
+        crate::killpoint::hit("memory.dispose.removing");
         let folder = self.folder.clone();
-        // A folder that could not be removed keeps its journal: the next
-        // mount at its path recovers it instead of refusing it.
         match blocking(move || folder.dispose()).await {
             Ok(Ok(())) if self.folder.removed_on_dispose() => {
                 if let Some(journal) = self.take_journal() {
