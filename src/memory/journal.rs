@@ -110,7 +110,8 @@ pub(crate) struct Owner {
     /// recovers its edits (another session's agent must not push them).
     pub(crate) session: String,
     /// The folder directory's device and inode: a path swapped for another
-    /// directory (or a symlink) is not the folder.
+    /// directory (or a symlink) is not the folder. Both 0 until the folder
+    /// exists (the journal is made first).
     pub(crate) dev: u64,
     pub(crate) ino: u64,
 }
@@ -558,6 +559,14 @@ impl Journal {
         }
         self.unsynced = false;
         self.file.as_ref().and_then(|f| f.try_clone().ok())
+    }
+
+    /// The folder now exists: record its device and inode (a journal is
+    /// created before its folder, with none, so no folder is ever without
+    /// its journal).
+    pub(crate) fn set_identity(&mut self, dev: u64, ino: u64) -> std::io::Result<()> {
+        (self.header.owner.dev, self.header.owner.ino) = (dev, ino);
+        self.snapshot(&Snapshot::default())
     }
 
     /// The session is over and the folder is about to be removed: say so

@@ -239,26 +239,21 @@ impl SessionMemoryStores {
                     }
                 }
             }
-            if let Err(e) = folder.create_root() {
-                let _ = folder.dispose();
-                return Err(MemoryError::Mount(format!(
-                    "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
-                    root.display()
-                )));
-            }
-            let journal = match (&self.state_dir, folder.identity()) {
-                (Some(dir), Some((dev, ino))) => {
+            // The journal first, then the folder: a worker killed in between
+            // leaves a journal that says its folder is being made, never a
+            // folder without its journal.
+            let mut journal = match &self.state_dir {
+                Some(dir) => {
                     let owner = Owner {
                         store: id.clone(),
                         root: root.clone(),
                         session: session.id.clone(),
-                        dev,
-                        ino,
+                        dev: 0,
+                        ino: 0,
                     };
                     match dir.create(owner, &Snapshot::default()) {
                         Ok(journal) => Some(journal),
                         Err(e @ JournalError::Busy(_)) => {
-                            let _ = folder.dispose();
                             return Err(MemoryError::Mount(format!(
                                 "{e} (memory_store_id={id}); a session's store can be mounted by one worker at a time"
                             )));
@@ -269,8 +264,26 @@ impl SessionMemoryStores {
                         }
                     }
                 }
-                _ => None,
+                None => None,
             };
+            if let Err(e) = folder.create_root() {
+                let _ = folder.dispose();
+                if let Some(journal) = journal {
+                    journal.remove();
+                }
+                return Err(MemoryError::Mount(format!(
+                    "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
+                    root.display()
+                )));
+            }
+            if let (Some(j), Some((dev, ino))) = (journal.as_mut(), folder.identity())
+                && let Err(e) = j.set_identity(dev, ino)
+            {
+                warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
+                if let Some(journal) = journal.take() {
+                    journal.remove();
+                }
+            }
             let store = AttachedStore::new(id.clone(), read_only, folder, journal);
             match store.mount(self.api.as_ref()).await {
                 Ok(count) => {

@@ -103,6 +103,35 @@ fn attach(root: &Path, owner: &Owner) -> Option<Folder> {
         .then_some(folder)
 }
 
+/// Was the dead worker still making the folder? Its journal is made
+/// first and names the folder's identity once the folder exists; the
+/// marker is the first thing written in it. So: no identity yet, or the
+/// very directory named, still empty.
+fn being_made(root: &Path, owner: &Owner) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    if (owner.dev, owner.ino) == (0, 0) {
+        return true;
+    }
+    std::fs::symlink_metadata(root).is_ok_and(|m| {
+        m.is_dir()
+            && (m.dev(), m.ino()) == (owner.dev, owner.ino)
+            && std::fs::read_dir(root).is_ok_and(|mut d| d.next().is_none())
+    })
+}
+
+/// A folder its worker died making can hold nothing yet: remove it if it
+/// is an empty directory (anything else there is not ours), and its journal.
+fn clear_unmade(root: &Path, claim: JournalClaim) -> bool {
+    let empty_dir = std::fs::symlink_metadata(root).is_ok_and(|m| m.is_dir())
+        && std::fs::read_dir(root).is_ok_and(|mut d| d.next().is_none());
+    let gone = !empty_dir && std::fs::symlink_metadata(root).is_err();
+    if gone || (empty_dir && std::fs::remove_dir(root).is_ok()) {
+        claim.remove();
+        return true;
+    }
+    false
+}
+
 /// Remove a left folder and its journal; `false` when the folder stays.
 fn clear(folder: Folder, claim: JournalClaim) -> bool {
     if folder.adopt().dispose().is_err() {
@@ -166,6 +195,13 @@ pub(crate) fn adopt(
     };
     if owner.store != store_id || owner.root != root {
         return Err(occupied(root, store_id));
+    }
+    if being_made(root, &owner) {
+        return if clear_unmade(root, claim) {
+            Ok(Adopted::Cleared)
+        } else {
+            Err(occupied(root, store_id))
+        };
     }
     let Some(folder) = attach(root, &owner) else {
         // Not ours (or not this store's, or swapped): left exactly as found.
@@ -246,9 +282,15 @@ pub fn let_go_of_clean_folders(state_dir: &Path) -> usize {
             // Damaged: the mount that recovers the folder decides.
             continue;
         };
-        if !owner.root.exists() && std::fs::symlink_metadata(&owner.root).is_err() {
+        if std::fs::symlink_metadata(&owner.root).is_err() {
             // The folder is gone: so is everything to recover.
             claim.remove();
+            continue;
+        }
+        if being_made(&owner.root, &owner) {
+            if clear_unmade(&owner.root, claim) {
+                removed += 1;
+            }
             continue;
         }
         let Some(folder) = attach(&owner.root, &owner) else {
@@ -384,6 +426,34 @@ mod tests {
             root.join("a.md").exists() && copy.join("a.md").exists(),
             "both left as found"
         );
+    }
+
+    #[test]
+    fn a_folder_its_worker_died_making_is_cleared_only_when_empty() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("mnt/notes");
+        let dir = StateDir::open(&tmp.path().join("state")).unwrap();
+        let owner = Owner {
+            store: "memstore_1".into(),
+            root: root.clone(),
+            session: "sesn_1".into(),
+            dev: 0,
+            ino: 0,
+        };
+        drop(dir.create(owner.clone(), &Snapshot::default()).unwrap());
+        // Something that is not an empty directory: not the worker's making.
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("planted.md"), "x").unwrap();
+        assert!(adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).is_err());
+        assert!(root.join("planted.md").exists());
+        // Empty: cleared, with its journal.
+        std::fs::remove_file(root.join("planted.md")).unwrap();
+        assert!(matches!(
+            adopt(Some(&dir), &root, "memstore_1", "sesn_1", false),
+            Ok(Adopted::Cleared)
+        ));
+        assert!(!root.exists());
+        assert!(dir.claim(&root).unwrap().is_none());
     }
 
     fn dir_journal(dir: &StateDir, root: &Path) -> std::path::PathBuf {
