@@ -114,6 +114,18 @@ pub(crate) struct Owner {
     /// exists (the journal is made first).
     pub(crate) dev: u64,
     pub(crate) ino: u64,
+    /// The kernel's boot id when the folder was made: after a machine crash
+    /// the folder's own writes (never `fsync`'d) cannot be trusted, so a
+    /// folder from an earlier boot is removed, never recovered.
+    #[serde(default)]
+    pub(crate) boot: String,
+}
+
+/// This boot's id (`/proc/sys/kernel/random/boot_id`); empty when unknown.
+pub(crate) fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -750,6 +762,7 @@ mod tests {
             session: "sesn_1".into(),
             dev: 1,
             ino: 2,
+            boot: boot_id(),
         }
     }
 

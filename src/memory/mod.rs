@@ -250,6 +250,7 @@ impl SessionMemoryStores {
                         session: session.id.clone(),
                         dev: 0,
                         ino: 0,
+                        boot: journal::boot_id(),
                     };
                     match dir.create(owner, &Snapshot::default()) {
                         Ok(journal) => Some(journal),

@@ -54,7 +54,7 @@ use tracing::{info, warn};
 
 use super::MemoryError;
 use super::folder::Folder;
-use super::journal::{JournalClaim, JournalError, Owner, Replay, Snapshot, StateDir};
+use super::journal::{JournalClaim, JournalError, Owner, Replay, Snapshot, StateDir, boot_id};
 use super::store::{AttachedStore, MARKER_PATH, marks_store};
 
 /// The mount's error for a path something else already occupies.
@@ -207,6 +207,16 @@ pub(crate) fn adopt(
         // Not ours (or not this store's, or swapped): left exactly as found.
         return Err(occupied(root, store_id));
     };
+    if owner.boot != boot_id() {
+        // The machine restarted since: the folder's own writes were never
+        // fsync'd, so a file may be torn or empty. Never pushed from.
+        return if clear(folder, claim) {
+            warn!(memory_store.id = %store_id, root = %root.display(), "removed the memory store folder a worker left before the machine restarted; its unsynced edits cannot be trusted after a crash of the machine");
+            Ok(Adopted::Cleared)
+        } else {
+            Err(occupied(root, store_id))
+        };
+    }
     if disposing {
         // A removal cut short: finish it. What it had removed must not
         // read as deletions.
@@ -296,7 +306,8 @@ pub fn let_go_of_clean_folders(state_dir: &Path) -> usize {
         let Some(folder) = attach(&owner.root, &owner) else {
             continue;
         };
-        if !disposing && !is_clean(&folder, &state) {
+        let rebooted = owner.boot != boot_id();
+        if !disposing && !rebooted && !is_clean(&folder, &state) {
             warn!(
                 memory_store.id = %owner.store,
                 root = %owner.root.display(),
@@ -347,6 +358,7 @@ mod tests {
             session: session.into(),
             dev,
             ino,
+            boot: boot_id(),
         };
         drop(dir.create(owner, &state).unwrap());
         (tmp, dir, root)
@@ -408,6 +420,28 @@ mod tests {
     }
 
     #[test]
+    fn a_folder_from_before_the_machine_restarted_is_removed_never_recovered() {
+        let (_tmp, dir, root) = left_folder(&[("a.md", "a")], "sesn_1");
+        std::fs::write(root.join("a.md"), "").unwrap();
+        // The journal as an earlier boot wrote it.
+        let path = dir.journal_path(&root);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (header, rest) = text.split_once('\n').unwrap();
+        let json = &header[9..];
+        let mut value: serde_json::Value = serde_json::from_str(json).unwrap();
+        value["boot"] = "an-earlier-boot".into();
+        let json = serde_json::to_string(&value).unwrap();
+        let header = format!("{:08x} {json}", crc32fast::hash(json.as_bytes()));
+        std::fs::write(&path, format!("{header}\n{rest}")).unwrap();
+
+        assert!(matches!(
+            adopt(Some(&dir), &root, "memstore_1", "sesn_1", false),
+            Ok(Adopted::Cleared)
+        ));
+        assert!(!root.exists(), "a possibly torn file is never pushed");
+    }
+
+    #[test]
     fn a_folder_swapped_for_another_directory_or_a_symlink_is_hands_off() {
         let (tmp, dir, root) = left_folder(&[("a.md", "a")], "sesn_1");
         let copy = tmp.path().join("copy");
@@ -439,6 +473,7 @@ mod tests {
             session: "sesn_1".into(),
             dev: 0,
             ino: 0,
+            boot: boot_id(),
         };
         drop(dir.create(owner.clone(), &Snapshot::default()).unwrap());
         // Something that is not an empty directory: not the worker's making.
