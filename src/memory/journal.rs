@@ -416,7 +416,10 @@ impl StateDir {
         )))
     }
 
-    /// Every journal whose worker is gone (its lock free), claimed.
+    /// Every journal whose worker is gone (its lock free), claimed. Also
+    /// removes the temporary files of snapshots whose worker died before
+    /// the rename (older than a minute: a live worker's is renamed within
+    /// milliseconds).
     pub(crate) fn orphans(&self) -> Vec<(Replay, JournalClaim)> {
         let Ok(entries) = std::fs::read_dir(&self.path) else {
             return Vec::new();
@@ -424,6 +427,15 @@ impl StateDir {
         let mut out = Vec::new();
         for entry in entries.flatten() {
             let name = entry.file_name();
+            if name.to_str().is_some_and(|n| n.starts_with(".journal-"))
+                && entry
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > Duration::from_secs(60)))
+            {
+                let _ = std::fs::remove_file(entry.path());
+                continue;
+            }
             let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".journal")) else {
                 continue;
             };
