@@ -168,7 +168,6 @@ async fn sigterm_after_the_turn_ended_stops_the_item() {
     // The runner has seen it too.
     tokio::time::sleep(Duration::from_millis(500)).await;
     terminate(&mut stack).await;
-    stack.passed_report(&started.session_id).await;
     assert_eq!(
         stack
             .server
@@ -184,4 +183,5 @@ async fn sigterm_after_the_turn_ended_stops_the_item() {
             .logs()
             .contains("released the work item without stopping it")
     );
+    stack.passed_report(&started.session_id).await;
 }
