@@ -19,19 +19,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use common::long_call_then_another;
 use common::serve_stack::{Stack, stack};
 use serde_json::{Value, json};
-
-/// A session whose first call outlives the SIGTERM, then one more call.
-fn long_call_then_another(command: &str, first_expect: Value) -> Value {
-    json!({
-        "name": "sigterm-mid-call",
-        "steps": [
-            {"tool": "bash", "input": {"command": command}, "expect": first_expect},
-            {"tool": "bash", "input": {"command": "echo after"}, "expect": {"is_error": false, "contains": "after"}}
-        ]
-    })
-}
 
 /// Wait until serve's logs show the first call running.
 async fn until_executing(stack: &Stack) {
