@@ -28,7 +28,7 @@
 //! (the shell is killed) and returns at once: the item is no longer ours, or
 //! the control plane took it back.
 //!
-//! A shutdown of this worker (SIGTERM, an invocation's end) is different:
+//! A shutdown of this worker (SIGTERM) is different:
 //! the session still waits for the call in flight, and nobody else will
 //! answer it. So the call gets [`RunnerOptions::call_grace`] (30 s, as the
 //! TypeScript worker drains) to finish and its own result is posted; a call

@@ -10,8 +10,8 @@
 //!
 //! Two ways to end a session early, told apart. The lease's end (lost, or a
 //! control-plane stop) drops the call in flight: the item is not ours any
-//! more. The worker's own shutdown (the caller's `cancel`: SIGTERM; a near
-//! invocation deadline) answers the call in flight first (its own result
+//! more. The worker's own shutdown (the caller's `cancel`: SIGTERM) answers
+//! the call in flight first (its own result
 //! within `--call-grace`, else an error), and when the session is mid-turn
 //! hands the item back instead of stopping it: the heartbeat stops, the
 //! lease lapses after one TTL and the item returns to the queue, where
@@ -225,10 +225,11 @@ struct ItemRun<'w> {
     /// Ends the heartbeat once the teardown is done.
     release: CancellationToken,
     heartbeat: JoinHandle<()>,
-    /// Ends the session early, dropping the call in flight: the lease's end.
+    /// Ends the session early, dropping the call in flight: the lease's end,
+    /// a near invocation deadline.
     stop: CancellationToken,
     /// Ends the session early, answering the call in flight first: the
-    /// worker's shutdown, a near deadline.
+    /// worker's shutdown (the caller's `cancel`).
     shutdown: CancellationToken,
     watcher: JoinHandle<()>,
     deadline: Option<Instant>,
@@ -288,9 +289,12 @@ impl<'w> ItemRun<'w> {
                 tokio::select! {
                     _ = cancel.cancelled() => shutdown.cancel(),
                     _ = ended.cancelled() => stop.cancel(),
+                    // The deadline's own rules (what a Lambda invocation
+                    // may still do) are the Lambda drain's; it ends the
+                    // session as a lease end does.
                     _ = before_deadline => {
                         info!("the invocation deadline is near; ending the session to leave time for the teardown");
-                        shutdown.cancel();
+                        stop.cancel();
                     }
                 }
                 // A lease that ends during a shutdown still drops the call.
