@@ -99,6 +99,10 @@ pub struct WorkerArgs {
     #[arg(long, env = "ENVWORKER_TOOL_TIMEOUT", default_value = "120s", value_parser = crate::config::parse_tool_timeout)]
     pub(crate) tool_timeout: Duration,
 
+    /// On SIGTERM, how long the tool call in flight may run on before it is cut off and answered with an error (0s–1h).
+    #[arg(long, env = "ENVWORKER_CALL_GRACE", default_value = "30s", value_parser = crate::config::parse_call_grace)]
+    pub(crate) call_grace: Duration,
+
     /// Sent as Anthropic-Worker-ID on polls (default: <hostname>-<random>).
     #[arg(long, env = "ANTHROPIC_WORKER_ID")]
     pub(crate) worker_id: Option<String>,

@@ -30,6 +30,8 @@ pub(crate) mod bounds {
     /// `--tool-timeout`.
     pub(crate) const TOOL_TIMEOUT: (Duration, Duration) =
         (Duration::from_secs(1), Duration::from_secs(24 * 3600));
+    /// `--call-grace`.
+    pub(crate) const CALL_GRACE: (Duration, Duration) = (Duration::ZERO, Duration::from_secs(3600));
     /// `--stop-grace`.
     pub(crate) const STOP_GRACE: (Duration, Duration) =
         (Duration::from_secs(1), Duration::from_secs(3600));
@@ -49,6 +51,10 @@ pub(crate) mod bounds {
 
 pub(crate) fn parse_tool_timeout(text: &str) -> Result<Duration, String> {
     parse_duration_within(text, bounds::TOOL_TIMEOUT)
+}
+
+pub(crate) fn parse_call_grace(text: &str) -> Result<Duration, String> {
+    parse_duration_within(text, bounds::CALL_GRACE)
 }
 
 pub(crate) fn parse_stop_grace(text: &str) -> Result<Duration, String> {

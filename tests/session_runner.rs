@@ -576,23 +576,31 @@ async fn each_call_is_bounded_and_the_hook_runs_between_calls() {
     );
 }
 
-#[tokio::test]
-async fn cancelling_stops_the_call_in_flight_and_returns_promptly() {
-    let server = TestServer::start().await;
+/// A runner on a session whose one call is `sleep 20`, started with
+/// `options`; returns once the command runs. The run ends when `cancel` or
+/// `shutdown` fires.
+async fn running_a_long_call(
+    server: &TestServer,
+    options: RunnerOptions,
+    cancel: &CancellationToken,
+    shutdown: &CancellationToken,
+) -> (
+    Started,
+    tokio::task::JoinHandle<RunReport>,
+    tempfile::TempDir,
+) {
     let started = server
-        .start_scenario(&json!({"name": "cancel", "steps": [{"tool": "bash", "input": {"command": "sleep 20; touch finished"}, "timeout_ms": 30000}]}))
+        .start_scenario(&json!({"name": "long", "steps": [{"tool": "bash", "input": {"command": "sleep 20; touch finished"}, "timeout_ms": 30000}]}))
         .await;
-    let claimed = claim(&server, &started).await;
+    let claimed = claim(server, &started).await;
     let workdir = tempfile::tempdir().unwrap();
     let runner = SessionRunner::new(
         claimed.client.clone(),
         &started.session_id,
         Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
-        RunnerOptions::default(),
+        options,
     );
-    let cancel = CancellationToken::new();
-    let run = tokio::spawn(runner.run(cancel.clone()));
-    // Wait until the command runs.
+    let run = tokio::spawn(runner.run_until(cancel.clone(), shutdown.clone()));
     loop {
         let events = server.events(&started.session_id).await;
         if events.iter().any(|e| e["type"] == "agent.tool_use") {
@@ -601,9 +609,19 @@ async fn cancelling_stops_the_call_in_flight_and_returns_promptly() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
+    (started, run, workdir)
+}
+
+#[tokio::test]
+async fn cancelling_stops_the_call_in_flight_and_returns_promptly() {
+    let server = TestServer::start().await;
+    let (cancel, shutdown) = (CancellationToken::new(), CancellationToken::new());
+    let (started, run, _workdir) =
+        running_a_long_call(&server, RunnerOptions::default(), &cancel, &shutdown).await;
     let at = std::time::Instant::now();
     cancel.cancel();
     let run = run.await.unwrap();
+    assert_eq!(run.mid_turn, None, "not a shutdown");
     assert_eq!(run.end, RunEnd::Cancelled);
     assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
     let events = server.events(&started.session_id).await;
@@ -612,4 +630,93 @@ async fn cancelling_stops_the_call_in_flight_and_returns_promptly() {
         "nothing posted for the cancelled call"
     );
     let _ = ADMIN_KEY;
+}
+
+/// A shutdown answers the call in flight: past the call grace it is cut off
+/// (its command killed) and answered with an error; the session is mid-turn.
+#[tokio::test]
+async fn a_shutdown_cuts_the_call_off_after_the_grace_and_answers_it() {
+    let server = TestServer::start().await;
+    let (cancel, shutdown) = (CancellationToken::new(), CancellationToken::new());
+    let options = RunnerOptions {
+        call_grace: Duration::from_millis(500),
+        ..Default::default()
+    };
+    let (started, run, workdir) = running_a_long_call(&server, options, &cancel, &shutdown).await;
+    let at = std::time::Instant::now();
+    shutdown.cancel();
+    let run = run.await.unwrap();
+    assert!(at.elapsed() < Duration::from_secs(5), "{:?}", at.elapsed());
+    assert_eq!(run.end, RunEnd::Cancelled);
+    assert_eq!(run.mid_turn, Some(true));
+    assert_eq!(
+        (run.stats.executed, run.stats.posted, run.stats.errors),
+        (1, 1, 1)
+    );
+    let results = server.tool_results(&started.session_id).await;
+    assert_eq!(results.len(), 1, "{results:#?}");
+    assert_eq!(results[0]["is_error"], true);
+    let text = results[0]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("cut off after") && text.contains("shut down"),
+        "{text}"
+    );
+    assert!(!workdir.path().join("finished").exists());
+}
+
+/// A lease that ends while a shutdown waits for the call drops it: the item
+/// is no longer this worker's to answer for.
+#[tokio::test]
+async fn a_lease_ending_during_the_shutdown_grace_drops_the_call() {
+    let server = TestServer::start().await;
+    let (cancel, shutdown) = (CancellationToken::new(), CancellationToken::new());
+    let (started, run, _workdir) =
+        running_a_long_call(&server, RunnerOptions::default(), &cancel, &shutdown).await;
+    shutdown.cancel();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at = std::time::Instant::now();
+    cancel.cancel();
+    let run = run.await.unwrap();
+    assert!(at.elapsed() < Duration::from_secs(2), "{:?}", at.elapsed());
+    assert_eq!(run.end, RunEnd::Cancelled);
+    assert!(server.tool_results(&started.session_id).await.is_empty());
+}
+
+/// A shutdown after the turn ended (the idle countdown running) finds the
+/// session resting: not mid-turn, so the item may be stopped.
+#[tokio::test]
+async fn a_shutdown_after_the_turn_ended_is_not_mid_turn() {
+    let server = TestServer::start().await;
+    let started = server
+        .start_scenario(
+            &json!({"name": "rest", "steps": [{"tool": "bash", "input": {"command": "true"}}]}),
+        )
+        .await;
+    let claimed = claim(&server, &started).await;
+    let workdir = tempfile::tempdir().unwrap();
+    let runner = SessionRunner::new(
+        claimed.client.clone(),
+        &started.session_id,
+        Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
+        RunnerOptions {
+            max_idle: Some(Duration::from_secs(300)),
+            ..Default::default()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn(runner.run_until(CancellationToken::new(), shutdown.clone()));
+    loop {
+        let events = server.events(&started.session_id).await;
+        if events
+            .iter()
+            .any(|e| e["type"] == "session.status_idle" && e["stop_reason"]["type"] == "end_turn")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    shutdown.cancel();
+    let run = run.await.unwrap();
+    assert_eq!(run.mid_turn, Some(false));
 }

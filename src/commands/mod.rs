@@ -32,6 +32,7 @@ pub fn worker_options(
     options.memory_sync_interval = args.memory_sync_interval;
     options.memory_sync_deletions = args.memory_sync_deletions;
     options.tool_timeout = args.tool_timeout;
+    options.call_grace = args.call_grace;
     options.memory_teardown_bound = args.memory_teardown_bound;
     options.worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
     options.extra_headers = args.headers.clone();

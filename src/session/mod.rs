@@ -24,8 +24,19 @@
 //! `max_idle` of idle following a turn that ended, on a permanent error, when
 //! a result cannot be delivered (refused, or the window ran out: the agent
 //! would wait for it forever, so the slot is given back), or when the caller
-//! cancels (lease lost, stop, shutdown) — which drops the call in flight (the
-//! shell is killed) and returns at once.
+//! cancels (lease lost, control-plane stop) — which drops the call in flight
+//! (the shell is killed) and returns at once: the item is no longer ours, or
+//! the control plane took it back.
+//!
+//! A shutdown of this worker (SIGTERM) is different:
+//! the session still waits for the call in flight, and nobody else will
+//! answer it. So the call gets [`RunnerOptions::call_grace`] (30 s, as the
+//! TypeScript worker drains) to finish and its own result is posted; a call
+//! still running then is cut off (its shell killed) and answered with an
+//! error saying so, as the `ant` CLI does on SIGTERM (protocol §4.12). The
+//! run ends [`RunEnd::Cancelled`] with [`RunReport::mid_turn`] telling the
+//! worker whether the session still needs a worker (so the item must go back
+//! to the queue, not be stopped).
 
 pub(crate) mod idle;
 
@@ -66,6 +77,9 @@ pub(crate) const POST_BACKOFF_CAP: Duration = Duration::from_secs(30);
 pub(crate) const POST_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long an ending run waits for the call in flight.
 pub(crate) const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a shutdown lets the call in flight run on before cutting it off
+/// (the TypeScript worker's drain; `--call-grace`).
+pub const DEFAULT_CALL_GRACE: Duration = DRAIN_TIMEOUT;
 /// Slack past a call's deadline before the runner stops waiting for a tool
 /// that ignores it.
 const DEADLINE_SLACK: Duration = Duration::from_secs(5);
@@ -106,6 +120,9 @@ pub struct RunnerOptions {
     /// The first wait between result post attempts (doubling, up to `post_backoff_cap`).
     pub post_backoff_start: Duration,
     pub post_backoff_cap: Duration,
+    /// On shutdown, how long the call in flight may run on before it is cut
+    /// off and answered with an error.
+    pub call_grace: Duration,
     pub after_call: Option<AfterCall>,
     pub observer: Option<Observer>,
 }
@@ -118,6 +135,7 @@ impl Default for RunnerOptions {
             send_window: SendWindow::default(),
             post_backoff_start: POST_BACKOFF_START,
             post_backoff_cap: POST_BACKOFF_CAP,
+            call_grace: DEFAULT_CALL_GRACE,
             after_call: None,
             observer: None,
         }
@@ -131,7 +149,10 @@ pub enum RunEnd {
     Terminated,
     /// Idle for `max_idle` after the turn ended: the normal end of a stint.
     Idle,
-    /// The caller cancelled (lease lost, stop, shutdown).
+    /// The caller cancelled: the lease ended (lost, control-plane stop), and
+    /// the call in flight was dropped unanswered; or the worker is shutting
+    /// down ([`SessionRunner::run_until`]), and the call in flight was
+    /// answered first (see [`RunReport::mid_turn`]).
     Cancelled,
     /// A permanent error (401, 403, 404 …) on the event stream.
     Fatal(String),
@@ -205,6 +226,12 @@ pub struct RunStats {
 pub struct RunReport {
     pub end: RunEnd,
     pub stats: RunStats,
+    /// Set when the run ended on the worker's shutdown: whether the session
+    /// still needs a worker (a call was in flight, queued or held, or its
+    /// turn had not ended). The item must then go back to the queue rather
+    /// than be stopped: a stopped item with a turn under way strands the
+    /// session (protocol §4.15: only a `user.interrupt` re-queues it).
+    pub mid_turn: Option<bool>,
 }
 
 /// A tool call as the runner sees it, built-in or custom.
@@ -319,7 +346,13 @@ struct State {
 
 /// One call run, answered and synced; the error when its result could not be delivered.
 type Done = (Call, bool, CallRecord, Option<String>);
-type InFlight = BoxFuture<'static, Done>;
+
+/// The call being run, answered and synced, and the token that cuts it off
+/// (its command is killed and an error result posted in its place).
+struct InFlight {
+    done: BoxFuture<'static, Done>,
+    cut_off: CancellationToken,
+}
 
 impl SessionRunner {
     /// `client` carries the credential for the session's endpoints (the
@@ -341,6 +374,18 @@ impl SessionRunner {
     /// Run until the session ends, goes idle, fails permanently or `cancel`
     /// fires. The tools are closed before this returns.
     pub async fn run(self, cancel: CancellationToken) -> RunReport {
+        self.run_until(cancel, CancellationToken::new()).await
+    }
+
+    /// [`run`](Self::run), and also until `shutdown` fires: then the call in
+    /// flight is answered (its own result within the call grace, else an
+    /// error) and the run ends [`RunEnd::Cancelled`], with
+    /// [`RunReport::mid_turn`] set when the session still needs a worker.
+    pub async fn run_until(
+        self,
+        cancel: CancellationToken,
+        shutdown: CancellationToken,
+    ) -> RunReport {
         info!(session_id = %self.session_id, "session tool runner starting");
         let (tx, mut feed) = mpsc::channel(1024);
         let stream_stop = CancellationToken::new();
@@ -352,6 +397,7 @@ impl SessionRunner {
         ));
         let mut st = State::default();
         let mut in_flight: Option<InFlight> = None;
+        let mut mid_turn = None;
         let end = loop {
             if in_flight.is_none() {
                 in_flight = self.next_call(&mut st);
@@ -365,7 +411,11 @@ impl SessionRunner {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break RunEnd::Cancelled,
-                done = async { in_flight.as_mut().expect("guarded").await }, if in_flight.is_some() => {
+                _ = shutdown.cancelled() => {
+                    mid_turn = Some(self.mid_turn(&st, in_flight.is_some()));
+                    break RunEnd::Cancelled;
+                }
+                done = async { (&mut in_flight.as_mut().expect("guarded").done).await }, if in_flight.is_some() => {
                     in_flight = None;
                     if let Some(end) = self.finish_call(&mut st, done) {
                         break end;
@@ -401,9 +451,16 @@ impl SessionRunner {
         stream.abort();
         // An ending run lets the call in flight finish (bounded) unless the
         // session is gone or the caller cancelled: then it is dropped, which
-        // kills its command.
-        if let Some(call) = in_flight.take() {
-            if matches!(end, RunEnd::Idle | RunEnd::Fatal(_)) {
+        // kills its command. A shutdown answers it whatever happens.
+        if let Some(InFlight {
+            done: call,
+            cut_off,
+        }) = in_flight.take()
+        {
+            if mid_turn.is_some() {
+                self.answer_before_shutdown(&mut st, call, cut_off, &cancel)
+                    .await;
+            } else if matches!(end, RunEnd::Idle | RunEnd::Fatal(_)) {
                 match tokio::time::timeout(DRAIN_TIMEOUT, call).await {
                     Ok(done) => {
                         // Ending anyway: an undelivered result changes nothing.
@@ -422,6 +479,51 @@ impl SessionRunner {
         RunReport {
             end,
             stats: st.stats,
+            mid_turn,
+        }
+    }
+
+    /// Whether the session still needs a worker: a call is in flight,
+    /// queued or held for its confirmation, or the turn has not ended (the
+    /// idle countdown is not running).
+    fn mid_turn(&self, st: &State, in_flight: bool) -> bool {
+        in_flight
+            || !st.queue.is_empty()
+            || !st.awaiting.is_empty()
+            || st.clock.armed_at().is_none()
+    }
+
+    /// On shutdown: give the call in flight the call grace to finish (its
+    /// own result is posted), then cut it off (its command is killed and an
+    /// error result posted instead). Either way the session gets an answer:
+    /// nobody else would give one. Unless the lease ends meanwhile (`cancel`):
+    /// then the item is not ours to answer for, and the call is dropped.
+    async fn answer_before_shutdown(
+        &self,
+        st: &mut State,
+        mut call: BoxFuture<'static, Done>,
+        cut_off: CancellationToken,
+        cancel: &CancellationToken,
+    ) {
+        let grace = self.options.call_grace;
+        info!(session_id = %self.session_id, call_grace_ms = grace.as_millis() as u64, "shutting down; letting the tool call in flight finish before answering it");
+        let answered = async {
+            match tokio::time::timeout(grace, &mut call).await {
+                Ok(done) => done,
+                Err(_) => {
+                    cut_off.cancel();
+                    call.await
+                }
+            }
+        };
+        tokio::select! {
+            done = answered => {
+                // Ending anyway: an undelivered result changes nothing.
+                let _ = self.finish_call(st, done);
+            }
+            _ = cancel.cancelled() => {
+                warn!(session_id = %self.session_id, "the lease ended while the tool call in flight was being answered; dropping it");
+            }
         }
     }
 
@@ -651,13 +753,24 @@ impl SessionRunner {
                 }
                 continue;
             }
-            return Some(self.execute(call, allowed));
+            let cut_off = CancellationToken::new();
+            return Some(InFlight {
+                done: self.execute(call, allowed, cut_off.clone()),
+                cut_off,
+            });
         }
         None
     }
 
-    /// Run, post, then the hook — one future, so the next call waits for all three.
-    fn execute(&self, call: Call, allowed: bool) -> InFlight {
+    /// Run, post, then the hook — one future, so the next call waits for all
+    /// three. `cut_off` ends the tool early (shutdown): the command is
+    /// dropped (killed) and an error result is posted in its place.
+    fn execute(
+        &self,
+        call: Call,
+        allowed: bool,
+        cut_off: CancellationToken,
+    ) -> BoxFuture<'static, Done> {
         let tools = self.tools.clone();
         let client = self.client.clone();
         let session_id = self.session_id.clone();
@@ -673,14 +786,25 @@ impl SessionRunner {
             info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "executing tool");
             let started = Instant::now();
             let deadline = started + timeout;
-            let outcome = tokio::time::timeout(
-                timeout + DEADLINE_SLACK,
-                tools.call(&call.name, call.input.clone(), deadline),
-            )
-            .await;
+            let outcome = tokio::select! {
+                outcome = tokio::time::timeout(
+                    timeout + DEADLINE_SLACK,
+                    tools.call(&call.name, call.input.clone(), deadline),
+                ) => Some(outcome),
+                _ = cut_off.cancelled() => None,
+            };
             let (content, is_error) = match outcome {
-                Ok(Ok(output)) => (output.into_content(), false),
-                Ok(Err(e)) => {
+                None => {
+                    let ran = started.elapsed();
+                    warn!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, duration_ms = ran.as_millis() as u64, "tool call cut off by the worker's shutdown; answering it with an error");
+                    (vec![text_block(format!(
+                        "tool {:?} was cut off after {:.1}s: the worker running it shut down (SIGTERM) before it finished. Its command was killed and may have done part of its work; run it again if it is still needed.",
+                        call.name,
+                        ran.as_secs_f64()
+                    ))], true)
+                }
+                Some(Ok(Ok(output))) => (output.into_content(), false),
+                Some(Ok(Err(e))) => {
                     let text = if e.message.is_empty() {
                         "(no output)".to_string()
                     } else {
@@ -688,7 +812,7 @@ impl SessionRunner {
                     };
                     (vec![text_block(text)], true)
                 }
-                Err(_) => (
+                Some(Err(_)) => (
                     vec![text_block(format!(
                         "tool {:?} timed out after {}s",
                         call.name,

@@ -8,6 +8,18 @@
 //! always) → dispose → heartbeat stopped → force-stop unless the lease was
 //! lost. The teardown runs whatever failed before it.
 //!
+//! Two ways to end a session early, told apart. The lease's end (lost, or a
+//! control-plane stop) drops the call in flight: the item is not ours any
+//! more. The worker's own shutdown (the caller's `cancel`: SIGTERM) answers
+//! the call in flight first (its own result
+//! within `--call-grace`, else an error), and when the session is mid-turn
+//! hands the item back instead of stopping it: the heartbeat stops, the
+//! lease lapses after one TTL and the item returns to the queue, where
+//! another worker claims it and its reconcile serves what comes next. A
+//! force-stop there would strand the session: the official worker stops the
+//! item, and the agent's next call then waits for ever, since nothing but a
+//! user message re-queues a stopped item (protocol §1.2, §4.15).
+//!
 //! One [`ItemRun`] owns the item from the heartbeat's start to the
 //! force-stop: the lease, the credential, the memory stores once mounted,
 //! and the report. Its steps are methods in the order above, so no step
@@ -213,13 +225,20 @@ struct ItemRun<'w> {
     /// Ends the heartbeat once the teardown is done.
     release: CancellationToken,
     heartbeat: JoinHandle<()>,
-    /// Ends the session early: shutdown, the lease's end, a near deadline.
+    /// Ends the session early, dropping the call in flight: the lease's end,
+    /// a near invocation deadline.
     stop: CancellationToken,
+    /// Ends the session early, answering the call in flight first: the
+    /// worker's shutdown (the caller's `cancel`).
+    shutdown: CancellationToken,
     watcher: JoinHandle<()>,
     deadline: Option<Instant>,
     started: Instant,
     /// Set as soon as the stores exist, so the teardown runs even when the download failed.
     stores: Option<Arc<SessionMemoryStores>>,
+    /// What the runner said when the shutdown ended it: whether the session
+    /// still needs a worker.
+    mid_turn: Option<bool>,
     report: ItemReport,
 }
 
@@ -252,9 +271,11 @@ impl<'w> ItemRun<'w> {
             .in_current_span(),
         );
         let stop = CancellationToken::new();
+        let shutdown = CancellationToken::new();
         let reserve = worker.options().teardown_reserve();
         let watcher = {
-            let (stop, cancel, ended) = (stop.clone(), cancel, lease.ended.clone());
+            let (stop, shutdown, cancel, ended) =
+                (stop.clone(), shutdown.clone(), cancel, lease.ended.clone());
             tokio::spawn(async move {
                 let before_deadline = async {
                     match deadline {
@@ -266,10 +287,18 @@ impl<'w> ItemRun<'w> {
                     }
                 };
                 tokio::select! {
-                    _ = cancel.cancelled() => {}
-                    _ = ended.cancelled() => {}
-                    _ = before_deadline => info!("the invocation deadline is near; ending the session to leave time for the teardown"),
+                    _ = cancel.cancelled() => shutdown.cancel(),
+                    _ = ended.cancelled() => stop.cancel(),
+                    // The deadline's own rules (what a Lambda invocation
+                    // may still do) are the Lambda drain's; it ends the
+                    // session as a lease end does.
+                    _ = before_deadline => {
+                        info!("the invocation deadline is near; ending the session to leave time for the teardown");
+                        stop.cancel();
+                    }
                 }
+                // A lease that ends during a shutdown still drops the call.
+                ended.cancelled().await;
                 stop.cancel();
             })
         };
@@ -283,12 +312,34 @@ impl<'w> ItemRun<'w> {
             release,
             heartbeat,
             stop,
+            shutdown,
             watcher,
             deadline,
             started,
             stores: None,
+            mid_turn: None,
             report,
         }
+    }
+
+    /// Resolves when the session must end early, for either reason.
+    async fn ending(&self) {
+        tokio::select! {
+            _ = self.stop.cancelled() => {}
+            _ = self.shutdown.cancelled() => {}
+        }
+    }
+
+    /// Whether to hand the item back (let the lease lapse, no stop) rather
+    /// than stop it: the worker's shutdown, not the lease's end, cut the
+    /// session short while it still needed a worker. A shutdown before the
+    /// runner started counts as mid-turn: the item was claimed because the
+    /// session had work.
+    fn hands_back(&self) -> bool {
+        self.report.outcome == ItemOutcome::Served(RunEnd::Cancelled)
+            && self.shutdown.is_cancelled()
+            && !self.stop.is_cancelled()
+            && self.mid_turn.unwrap_or(true)
     }
 
     /// Everything between the heartbeat's start and the teardown.
@@ -300,7 +351,7 @@ impl<'w> ItemRun<'w> {
         }
         let sessions = self.client.sessions();
         let session: Session = tokio::select! {
-            _ = self.stop.cancelled() => return ItemOutcome::Served(RunEnd::Cancelled),
+            _ = self.ending() => return ItemOutcome::Served(RunEnd::Cancelled),
             fetched = sessions.retrieve(&self.item.data_id) => match fetched {
                 Ok(s) => s,
                 Err(source) => {
@@ -342,7 +393,7 @@ impl<'w> ItemRun<'w> {
 
         // Skills: a failure is logged by the download and never fails the item.
         let skills = tokio::select! {
-            _ = self.stop.cancelled() => return ItemOutcome::Served(RunEnd::Cancelled),
+            _ = self.ending() => return ItemOutcome::Served(RunEnd::Cancelled),
             dirs = crate::skills::download_session_skills(&self.client, &session, &opts.workdir) => dirs,
         };
         let outcome = self.serve_tools(&session, memory_on && has_stores).await;
@@ -369,7 +420,7 @@ impl<'w> ItemRun<'w> {
             .with_remap(opts.mount_remap.clone())
             .with_state_dir(opts.state_dir.as_deref());
             let downloaded = tokio::select! {
-                _ = self.stop.cancelled() => Err(None),
+                _ = self.ending() => Err(None),
                 d = stores.download(session) => d.map_err(Some),
             };
             let stores = Arc::new(stores);
@@ -420,14 +471,18 @@ impl<'w> ItemRun<'w> {
             RunnerOptions {
                 max_idle: opts.max_idle,
                 tool_timeout: opts.tool_timeout,
+                call_grace: opts.call_grace,
                 send_window: self.window.clone(),
                 after_call,
                 observer,
                 ..Default::default()
             },
         );
-        let run = runner.run(self.stop.clone()).await;
+        let run = runner
+            .run_until(self.stop.clone(), self.shutdown.clone())
+            .await;
         self.report.stats = run.stats;
+        self.mid_turn = run.mid_turn;
         ItemOutcome::Served(run.end)
     }
 
@@ -456,11 +511,13 @@ impl<'w> ItemRun<'w> {
     /// Stop the watcher and the heartbeat, force-stop the item unless the
     /// lease was lost, and report.
     async fn release(self) -> ItemReport {
+        let hand_back = self.hands_back();
         let ItemRun {
             worker,
             item,
             client,
             lease,
+            window,
             release,
             heartbeat,
             watcher,
@@ -474,6 +531,12 @@ impl<'w> ItemRun<'w> {
         report.lease = lease.end();
         if lease.is_lost() {
             warn!("lease lost; released without stopping it");
+        } else if hand_back {
+            report.lease = Some(LeaseEnd::HandedBack);
+            warn!(
+                lease.ttl_s = window.get().as_secs(),
+                "shutting down mid-turn: released the work item without stopping it; another worker resumes the session once its lease lapses"
+            );
         } else {
             let work = client.work(&item.environment_id);
             match tokio::time::timeout(STOP_TIMEOUT, work.stop(&item.id, true)).await {

@@ -45,6 +45,12 @@ pub enum LeaseEnd {
     Lost,
     /// The worker ended it (teardown done).
     Released,
+    /// The worker shut down while the session was mid-turn: it answered the
+    /// call in flight, then stopped heartbeating *without* stopping the
+    /// item, so the lease lapses (one TTL) and the item goes back to the
+    /// queue for another worker to resume the session. A stop would strand
+    /// it: nothing re-queues a stopped item but a user message.
+    HandedBack,
 }
 
 /// The shared state of one item's lease.

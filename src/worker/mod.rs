@@ -22,7 +22,7 @@ use crate::api::types::Redacted;
 use crate::api::{Client, Credential};
 use crate::memory::SyncReport;
 use crate::memory::options::{DeleteMode, MAX_TEARDOWN_BOUND, SyncInterval};
-use crate::session::{CallRecord, DEFAULT_MAX_IDLE, DEFAULT_TOOL_TIMEOUT};
+use crate::session::{CallRecord, DEFAULT_CALL_GRACE, DEFAULT_MAX_IDLE, DEFAULT_TOOL_TIMEOUT};
 
 pub use item::{ItemOutcome, ItemReport, WorkItem};
 
@@ -101,6 +101,9 @@ pub struct WorkerOptions {
     /// Added to every request (tracing ids, routing).
     pub extra_headers: Vec<(String, String)>,
     pub tool_timeout: Duration,
+    /// On shutdown, how long the tool call in flight may run on before it is
+    /// cut off and answered with an error (`--call-grace`, 30 s).
+    pub call_grace: Duration,
     /// Environment variables holding secrets of this deployment (beyond
     /// `ANTHROPIC_*` / `ENVWORKER_*`), kept out of the agent's shell.
     pub secret_env_vars: Vec<String>,
@@ -166,6 +169,7 @@ impl WorkerOptions {
             worker_id: default_worker_id(),
             extra_headers: Vec::new(),
             tool_timeout: DEFAULT_TOOL_TIMEOUT,
+            call_grace: DEFAULT_CALL_GRACE,
             secret_env_vars: Vec::new(),
             max_file_bytes: Some(crate::tools::files::DEFAULT_MAX_FILE_BYTES),
             memory_teardown_bound: crate::memory::options::FLUSH_TIMEOUT,

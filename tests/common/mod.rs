@@ -28,6 +28,19 @@ pub struct Started {
     pub environment_key: String,
 }
 
+/// A session whose first bash call (`command`, its result checked by
+/// `first_expect`) outlives a SIGTERM, then one more call: what a worker
+/// that terminates mid-call must still leave servable.
+pub fn long_call_then_another(command: &str, first_expect: Value) -> Value {
+    json!({
+        "name": "sigterm-mid-call",
+        "steps": [
+            {"tool": "bash", "input": {"command": command}, "expect": first_expect},
+            {"tool": "bash", "input": {"command": "echo after"}, "expect": {"is_error": false, "contains": "after"}}
+        ]
+    })
+}
+
 /// A scenario file of `events/scenarios/`.
 pub fn scenario(name: &str) -> Value {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))

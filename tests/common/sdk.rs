@@ -90,9 +90,8 @@ fn run(cmd: &mut Command, what: &str) -> Output {
     output
 }
 
-/// Run a script from `tests/conformance/` with the SDK; panics with its
-/// output unless it exits 0. Returns its stdout.
-pub fn run_script(script: &str, env: &[(&str, &str)]) -> String {
+/// The command that runs a script from `tests/conformance/` with the SDK.
+fn script_command(script: &str, env: &[(&str, &str)]) -> Command {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/conformance")
         .join(script);
@@ -101,7 +100,23 @@ pub fn run_script(script: &str, env: &[(&str, &str)]) -> String {
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let output = cmd.output().expect("python runs");
+    cmd
+}
+
+/// Start a script from `tests/conformance/` with the SDK, its stdout and
+/// stderr piped.
+pub fn spawn_script(script: &str, env: &[(&str, &str)]) -> std::process::Child {
+    script_command(script, env)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python runs")
+}
+
+/// Run a script from `tests/conformance/` with the SDK; panics with its
+/// output unless it exits 0. Returns its stdout.
+pub fn run_script(script: &str, env: &[(&str, &str)]) -> String {
+    let output = script_command(script, env).output().expect("python runs");
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
     assert!(
         output.status.success(),

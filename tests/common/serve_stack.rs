@@ -68,6 +68,23 @@ impl Serve {
         all[all.len().saturating_sub(lines)..].join("\n")
     }
 
+    /// Wait (blocking, polling) for the process to exit; panics with its
+    /// logs after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "serve did not exit within {timeout:?}: {}",
+                self.logs_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn terminate(&mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -130,7 +147,12 @@ pub async fn stack_limited(extra: &[&str], limits: ServeLimits) -> Stack {
         env["environment_id"].as_str().unwrap().to_string(),
         env["environment_key"].as_str().unwrap().to_string(),
     );
-    let mut args = vec!["--max-idle", "1s", "--memory-sync-interval", "5s"];
+    // The defaults, unless `extra` sets them (a flag may appear only once).
+    let mut args: Vec<&str> = [["--max-idle", "1s"], ["--memory-sync-interval", "5s"]]
+        .into_iter()
+        .filter(|[flag, _]| !extra.contains(flag))
+        .flatten()
+        .collect();
     args.extend_from_slice(extra);
     let serve = Serve::start_limited(
         port,
@@ -155,6 +177,28 @@ pub async fn stack_limited(extra: &[&str], limits: ServeLimits) -> Stack {
 }
 
 impl Stack {
+    /// Another replica of this stack's worker: `envworker poll` on the same
+    /// environment and workdir (always polling, so it needs no webhook), its
+    /// stderr collected.
+    pub fn poller(&self, extra: &[&str]) -> (Child, Arc<Mutex<String>>) {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_envworker"))
+            .args(["poll", "--max-idle", "1s", "--memory-sync-interval", "5s"])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .envs([
+                ("ANTHROPIC_BASE_URL", self.server.url().as_str()),
+                ("ANTHROPIC_ENVIRONMENT_ID", self.started_env.0.as_str()),
+                ("ANTHROPIC_ENVIRONMENT_KEY", self.started_env.1.as_str()),
+                ("ENVWORKER_WORKDIR", self._dirs.1.path().to_str().unwrap()),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("envworker poll starts");
+        let stderr = super::process::collect_stderr(&mut child);
+        (child, stderr)
+    }
+
     pub async fn start(&self, mut doc: Value) -> Started {
         doc["environment_id"] = json!(self.started_env.0);
         self.server.start_scenario(&doc).await

@@ -7,6 +7,10 @@ Environment: ENVWORKER_URL, ENVWORKER_ENVIRONMENT_ID, ENVWORKER_ENVIRONMENT_KEY,
 ENVWORKER_WORKDIR; optional SDK_WORKER_ITEMS (items to serve, default 1),
 SDK_WORKER_TIMEOUT (seconds, default 120), SDK_MAX_IDLE (default 1),
 SDK_SYNC_INTERVAL (default 5).
+
+SIGTERM and SIGINT cancel the task serving the item, as the SDK tells an
+embedding program to do (it installs no handlers of its own); the script then
+exits 0 after printing "cancelled by SIGTERM".
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 import time
 
@@ -69,4 +74,16 @@ async def main() -> int:
     return 0
 
 
-sys.exit(asyncio.run(main()))
+async def serve_until_signalled() -> int:
+    task = asyncio.ensure_future(main())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        print("cancelled by SIGTERM", flush=True)
+        return 0
+
+
+sys.exit(asyncio.run(serve_until_signalled()))
