@@ -3,7 +3,8 @@
 //!
 //! - [`folder`] — the confined folder (fd-based, symlink-proof, atomic writes, stat cache);
 //! - [`plan`] — the pure three-way merge of one path;
-//! - [`store`] — one store's I/O: download, sync, flush, dispose;
+//! - [`store`] — one store's I/O: download, sync pass, dispose;
+//! - `flush` — the push-only flush at a session's end;
 //! - `state` — one store's sync state, committed to its journal as it changes;
 //! - [`journal`] — the durable commit: each store's sync state on disk;
 //! - [`recovery`] — folders a dead worker left: recovered, or let go;
@@ -15,6 +16,7 @@
 //! that cannot be trusted (its marker gone or foreign while files remain) is
 //! never pushed from nor deleted from.
 
+pub(crate) mod flush;
 pub(crate) mod folder;
 pub(crate) mod journal;
 pub mod options;
@@ -34,12 +36,13 @@ use tracing::{info, warn};
 
 use crate::api::types::{Access, Session};
 
+use self::flush::FlushStats;
 use self::folder::{Folder, is_clean_absolute};
 use self::journal::{JournalError, Owner, Snapshot, StateDir};
 use self::options::{DeleteMode, FLUSH_TIMEOUT, SyncInterval};
 use self::recovery::Adopted;
 use self::remote::MemoryApi;
-use self::store::{AttachedStore, FlushStats, PassStats};
+use self::store::{AttachedStore, PassStats};
 
 /// A store could not be materialised, or the stores were misused.
 #[derive(Debug, thiserror::Error)]

@@ -28,9 +28,8 @@ use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
 use super::journal::{Journal, Snapshot};
 use super::options::DeleteMode;
 use super::plan::{
-    Decision, DeleteBudget, DeleteVerdict, DirtyFacts, FlushDecision, FlushFacts, FlushRemote,
-    FolderFacts, FolderOp, FolderVerdict, Listed, Note, PassFacts, PathFacts, Pending, flush_dirty,
-    plan, plan_flush, plan_folder,
+    Decision, DeleteBudget, DeleteVerdict, FolderFacts, FolderOp, FolderVerdict, Listed, Note,
+    PassFacts, PathFacts, Pending, plan, plan_folder,
 };
 use super::remote::MemoryApi;
 use super::state::{State, StateGuard};
@@ -99,8 +98,8 @@ pub(crate) enum PassError {
 }
 
 /// A scan with the marker taken out and checked.
-struct Marked {
-    files: BTreeMap<String, String>,
+pub(super) struct Marked {
+    pub(super) files: BTreeMap<String, String>,
     /// `None` when the marker names this store; otherwise why not.
     distrust: Option<&'static str>,
     /// The scan itself, without its files: which paths it could not read.
@@ -110,7 +109,7 @@ struct Marked {
 impl Marked {
     /// What this scan says of the folder as a whole, for `op`'s verdict
     /// (a sync adds the baseline once it has listed the store).
-    fn folder_facts(&self, op: FolderOp) -> FolderFacts {
+    pub(super) fn folder_facts(&self, op: FolderOp) -> FolderFacts {
         FolderFacts {
             op,
             root_unreadable: self.unknown.is_unknown(""),
@@ -183,7 +182,7 @@ impl AttachedStore {
         }
     }
 
-    fn state(&self) -> StateGuard<'_> {
+    pub(super) fn state(&self) -> StateGuard<'_> {
         StateGuard {
             state: self.state.lock().unwrap_or_else(|e| e.into_inner()),
             store_id: &self.id,
@@ -197,7 +196,7 @@ impl AttachedStore {
 
     /// Make the journal's appends durable against a machine crash; once a
     /// pass, and only when it changed something.
-    async fn sync_journal(&self) {
+    pub(super) async fn sync_journal(&self) {
         let handle = self.state().end_of_pass();
         if let Some(file) = handle
             && let Ok(Err(e)) = blocking(move || file.sync_data()).await
@@ -211,7 +210,7 @@ impl AttachedStore {
         self.state().journal.take()
     }
 
-    async fn scan(&self) -> Result<Marked, PassError> {
+    pub(super) async fn scan(&self) -> Result<Marked, PassError> {
         let folder = self.folder.clone();
         let Scan {
             mut files,
@@ -277,7 +276,7 @@ impl AttachedStore {
     /// own `path` is moved into the key); prefixes, unknown item types and
     /// the marker path are skipped. Uses the `basic`
     /// view: a sync compares hashes and never needs the content here.
-    async fn index(
+    pub(super) async fn index(
         &self,
         api: &dyn MemoryApi,
     ) -> Result<BTreeMap<String, MemoryIndexEntry>, PassError> {
@@ -324,7 +323,7 @@ impl AttachedStore {
     /// Uploads whose answer never came, resolved against a fresh listing: a
     /// memory holding exactly what was sent is that upload, landed. Every
     /// record is then dropped, so it never claims another writer's bytes.
-    fn settle_sent(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
+    pub(super) fn settle_sent(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
         let mut state = self.state();
         let sent = state.sent.take();
         for (rel, sha) in sent {
@@ -988,163 +987,6 @@ impl AttachedStore {
             .await
     }
 
-    /// Push-only: upload new and changed files, `UPLOAD_CONCURRENCY` at a
-    /// time; no deletes, no pulls. If the caller drops this future part-way,
-    /// the store logs how many changed files had not finished uploading.
-    pub(crate) async fn flush(&self, api: &dyn MemoryApi) -> FlushStats {
-        let mut stats = FlushStats::default();
-        if self.read_only {
-            return stats;
-        }
-        crate::killpoint::hit("memory.flush.start");
-        let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
-        let mut guard = CutOffGuard {
-            store_id: &self.id,
-            unsent: progress.clone(),
-            dirty: 0,
-            done: false,
-        };
-        if let Err(e) = self.try_flush(api, &progress, &mut guard, &mut stats).await {
-            warn!(memory_store.id = %self.id, error = %e, "memory flush failed");
-        }
-        self.sync_journal().await;
-        guard.done = true;
-        stats
-    }
-
-    async fn try_flush(
-        &self,
-        api: &dyn MemoryApi,
-        unsent: &Arc<Mutex<HashSet<String>>>,
-        guard: &mut CutOffGuard<'_>,
-        stats: &mut FlushStats,
-    ) -> Result<(), PassError> {
-        let scan = self.scan().await?;
-        match plan_folder(scan.folder_facts(FolderOp::Flush)) {
-            FolderVerdict::Proceed => {}
-            FolderVerdict::LeaveAlone(reason) => {
-                warn!(
-                    memory_store.id = %self.id,
-                    root = %self.folder.root().display(),
-                    "{reason}; not uploading anything from the memory store folder"
-                );
-                return Ok(());
-            }
-            // Never for a flush: it neither skips nor re-downloads.
-            FolderVerdict::Skip | FolderVerdict::Recover(_) => return Ok(()),
-        }
-        let dirty = self.dirty(scan.files);
-        if dirty.is_empty() {
-            return Ok(());
-        }
-        stats.dirty = dirty.len();
-        guard.dirty = dirty.len();
-        unsent
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .extend(dirty.keys().cloned());
-        // Without a listing (the store cannot be listed: the very fault
-        // that may have failed the final sync), each edit still goes out,
-        // guarded by the hash it was last synced at: the server refuses it
-        // (409) only if another writer changed the memory since.
-        let remote = match self.index(api).await {
-            Ok(remote) => {
-                self.settle_sent(&remote);
-                Some(remote)
-            }
-            Err(e) => {
-                warn!(
-                    memory_store.id = %self.id,
-                    error = %e,
-                    "the flush cannot list the memory store; pushing each changed file guarded by its last synced version"
-                );
-                None
-            }
-        };
-        let done = |rel: &str| {
-            unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);
-        };
-        let mut work = Vec::new();
-        for (rel, local) in &dirty {
-            match self.plan_flush_path(rel, local, remote.as_ref()) {
-                FlushDecision::Done => done(rel),
-                FlushDecision::Adopt => {
-                    self.state().baseline.insert(rel.clone(), local.clone());
-                    done(rel);
-                }
-                FlushDecision::Conflict => {
-                    warn!(
-                        memory_store.id = %self.id,
-                        memory.path = %rel,
-                        "memory changed both locally and remotely; the flush leaves the remote version"
-                    );
-                    stats.conflicts += 1;
-                    done(rel);
-                }
-                FlushDecision::Upload { update } => work.push((rel.clone(), local.clone(), update)),
-            }
-        }
-        let results: Vec<bool> = stream::iter(work)
-            .map(|(rel, local, update)| async move {
-                let landed = self.upload(api, &rel, Some(&local), update).await;
-                done(&rel);
-                match landed {
-                    Some(sha) => {
-                        self.state().baseline.insert(rel, sha);
-                        true
-                    }
-                    None => false,
-                }
-            })
-            .buffer_unordered(UPLOAD_CONCURRENCY)
-            .collect()
-            .await;
-        stats.uploaded = results.iter().filter(|ok| **ok).count();
-        Ok(())
-    }
-
-    /// The scanned files the flush looks at ([`flush_dirty`]), judged
-    /// against the state before the listing.
-    fn dirty(&self, files: BTreeMap<String, String>) -> BTreeMap<String, String> {
-        let state = self.state();
-        files
-            .into_iter()
-            .filter(|(rel, sha)| {
-                flush_dirty(DirtyFacts {
-                    local: sha,
-                    baseline: state.baseline.get(rel).map(String::as_str),
-                    sent: state.sent.contains_key(rel),
-                    refused: state.refused.get(rel).map(String::as_str),
-                })
-            })
-            .collect()
-    }
-
-    /// The flush's plan for one dirty file ([`plan_flush`]), from the state
-    /// as the listing (`None`: the store could not be listed) left it.
-    fn plan_flush_path(
-        &self,
-        rel: &str,
-        local: &str,
-        remote: Option<&BTreeMap<String, MemoryIndexEntry>>,
-    ) -> FlushDecision {
-        let state = self.state();
-        plan_flush(FlushFacts {
-            local,
-            baseline: state.baseline.get(rel).map(String::as_str),
-            tentative: state.tentative.get(rel).map(String::as_str),
-            remote: match remote {
-                Some(remote) => FlushRemote::Listed(remote.get(rel).map(|m| Listed {
-                    id: &m.id,
-                    sha: &m.content_sha256,
-                })),
-                None => FlushRemote::Unlisted {
-                    known_id: state.ids.get(rel).map(String::as_str),
-                },
-            },
-        })
-    }
-
     /// Remove the folder if the worker made it and it still passes the
     /// marker check; never fails.
     pub(crate) async fn dispose(&self) {
@@ -1235,37 +1077,4 @@ enum Removal {
     Kept,
     /// Edited since the scan: the file now holds this hash.
     Edited(String),
-}
-
-/// What a flush did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FlushStats {
-    pub(crate) dirty: usize,
-    pub(crate) uploaded: usize,
-    pub(crate) conflicts: usize,
-}
-
-/// Logs, when a flush is dropped before it finished, how many of its
-/// changed files had not finished uploading.
-struct CutOffGuard<'a> {
-    store_id: &'a str,
-    unsent: Arc<Mutex<HashSet<String>>>,
-    dirty: usize,
-    done: bool,
-}
-
-impl Drop for CutOffGuard<'_> {
-    fn drop(&mut self) {
-        if self.done {
-            return;
-        }
-        let left = self.unsent.lock().map(|u| u.len()).unwrap_or(0);
-        if left > 0 {
-            warn!(
-                memory_store.id = %self.store_id,
-                "memory flush cut off part-way; {left} of {} changed files had not finished uploading",
-                self.dirty
-            );
-        }
-    }
 }

@@ -1,0 +1,212 @@
+//! The push-only flush of one store: the last thing a session does with
+//! its memory before the folder goes. New and changed files are uploaded,
+//! nothing is deleted or pulled; which files and how is the planner's
+//! ([`flush_dirty`], [`plan_flush`]), and a flush cut off part-way logs
+//! what it had not uploaded.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use futures::{StreamExt, stream};
+use tracing::warn;
+
+use crate::api::types::MemoryIndexEntry;
+
+use super::plan::{
+    DirtyFacts, FlushDecision, FlushFacts, FlushRemote, FolderOp, FolderVerdict, Listed,
+    flush_dirty, plan_flush, plan_folder,
+};
+use super::remote::MemoryApi;
+use super::store::{AttachedStore, PassError, UPLOAD_CONCURRENCY};
+
+impl AttachedStore {
+    /// Push-only: upload new and changed files, `UPLOAD_CONCURRENCY` at a
+    /// time; no deletes, no pulls. If the caller drops this future part-way,
+    /// the store logs how many changed files had not finished uploading.
+    pub(crate) async fn flush(&self, api: &dyn MemoryApi) -> FlushStats {
+        let mut stats = FlushStats::default();
+        if self.read_only {
+            return stats;
+        }
+        crate::killpoint::hit("memory.flush.start");
+        let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
+        let mut guard = CutOffGuard {
+            store_id: &self.id,
+            unsent: progress.clone(),
+            dirty: 0,
+            done: false,
+        };
+        if let Err(e) = self.try_flush(api, &progress, &mut guard, &mut stats).await {
+            warn!(memory_store.id = %self.id, error = %e, "memory flush failed");
+        }
+        self.sync_journal().await;
+        guard.done = true;
+        stats
+    }
+
+    async fn try_flush(
+        &self,
+        api: &dyn MemoryApi,
+        unsent: &Arc<Mutex<HashSet<String>>>,
+        guard: &mut CutOffGuard<'_>,
+        stats: &mut FlushStats,
+    ) -> Result<(), PassError> {
+        let scan = self.scan().await?;
+        match plan_folder(scan.folder_facts(FolderOp::Flush)) {
+            FolderVerdict::Proceed => {}
+            FolderVerdict::LeaveAlone(reason) => {
+                warn!(
+                    memory_store.id = %self.id,
+                    root = %self.folder.root().display(),
+                    "{reason}; not uploading anything from the memory store folder"
+                );
+                return Ok(());
+            }
+            // Never for a flush: it neither skips nor re-downloads.
+            FolderVerdict::Skip | FolderVerdict::Recover(_) => return Ok(()),
+        }
+        let dirty = self.dirty(scan.files);
+        if dirty.is_empty() {
+            return Ok(());
+        }
+        stats.dirty = dirty.len();
+        guard.dirty = dirty.len();
+        unsent
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(dirty.keys().cloned());
+        // Without a listing (the store cannot be listed: the very fault
+        // that may have failed the final sync), each edit still goes out,
+        // guarded by the hash it was last synced at: the server refuses it
+        // (409) only if another writer changed the memory since.
+        let remote = match self.index(api).await {
+            Ok(remote) => {
+                self.settle_sent(&remote);
+                Some(remote)
+            }
+            Err(e) => {
+                warn!(
+                    memory_store.id = %self.id,
+                    error = %e,
+                    "the flush cannot list the memory store; pushing each changed file guarded by its last synced version"
+                );
+                None
+            }
+        };
+        let done = |rel: &str| {
+            unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);
+        };
+        let mut work = Vec::new();
+        for (rel, local) in &dirty {
+            match self.plan_flush_path(rel, local, remote.as_ref()) {
+                FlushDecision::Done => done(rel),
+                FlushDecision::Adopt => {
+                    self.state().baseline.insert(rel.clone(), local.clone());
+                    done(rel);
+                }
+                FlushDecision::Conflict => {
+                    warn!(
+                        memory_store.id = %self.id,
+                        memory.path = %rel,
+                        "memory changed both locally and remotely; the flush leaves the remote version"
+                    );
+                    stats.conflicts += 1;
+                    done(rel);
+                }
+                FlushDecision::Upload { update } => work.push((rel.clone(), local.clone(), update)),
+            }
+        }
+        let results: Vec<bool> = stream::iter(work)
+            .map(|(rel, local, update)| async move {
+                let landed = self.upload(api, &rel, Some(&local), update).await;
+                done(&rel);
+                match landed {
+                    Some(sha) => {
+                        self.state().baseline.insert(rel, sha);
+                        true
+                    }
+                    None => false,
+                }
+            })
+            .buffer_unordered(UPLOAD_CONCURRENCY)
+            .collect()
+            .await;
+        stats.uploaded = results.iter().filter(|ok| **ok).count();
+        Ok(())
+    }
+
+    /// The scanned files the flush looks at ([`flush_dirty`]), judged
+    /// against the state before the listing.
+    fn dirty(&self, files: BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let state = self.state();
+        files
+            .into_iter()
+            .filter(|(rel, sha)| {
+                flush_dirty(DirtyFacts {
+                    local: sha,
+                    baseline: state.baseline.get(rel).map(String::as_str),
+                    sent: state.sent.contains_key(rel),
+                    refused: state.refused.get(rel).map(String::as_str),
+                })
+            })
+            .collect()
+    }
+
+    /// The flush's plan for one dirty file ([`plan_flush`]), from the state
+    /// as the listing (`None`: the store could not be listed) left it.
+    fn plan_flush_path(
+        &self,
+        rel: &str,
+        local: &str,
+        remote: Option<&BTreeMap<String, MemoryIndexEntry>>,
+    ) -> FlushDecision {
+        let state = self.state();
+        plan_flush(FlushFacts {
+            local,
+            baseline: state.baseline.get(rel).map(String::as_str),
+            tentative: state.tentative.get(rel).map(String::as_str),
+            remote: match remote {
+                Some(remote) => FlushRemote::Listed(remote.get(rel).map(|m| Listed {
+                    id: &m.id,
+                    sha: &m.content_sha256,
+                })),
+                None => FlushRemote::Unlisted {
+                    known_id: state.ids.get(rel).map(String::as_str),
+                },
+            },
+        })
+    }
+}
+
+/// What a flush did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlushStats {
+    pub(crate) dirty: usize,
+    pub(crate) uploaded: usize,
+    pub(crate) conflicts: usize,
+}
+
+/// Logs, when a flush is dropped before it finished, how many of its
+/// changed files had not finished uploading.
+struct CutOffGuard<'a> {
+    store_id: &'a str,
+    unsent: Arc<Mutex<HashSet<String>>>,
+    dirty: usize,
+    done: bool,
+}
+
+impl Drop for CutOffGuard<'_> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let left = self.unsent.lock().map(|u| u.len()).unwrap_or(0);
+        if left > 0 {
+            warn!(
+                memory_store.id = %self.store_id,
+                "memory flush cut off part-way; {left} of {} changed files had not finished uploading",
+                self.dirty
+            );
+        }
+    }
+}
