@@ -12,7 +12,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use envworker::devserver::DevserverConfig;
+use envworker::webhook::SigningKey;
+use reqwest::Method;
 use serde_json::{Value, json};
+
+use super::{ADMIN_KEY, TestServer};
 use tokio::sync::{Notify, watch};
 
 const REQUEST_ID: &str = "req-1";
@@ -199,4 +204,87 @@ pub fn spawn_function(
         .unwrap();
     let stderr = super::process::collect_stderr(&mut child);
     (child, stderr)
+}
+
+/// A Function URL (API Gateway HTTP API v2) event carrying `body` with `headers`.
+pub fn function_url_event(path: &str, headers: &[(String, String)], body: &str) -> Value {
+    let mut h = serde_json::Map::new();
+    h.insert("content-type".into(), json!("application/json"));
+    for (k, v) in headers {
+        h.insert(k.clone(), json!(v));
+    }
+    json!({
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": h,
+        "requestContext": {
+            "accountId": "123456789012", "apiId": "envworker", "domainName": "envworker.lambda-url.us-east-1.on.aws",
+            "domainPrefix": "envworker",
+            "http": {"method": "POST", "path": path, "protocol": "HTTP/1.1", "sourceIp": "203.0.113.7", "userAgent": "webhook-sender"},
+            "requestId": "req-1", "routeKey": "$default", "stage": "$default",
+            "time": "29/Nov/2026:10:00:00 +0000", "timeEpoch": epoch_ms()
+        },
+        "body": body,
+        "isBase64Encoded": false
+    })
+}
+
+pub struct Fixture {
+    pub server: TestServer,
+    pub env: (String, String),
+    pub secret: String,
+    pub key: SigningKey,
+    pub _mnt: tempfile::TempDir,
+}
+
+pub async fn fixture() -> Fixture {
+    let mnt = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY)
+            .mount_root(mnt.path().join("advertised/memory").to_str().unwrap()),
+    )
+    .await;
+    let env = server
+        .dev(Method::POST, "/dev/environments", Some(json!({})))
+        .await
+        .ok();
+    let (key, secret) = SigningKey::generate();
+    Fixture {
+        env: (
+            env["environment_id"].as_str().unwrap().into(),
+            env["environment_key"].as_str().unwrap().into(),
+        ),
+        server,
+        secret,
+        key,
+        _mnt: mnt,
+    }
+}
+
+impl Fixture {
+    pub fn webhook_event(&self, session_id: &str) -> Value {
+        let body =
+            json!({"type": "event", "id": "whe_lambda_1", "created_at": "2026-11-29T10:00:00Z",
+                          "data": {"type": "session.status_run_started", "id": session_id}})
+            .to_string();
+        let now = (epoch_ms() / 1000) as i64;
+        let headers = vec![
+            ("webhook-id".to_string(), "whe_lambda_1".to_string()),
+            ("webhook-timestamp".to_string(), now.to_string()),
+            (
+                "webhook-signature".to_string(),
+                self.key.sign("whe_lambda_1", now, body.as_bytes()),
+            ),
+        ];
+        function_url_event("/webhooks/default", &headers, &body)
+    }
+}
+
+/// EventBridge's scheduled event, as `infra/template.yaml`'s schedule sends it.
+pub fn scheduled_event() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("events/schedule/eventbridge.scheduled.json");
+    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
 }
