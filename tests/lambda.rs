@@ -54,19 +54,28 @@ async fn lambda(
 ) -> Lambda {
     let mut args = vec!["serve", "--max-idle", "1s", "--memory-sync-interval", "5s"];
     args.extend_from_slice(extra);
-    lambda_with_args(server, env, secret, event, deadline_ms, &args).await
+    lambda_with_args(
+        server,
+        env,
+        secret,
+        event,
+        (deadline_ms, deadline_ms),
+        &args,
+    )
+    .await
 }
 
-/// [`lambda`] with exactly `args` on the command line (none: as Lambda starts `bootstrap`).
+/// [`lambda`] with exactly `args` on the command line (none: as Lambda starts
+/// `bootstrap`), and the deadlines of the runtime and of the extension.
 async fn lambda_with_args(
     server: &TestServer,
     env: (&str, &str),
     secret: &str,
     event: Value,
-    deadline_ms: u64,
+    (deadline_ms, extension_deadline_ms): (u64, u64),
     args: &[&str],
 ) -> Lambda {
-    let (stand_in, api) = StandIn::start(event, deadline_ms).await;
+    let (stand_in, api) = StandIn::start_with(event, deadline_ms, extension_deadline_ms).await;
     let tmp = tempfile::tempdir().unwrap().keep();
     let workdir = tmp.join("work");
     let (child, stderr) = spawn_function(
@@ -181,7 +190,7 @@ async fn started_bare_it_serves_and_claims_no_item_when_the_invocation_has_too_l
         (&fx.env.0, &fx.env.1),
         &fx.secret,
         fx.webhook_event(&started.session_id),
-        deadline,
+        (deadline, deadline),
         &[],
     )
     .await;
@@ -294,7 +303,8 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_event_the_runtime_cannot_decode_does_not_hold_the_invocation_past_its_deadline() {
     let fx = fixture().await;
-    // A console test event: not an HTTP request, so the handler is never called.
+    // A console test event: neither an HTTP request nor a scheduled event,
+    // answered with an error at once.
     let deadline_in = Duration::from_secs(4);
     let t0 = Instant::now();
     let lambda = lambda(
@@ -322,5 +332,103 @@ async fn an_event_the_runtime_cannot_decode_does_not_hold_the_invocation_past_it
     assert!(
         !seen.errors.is_empty() || seen.response.is_some(),
         "the runtime reported the invocation"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invocation_that_ends_claims_nothing_more_and_tears_its_session_down_inside_the_deadline()
+ {
+    let fx = fixture().await;
+    // A session that would go on for two minutes, its edit saved only by
+    // the teardown (no periodic sync within the test), and one more queued.
+    let held = fx
+        .server
+        .start_scenario(&json!({
+            "name": "held",
+            "environment_id": fx.env.0,
+            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {}}],
+            "steps": [
+                {"tool": "write", "input": {"file_path": "{mount:notes}/held.md", "content": "saved in time\n"}},
+                {"wait_ms": 120000}
+            ]
+        }))
+        .await;
+    let waiting = fx
+        .server
+        .start_scenario(&json!({"name": "waiting", "environment_id": fx.env.0, "steps": [{"tool": "bash", "input": {"command": "true"}}]}))
+        .await;
+    // The runtime is told two minutes, the extension 25 s: the invocation
+    // really ends at 25 s, so the drain must stop at 25 s − the 17 s reserve.
+    let t0 = Instant::now();
+    let ends_in = Duration::from_secs(25);
+    let remap_root = tempfile::tempdir().unwrap();
+    let remap = format!(
+        "{}={}",
+        fx._mnt.path().join("advertised/memory").display(),
+        remap_root.path().join("memory").display()
+    );
+    let lambda = lambda_with_args(
+        &fx.server,
+        (&fx.env.0, &fx.env.1),
+        &fx.secret,
+        fx.webhook_event(&held.session_id),
+        (
+            epoch_ms() + 120_000,
+            epoch_ms() + ends_in.as_millis() as u64,
+        ),
+        &[
+            "serve",
+            "--max-idle",
+            "off",
+            "--memory-sync-interval",
+            "1h",
+            "--memory-teardown-bound",
+            "1s",
+            "--min-serving-time",
+            "1s",
+            "--mount-remap",
+            &remap,
+        ],
+    )
+    .await;
+    lambda
+        .wait_for(
+            "the extension's next event",
+            Duration::from_secs(40),
+            |seen| seen.extension_done.is_some(),
+        )
+        .await;
+    let done = lambda.stand_in.seen.lock().unwrap().extension_done.unwrap();
+    let log = || lambda.stderr.lock().unwrap().clone();
+    assert!(
+        done.duration_since(t0) < ends_in,
+        "the invocation outlived its deadline: {:?}\n{}",
+        done.duration_since(t0),
+        log()
+    );
+    // When the invocation ends, the held session is torn down: saved and stopped.
+    assert_eq!(
+        fx.server.session_memories(&held.session_id).await["/held.md"],
+        "saved in time\n",
+        "{}",
+        log()
+    );
+    assert_eq!(
+        fx.server.work_state(&fx.env.0, &held.session_id).await,
+        "stopped"
+    );
+    // And nothing more is claimed after it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        fx.server.work_state(&fx.env.0, &waiting.session_id).await,
+        "queued",
+        "{}",
+        log()
+    );
+    assert_eq!(log().matches("claimed work").count(), 1, "{}", log());
+    assert!(
+        log().contains("the invocation is about to end"),
+        "{}",
+        log()
     );
 }

@@ -212,6 +212,10 @@ struct ItemRun<'w> {
     window: SendWindow,
     /// Ends the heartbeat once the teardown is done.
     release: CancellationToken,
+    /// Ends it too when the run is dropped unfinished (a Lambda drain
+    /// stopped at its invocation's deadline): a heartbeat left running would
+    /// keep the lease, so no other worker could ever take the item over.
+    _release_on_drop: tokio_util::sync::DropGuard,
     heartbeat: JoinHandle<()>,
     /// Ends the session early: shutdown, the lease's end, a near deadline.
     stop: CancellationToken,
@@ -280,6 +284,7 @@ impl<'w> ItemRun<'w> {
             client,
             lease,
             window,
+            _release_on_drop: release.clone().drop_guard(),
             release,
             heartbeat,
             stop,

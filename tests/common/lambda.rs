@@ -51,8 +51,10 @@ pub struct StandIn {
     invocation: Arc<Mutex<Option<Value>>>,
     dispatched: watch::Sender<bool>,
     changed: Arc<Notify>,
-    /// The deadline handed out, repeated in the extension's INVOKE event.
+    /// The deadline handed out to the runtime.
     deadline_ms: u64,
+    /// The deadline in the extension's INVOKE event (the same, unless told otherwise).
+    extension_deadline_ms: u64,
     /// Calls of the extension's `event/next`.
     extension_calls: Arc<AtomicUsize>,
 }
@@ -61,12 +63,23 @@ impl StandIn {
     /// Serve the stand-in on a free port with one invocation of `event`;
     /// returns it and its address (for `AWS_LAMBDA_RUNTIME_API`).
     pub async fn start(event: Value, deadline_ms: u64) -> (StandIn, String) {
+        Self::start_with(event, deadline_ms, deadline_ms).await
+    }
+
+    /// [`start`](Self::start), telling the extension `extension_deadline_ms`
+    /// instead: the invocation ends earlier than the runtime was told.
+    pub async fn start_with(
+        event: Value,
+        deadline_ms: u64,
+        extension_deadline_ms: u64,
+    ) -> (StandIn, String) {
         let stand_in = StandIn {
             seen: Arc::default(),
             invocation: Arc::new(Mutex::new(Some(event))),
             dispatched: watch::channel(false).0,
             changed: Arc::new(Notify::new()),
             deadline_ms,
+            extension_deadline_ms,
             extension_calls: Arc::default(),
         };
         let app = Router::new()
@@ -172,7 +185,7 @@ async fn extension_next(State(s): State<StandIn>) -> Response {
     let _ = dispatched.wait_for(|d| *d).await;
     axum::Json(json!({
         "eventType": "INVOKE",
-        "deadlineMs": s.deadline_ms,
+        "deadlineMs": s.extension_deadline_ms,
         "requestId": REQUEST_ID,
         "invokedFunctionArn": FUNCTION_ARN,
         "tracing": {"type": "X-Amzn-Trace-Id", "value": TRACE_ID}
