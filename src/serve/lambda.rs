@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{info, warn};
 
-use super::{AppState, Endpoint, app, run_drain};
+use super::{AppState, Endpoint, Trigger, app, run_drain};
 
 /// The longest a Lambda invocation can last (the largest function timeout).
 pub const MAX_INVOCATION: Duration = Duration::from_secs(15 * 60);
@@ -201,7 +201,12 @@ impl InvocationWork {
     }
 
     /// Start draining `endpoint` inside the current invocation.
-    pub(super) fn start(&self, endpoint: Arc<Endpoint>, cancel: CancellationToken) {
+    pub(super) fn start(
+        &self,
+        endpoint: Arc<Endpoint>,
+        cancel: CancellationToken,
+        trigger: Trigger,
+    ) {
         let mut current = self.lock();
         let invocation = current.get_or_insert_with(|| Invocation {
             deadline: Instant::now() + MAX_INVOCATION,
@@ -213,7 +218,7 @@ impl InvocationWork {
         let reserve = endpoint.worker.options().teardown_reserve();
         let token = over.clone();
         let handle = tokio::spawn(async move {
-            run_drain(&endpoint, token, options).await;
+            run_drain(&endpoint, token, options, trigger).await;
         });
         invocation.drains.push(Drain {
             handle,
@@ -413,7 +418,11 @@ fn scheduled_queue_check(state: &AppState, work: &InvocationWork) -> Value {
     info!(endpoints = ?names, "scheduled queue check: draining every endpoint inside this invocation");
     for name in &names {
         if let Some(endpoint) = state.inner.endpoints.get(name) {
-            work.start(endpoint.clone(), state.inner.shutdown.clone());
+            work.start(
+                endpoint.clone(),
+                state.inner.shutdown.clone(),
+                Trigger::Schedule,
+            );
         }
     }
     json!({"status": "draining", "endpoints": names})
