@@ -83,24 +83,10 @@ fn deadline_warnings(log: &str) -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn under_cargo_lambda_a_signed_webhook_is_answered_and_its_session_served_with_its_memory() {
     let fx = fixture().await;
-    let advertised = fx._mnt.path().join("advertised/memory");
-    let actual = fx._mnt.path().join("actual/memory");
-    let started = fx
-        .server
-        .start_scenario(&json!({
-            "name": "cargo-lambda",
-            "environment_id": fx.env.0,
-            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {"/a.md": "alpha\n"}}],
-            "steps": [
-                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "from cargo-lambda\n"},
-                 "expect": {"is_error": false}},
-                {"tool": "bash", "input": {"command": "cat {mount:notes}/a.md"}, "expect": {"contains": "alpha"}}
-            ],
-            "expect_final": {"notes": {"/a.md": "alpha\n", "/b.md": "from cargo-lambda\n"}}
-        }))
+    let (started, remap) = fx
+        .memory_scenario("cargo-lambda", "from cargo-lambda\n")
         .await;
     let emulator = Arc::new(Emulator::start());
-    let remap = format!("{}={}", advertised.display(), actual.display());
     let function = function(&emulator, &fx, &["--mount-remap", &remap]);
 
     let answer = invoke(&emulator, fx.webhook_event(&started.session_id)).await;

@@ -100,24 +100,8 @@ async fn lambda_with_args(
 async fn the_webhook_is_answered_first_and_the_flush_happens_inside_the_invocation() {
     let fx = fixture().await;
     let advertised = fx._mnt.path().join("advertised/memory");
-    let actual = fx._mnt.path().join("actual/memory");
-    let started = fx
-        .server
-        .start_scenario(&json!({
-            "name": "lambda",
-            "environment_id": fx.env.0,
-            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {"/a.md": "alpha\n"}}],
-            "steps": [
-                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "from lambda\n"},
-                 "expect": {"is_error": false, "contains": "{mount:notes}/b.md"}},
-                {"tool": "bash", "input": {"command": "ls {mount:notes} && pwd"}, "expect": {"contains": "b.md"}},
-                {"tool": "glob", "input": {"pattern": "*.md", "path": "{mount:notes}"}, "expect": {"contains": "{mount:notes}/a.md"}}
-            ],
-            "expect_final": {"notes": {"/a.md": "alpha\n", "/b.md": "from lambda\n"}}
-        }))
-        .await;
+    let (started, remap) = fx.memory_scenario("lambda", "from lambda\n").await;
     let deadline = epoch_ms() + 300_000;
-    let remap = format!("{}={}", advertised.display(), actual.display());
     let lambda = lambda(
         &fx.server,
         (&fx.env.0, &fx.env.1),

@@ -277,6 +277,33 @@ pub async fn fixture() -> Fixture {
 }
 
 impl Fixture {
+    /// A scenario that writes `/b.md` (`content`) beside the seeded `/a.md`
+    /// in a store advertised under the fixture's mount root, and the
+    /// `--mount-remap` that keeps it under `actual/` instead.
+    pub async fn memory_scenario(&self, name: &str, content: &str) -> (super::Started, String) {
+        let started = self
+            .server
+            .start_scenario(&json!({
+                "name": name,
+                "environment_id": self.env.0,
+                "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {"/a.md": "alpha\n"}}],
+                "steps": [
+                    {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": content},
+                     "expect": {"is_error": false, "contains": "{mount:notes}/b.md"}},
+                    {"tool": "bash", "input": {"command": "ls {mount:notes} && pwd"}, "expect": {"contains": "b.md"}},
+                    {"tool": "glob", "input": {"pattern": "*.md", "path": "{mount:notes}"}, "expect": {"contains": "{mount:notes}/a.md"}}
+                ],
+                "expect_final": {"notes": {"/a.md": "alpha\n", "/b.md": content}}
+            }))
+            .await;
+        let remap = format!(
+            "{}={}",
+            self._mnt.path().join("advertised/memory").display(),
+            self._mnt.path().join("actual/memory").display()
+        );
+        (started, remap)
+    }
+
     pub fn webhook_event(&self, session_id: &str) -> Value {
         let body =
             json!({"type": "event", "id": "whe_lambda_1", "created_at": "2026-11-29T10:00:00Z",
