@@ -8,11 +8,13 @@
 //! answers 202 `accepted` at once and drains the endpoint's queue:
 //!
 //! - in a container, a background task per endpoint drains while the
-//!   process lives (and once at start, for work already queued); a
-//!   delivery arriving mid-drain wakes it to claim into a free slot, or
+//!   process lives (and once at start, for work already queued, and every
+//!   `--queue-check-interval` while idle, for work whose delivery was lost);
+//!   a delivery arriving mid-drain wakes it to claim into a free slot, or
 //!   makes it poll once more when its items are done;
 //! - on Lambda ([`lambda`]) the response goes out first and the drain runs
-//!   inside the same invocation, ending in time for its teardown.
+//!   inside the same invocation, ending in time for its teardown; a
+//!   scheduled event drains every endpoint the same way.
 //!
 //! On shutdown new deliveries get 503 (the sender retries them elsewhere),
 //! `/readyz` turns 503, running items are cancelled — their final flush
