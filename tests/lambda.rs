@@ -416,3 +416,49 @@ async fn an_invocation_that_ends_claims_nothing_more_and_tears_its_session_down_
         log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deadline_already_past_at_arrival_is_warned_about_once_and_nothing_is_claimed() {
+    let fx = fixture().await;
+    let started = fx
+        .server
+        .start_scenario(&json!({"name": "past", "environment_id": fx.env.0, "steps": [{"tool": "bash", "input": {"command": "true"}}]}))
+        .await;
+    let lambda = lambda(
+        &fx.server,
+        (&fx.env.0, &fx.env.1),
+        &fx.secret,
+        fx.webhook_event(&started.session_id),
+        epoch_ms() - 60_000,
+        &[],
+    )
+    .await;
+    lambda
+        .wait_for(
+            "the extension's next event",
+            Duration::from_secs(20),
+            |seen| seen.extension_done.is_some(),
+        )
+        .await;
+    let (_, response) = lambda
+        .stand_in
+        .seen
+        .lock()
+        .unwrap()
+        .response
+        .clone()
+        .unwrap();
+    assert_eq!(response["statusCode"], 202, "{response:#}");
+    assert_eq!(
+        fx.server.work_state(&fx.env.0, &started.session_id).await,
+        "queued",
+        "nothing is claimed without time to serve it"
+    );
+    let log = lambda.stderr.lock().unwrap().clone();
+    assert_eq!(
+        log.matches("already past when the invocation arrived")
+            .count(),
+        1,
+        "{log}"
+    );
+}
