@@ -166,6 +166,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ENVWORKER_MIN_SERVING_TIME", default_value = "60s", value_parser = crate::config::parse_min_serving_time)]
     pub(crate) min_serving_time: Duration,
 
+    /// Containers: how often an idle endpoint looks at its queue without a webhook, so work whose
+    /// delivery was lost or refused is still served (1s–1h, or off).
+    #[arg(long, env = "ENVWORKER_QUEUE_CHECK_INTERVAL", default_value = "30s")]
+    pub(crate) queue_check_interval: crate::config::QueueCheckInterval,
+
     /// After SIGTERM, how long running items get to end and flush before the process exits (1s–1h).
     #[arg(long, env = "ENVWORKER_STOP_GRACE", default_value = "75s", value_parser = crate::config::parse_stop_grace)]
     pub(crate) stop_grace: Duration,

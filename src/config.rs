@@ -38,6 +38,11 @@ pub(crate) mod bounds {
     /// `--min-serving-time` (a Lambda invocation lasts at most 15 minutes).
     pub(crate) const MIN_SERVING_TIME: (Duration, Duration) =
         (Duration::ZERO, Duration::from_secs(15 * 60));
+    /// `--queue-check-interval` (`off` disables it): at least a second, so an
+    /// idle replica cannot poll the API in a loop; at most an hour, so a lost
+    /// webhook is served the same hour.
+    pub(crate) const QUEUE_CHECK_INTERVAL: (Duration, Duration) =
+        (Duration::from_secs(1), Duration::from_secs(3600));
     /// `--memory-teardown-bound` (also checked by the worker's options).
     pub(crate) const MEMORY_TEARDOWN_BOUND: (Duration, Duration) = (
         Duration::from_secs(1),
@@ -63,6 +68,24 @@ pub(crate) fn parse_stop_grace(text: &str) -> Result<Duration, String> {
 
 pub(crate) fn parse_min_serving_time(text: &str) -> Result<Duration, String> {
     parse_duration_within(text, bounds::MIN_SERVING_TIME)
+}
+
+/// How often an idle endpoint looks at its queue without a webhook: a
+/// duration, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueCheckInterval(pub Option<Duration>);
+
+impl std::str::FromStr for QueueCheckInterval {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim() {
+            "off" | "none" | "disabled" => Ok(QueueCheckInterval(None)),
+            other => parse_duration_within(other, bounds::QUEUE_CHECK_INTERVAL)
+                .map(|d| QueueCheckInterval(Some(d)))
+                .map_err(|e| format!("{e} (or off)")),
+        }
+    }
 }
 
 pub(crate) fn parse_memory_teardown_bound(text: &str) -> Result<Duration, String> {
@@ -459,5 +482,16 @@ environment_key_env = "B_ENV_KEY"
             .unwrap_err()
             .to_string();
         assert!(err.contains("two endpoints have this name"), "{err}");
+    }
+
+    #[test]
+    fn the_queue_check_interval_is_a_bounded_duration_or_off() {
+        let parse = |t: &str| t.parse::<QueueCheckInterval>().map(|q| q.0);
+        assert_eq!(parse("30s"), Ok(Some(Duration::from_secs(30))));
+        assert_eq!(parse("off"), Ok(None));
+        assert_eq!(parse("1h"), Ok(Some(Duration::from_secs(3600))));
+        for bad in ["0", "999ms", "1h1s", "soon"] {
+            assert!(parse(bad).is_err(), "{bad} was accepted");
+        }
     }
 }

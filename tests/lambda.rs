@@ -12,37 +12,9 @@ use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::lambda::{Seen, StandIn, epoch_ms, spawn_function};
-use common::{ADMIN_KEY, TestServer};
-use envworker::devserver::DevserverConfig;
-use envworker::webhook::SigningKey;
-use reqwest::Method;
+use common::TestServer;
+use common::lambda::{Seen, StandIn, epoch_ms, fixture, spawn_function};
 use serde_json::{Value, json};
-
-/// A Function URL (API Gateway HTTP API v2) event carrying `body` with `headers`.
-fn function_url_event(path: &str, headers: &[(String, String)], body: &str) -> Value {
-    let mut h = serde_json::Map::new();
-    h.insert("content-type".into(), json!("application/json"));
-    for (k, v) in headers {
-        h.insert(k.clone(), json!(v));
-    }
-    json!({
-        "version": "2.0",
-        "routeKey": "$default",
-        "rawPath": path,
-        "rawQueryString": "",
-        "headers": h,
-        "requestContext": {
-            "accountId": "123456789012", "apiId": "envworker", "domainName": "envworker.lambda-url.us-east-1.on.aws",
-            "domainPrefix": "envworker",
-            "http": {"method": "POST", "path": path, "protocol": "HTTP/1.1", "sourceIp": "203.0.113.7", "userAgent": "webhook-sender"},
-            "requestId": "req-1", "routeKey": "$default", "stage": "$default",
-            "time": "29/Nov/2026:10:00:00 +0000", "timeEpoch": epoch_ms()
-        },
-        "body": body,
-        "isBase64Encoded": false
-    })
-}
 
 struct Lambda {
     child: Child,
@@ -82,19 +54,28 @@ async fn lambda(
 ) -> Lambda {
     let mut args = vec!["serve", "--max-idle", "1s", "--memory-sync-interval", "5s"];
     args.extend_from_slice(extra);
-    lambda_with_args(server, env, secret, event, deadline_ms, &args).await
+    lambda_with_args(
+        server,
+        env,
+        secret,
+        event,
+        (deadline_ms, deadline_ms),
+        &args,
+    )
+    .await
 }
 
-/// [`lambda`] with exactly `args` on the command line (none: as Lambda starts `bootstrap`).
+/// [`lambda`] with exactly `args` on the command line (none: as Lambda starts
+/// `bootstrap`), and the deadlines of the runtime and of the extension.
 async fn lambda_with_args(
     server: &TestServer,
     env: (&str, &str),
     secret: &str,
     event: Value,
-    deadline_ms: u64,
+    (deadline_ms, extension_deadline_ms): (u64, u64),
     args: &[&str],
 ) -> Lambda {
-    let (stand_in, api) = StandIn::start(event, deadline_ms).await;
+    let (stand_in, api) = StandIn::start_with(event, deadline_ms, extension_deadline_ms).await;
     let tmp = tempfile::tempdir().unwrap().keep();
     let workdir = tmp.join("work");
     let (child, stderr) = spawn_function(
@@ -115,79 +96,12 @@ async fn lambda_with_args(
     }
 }
 
-struct Fixture {
-    server: TestServer,
-    env: (String, String),
-    secret: String,
-    key: SigningKey,
-    _mnt: tempfile::TempDir,
-}
-
-async fn fixture() -> Fixture {
-    let mnt = tempfile::tempdir().unwrap();
-    let server = TestServer::start_with(
-        DevserverConfig::new(ADMIN_KEY)
-            .mount_root(mnt.path().join("advertised/memory").to_str().unwrap()),
-    )
-    .await;
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
-    let (key, secret) = SigningKey::generate();
-    Fixture {
-        env: (
-            env["environment_id"].as_str().unwrap().into(),
-            env["environment_key"].as_str().unwrap().into(),
-        ),
-        server,
-        secret,
-        key,
-        _mnt: mnt,
-    }
-}
-
-impl Fixture {
-    fn webhook_event(&self, session_id: &str) -> Value {
-        let body =
-            json!({"type": "event", "id": "whe_lambda_1", "created_at": "2026-11-29T10:00:00Z",
-                          "data": {"type": "session.status_run_started", "id": session_id}})
-            .to_string();
-        let now = (epoch_ms() / 1000) as i64;
-        let headers = vec![
-            ("webhook-id".to_string(), "whe_lambda_1".to_string()),
-            ("webhook-timestamp".to_string(), now.to_string()),
-            (
-                "webhook-signature".to_string(),
-                self.key.sign("whe_lambda_1", now, body.as_bytes()),
-            ),
-        ];
-        function_url_event("/webhooks/default", &headers, &body)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn the_webhook_is_answered_first_and_the_flush_happens_inside_the_invocation() {
     let fx = fixture().await;
     let advertised = fx._mnt.path().join("advertised/memory");
-    let actual = fx._mnt.path().join("actual/memory");
-    let started = fx
-        .server
-        .start_scenario(&json!({
-            "name": "lambda",
-            "environment_id": fx.env.0,
-            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {"/a.md": "alpha\n"}}],
-            "steps": [
-                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "from lambda\n"},
-                 "expect": {"is_error": false, "contains": "{mount:notes}/b.md"}},
-                {"tool": "bash", "input": {"command": "ls {mount:notes} && pwd"}, "expect": {"contains": "b.md"}},
-                {"tool": "glob", "input": {"pattern": "*.md", "path": "{mount:notes}"}, "expect": {"contains": "{mount:notes}/a.md"}}
-            ],
-            "expect_final": {"notes": {"/a.md": "alpha\n", "/b.md": "from lambda\n"}}
-        }))
-        .await;
+    let (started, remap) = fx.memory_scenario("lambda", "from lambda\n").await;
     let deadline = epoch_ms() + 300_000;
-    let remap = format!("{}={}", advertised.display(), actual.display());
     let lambda = lambda(
         &fx.server,
         (&fx.env.0, &fx.env.1),
@@ -260,7 +174,7 @@ async fn started_bare_it_serves_and_claims_no_item_when_the_invocation_has_too_l
         (&fx.env.0, &fx.env.1),
         &fx.secret,
         fx.webhook_event(&started.session_id),
-        deadline,
+        (deadline, deadline),
         &[],
     )
     .await;
@@ -373,7 +287,8 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_event_the_runtime_cannot_decode_does_not_hold_the_invocation_past_its_deadline() {
     let fx = fixture().await;
-    // A console test event: not an HTTP request, so the handler is never called.
+    // A console test event: neither an HTTP request nor a scheduled event,
+    // answered with an error at once.
     let deadline_in = Duration::from_secs(4);
     let t0 = Instant::now();
     let lambda = lambda(
@@ -401,5 +316,149 @@ async fn an_event_the_runtime_cannot_decode_does_not_hold_the_invocation_past_it
     assert!(
         !seen.errors.is_empty() || seen.response.is_some(),
         "the runtime reported the invocation"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_invocation_that_ends_claims_nothing_more_and_tears_its_session_down_inside_the_deadline()
+ {
+    let fx = fixture().await;
+    // A session that would go on for two minutes, its edit saved only by
+    // the teardown (no periodic sync within the test), and one more queued.
+    let held = fx
+        .server
+        .start_scenario(&json!({
+            "name": "held",
+            "environment_id": fx.env.0,
+            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {}}],
+            "steps": [
+                {"tool": "write", "input": {"file_path": "{mount:notes}/held.md", "content": "saved in time\n"}},
+                {"wait_ms": 120000}
+            ]
+        }))
+        .await;
+    let waiting = fx
+        .server
+        .start_scenario(&json!({"name": "waiting", "environment_id": fx.env.0, "steps": [{"tool": "bash", "input": {"command": "true"}}]}))
+        .await;
+    // The runtime is told two minutes, the extension 25 s: the invocation
+    // really ends at 25 s, so the drain must stop at 25 s − the 17 s reserve.
+    let t0 = Instant::now();
+    let ends_in = Duration::from_secs(25);
+    let remap_root = tempfile::tempdir().unwrap();
+    let remap = format!(
+        "{}={}",
+        fx._mnt.path().join("advertised/memory").display(),
+        remap_root.path().join("memory").display()
+    );
+    let lambda = lambda_with_args(
+        &fx.server,
+        (&fx.env.0, &fx.env.1),
+        &fx.secret,
+        fx.webhook_event(&held.session_id),
+        (
+            epoch_ms() + 120_000,
+            epoch_ms() + ends_in.as_millis() as u64,
+        ),
+        &[
+            "serve",
+            "--max-idle",
+            "off",
+            "--memory-sync-interval",
+            "1h",
+            "--memory-teardown-bound",
+            "1s",
+            "--min-serving-time",
+            "1s",
+            "--mount-remap",
+            &remap,
+        ],
+    )
+    .await;
+    lambda
+        .wait_for(
+            "the extension's next event",
+            Duration::from_secs(40),
+            |seen| seen.extension_done.is_some(),
+        )
+        .await;
+    let done = lambda.stand_in.seen.lock().unwrap().extension_done.unwrap();
+    let log = || lambda.stderr.lock().unwrap().clone();
+    assert!(
+        done.duration_since(t0) < ends_in,
+        "the invocation outlived its deadline: {:?}\n{}",
+        done.duration_since(t0),
+        log()
+    );
+    // When the invocation ends, the held session is torn down: saved and stopped.
+    assert_eq!(
+        fx.server.session_memories(&held.session_id).await["/held.md"],
+        "saved in time\n",
+        "{}",
+        log()
+    );
+    assert_eq!(
+        fx.server.work_state(&fx.env.0, &held.session_id).await,
+        "stopped"
+    );
+    // And nothing more is claimed after it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        fx.server.work_state(&fx.env.0, &waiting.session_id).await,
+        "queued",
+        "{}",
+        log()
+    );
+    assert_eq!(log().matches("claimed work").count(), 1, "{}", log());
+    assert!(
+        log().contains("the invocation is about to end"),
+        "{}",
+        log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_deadline_already_past_at_arrival_is_warned_about_once_and_nothing_is_claimed() {
+    let fx = fixture().await;
+    let started = fx
+        .server
+        .start_scenario(&json!({"name": "past", "environment_id": fx.env.0, "steps": [{"tool": "bash", "input": {"command": "true"}}]}))
+        .await;
+    let lambda = lambda(
+        &fx.server,
+        (&fx.env.0, &fx.env.1),
+        &fx.secret,
+        fx.webhook_event(&started.session_id),
+        epoch_ms() - 60_000,
+        &[],
+    )
+    .await;
+    lambda
+        .wait_for(
+            "the extension's next event",
+            Duration::from_secs(20),
+            |seen| seen.extension_done.is_some(),
+        )
+        .await;
+    let (_, response) = lambda
+        .stand_in
+        .seen
+        .lock()
+        .unwrap()
+        .response
+        .clone()
+        .unwrap();
+    assert_eq!(response["statusCode"], 202, "{response:#}");
+    assert_eq!(
+        fx.server.work_state(&fx.env.0, &started.session_id).await,
+        "queued",
+        "nothing is claimed without time to serve it"
+    );
+    let log = lambda.stderr.lock().unwrap().clone();
+    assert_eq!(
+        log.matches("already past when the invocation arrived")
+            .count(),
+        1,
+        "{log}"
     );
 }

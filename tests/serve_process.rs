@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::serve_stack::{Serve, free_port, stack};
+use common::serve_stack::{Serve, free_port, stack, stack_without_webhooks};
 use common::{ADMIN_KEY, TestServer};
 use envworker::devserver::DevserverConfig;
 use envworker::webhook::SigningKey;
@@ -28,6 +28,33 @@ async fn serve_drains_on_a_signed_webhook_and_the_scenario_passes() {
     for secret in [stack.secret.as_str(), stack.started_env.1.as_str()] {
         assert!(!logs.contains(secret), "a secret reached the logs");
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_whose_webhook_is_lost_is_served_by_the_periodic_queue_check() {
+    let stack = stack_without_webhooks(&["--queue-check-interval", "2s"]).await;
+    // Queued after the look at start, and its webhook never arrives.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !stack.serve.logs().contains("queue drained") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{}",
+            stack.serve.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let started = stack
+        .start(json!({"name": "lost-webhook", "steps": [{"tool": "bash", "input": {"command": "echo served"}, "expect": {"contains": "served"}}]}))
+        .await;
+    let t0 = std::time::Instant::now();
+    stack.passed_report(&started.session_id).await;
+    let logs = stack.serve.logs();
+    assert!(
+        logs.contains("the queue check found work no webhook announced"),
+        "{logs}"
+    );
+    assert!(!logs.contains("webhook accepted"), "{logs}");
+    println!("served {:?} after it was queued", t0.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread")]

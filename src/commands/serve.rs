@@ -125,6 +125,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("the Lambda runtime stopped: {e}"));
     }
     let state = AppState::with_metrics(endpoints, Mode::Container, metrics);
+    state.set_queue_check_interval(args.queue_check_interval.0);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;

@@ -14,72 +14,280 @@
 //!
 //! The invocation deadline bounds the drain: no item is claimed without
 //! room to serve it and tear it down, and a running session ends early
-//! enough for both 30 s teardown bounds.
+//! enough for both 30 s teardown bounds. When the teardown reserve is all
+//! that is left, the extension tells the invocation's drains to claim
+//! nothing more; a drain still running at the deadline is stopped, so no
+//! work ever goes on after its invocation (on Lambda it would be frozen
+//! mid-session; the journal keeps what it had not uploaded).
+//!
+//! Besides webhooks the function takes EventBridge's scheduled event
+//! (`infra/template.yaml` sends one a minute): it drains every endpoint
+//! inside that invocation, so a session whose webhook was lost or refused
+//! is served within a minute anyway.
+//!
+//! Deadlines: Lambda hands out `lambda-runtime-deadline-ms` as Unix
+//! milliseconds. Emulators do not all agree — cargo-lambda's sends the
+//! timeout itself (`600000`) and its extension event `0` — so a deadline
+//! that cannot be a real one is interpreted ([`interpret_deadline`]) and
+//! warned about once per process.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body as AxumBody;
 use http_body_util::BodyExt;
 use lambda_extension::{Extension, LambdaEvent, NextEvent};
-use lambda_http::{Body as LambdaBody, Request as LambdaRequest, RequestExt};
+use lambda_http::request::LambdaRequest as HttpEvent;
+use lambda_http::{Body as LambdaBody, Request as LambdaRequest, RequestExt, Service};
+use serde_json::{Value, json};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 use tracing::{info, warn};
 
-use super::{AppState, Endpoint, app, run_drain};
+use super::{AppState, Endpoint, Trigger, app, run_drain};
 
-/// The drain an invocation started, handed from the request handler to the extension.
-type Started = Option<JoinHandle<()>>;
+/// The longest a Lambda invocation can last (the largest function timeout).
+pub const MAX_INVOCATION: Duration = Duration::from_secs(15 * 60);
+/// Unix milliseconds below this are before September 2001: such a
+/// "deadline" is not a time but a duration (or nothing at all).
+pub const EPOCH_MS_FLOOR: u64 = 1_000_000_000_000;
 
-/// The work of the invocation being served (Lambda serves one at a time).
+/// Why a deadline was not taken as it came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadlineOddity {
+    /// `0`: no deadline given; Lambda's longest invocation is assumed.
+    Missing,
+    /// Below [`EPOCH_MS_FLOOR`]: the timeout itself, counted from arrival.
+    Duration,
+    /// Unix milliseconds already past when the invocation arrived.
+    Past,
+    /// Unix milliseconds further than [`MAX_INVOCATION`] away.
+    TooFar,
+}
+
+impl DeadlineOddity {
+    fn explain(self) -> &'static str {
+        match self {
+            DeadlineOddity::Missing => {
+                "no invocation deadline was given; assuming Lambda's longest invocation (15 minutes) from its arrival"
+            }
+            DeadlineOddity::Duration => {
+                "the invocation deadline is too small to be Unix milliseconds (an emulator such as cargo-lambda sends the timeout itself); taking it as that many milliseconds from the invocation's arrival, at most 15 minutes"
+            }
+            DeadlineOddity::Past => {
+                "the invocation deadline was already past when the invocation arrived (a clock that is off, or an emulator); taking it as no time left: nothing is claimed in this invocation"
+            }
+            DeadlineOddity::TooFar => {
+                "the invocation deadline is more than 15 minutes away (a clock that is off, or an emulator); taking it as 15 minutes from the invocation's arrival"
+            }
+        }
+    }
+}
+
+/// The time left in an invocation whose deadline is `raw_ms`, arriving at
+/// Unix time `now_ms`, and why `raw_ms` was not taken as it came:
+///
+/// - Unix milliseconds in the future, at most 15 minutes away: as they are;
+/// - further away: 15 minutes (Lambda's longest invocation);
+/// - already past at arrival: nothing (the runtime just handed the
+///   invocation out, so the clock or the emulator is wrong — and claiming
+///   an item that cannot be torn down in time is the one unsafe choice);
+/// - below [`EPOCH_MS_FLOOR`]: a duration from arrival, at most 15 minutes;
+/// - `0`: none given; 15 minutes.
+pub fn interpret_deadline(raw_ms: u64, now_ms: u64) -> (Duration, Option<DeadlineOddity>) {
+    match raw_ms {
+        0 => (MAX_INVOCATION, Some(DeadlineOddity::Missing)),
+        ms if ms < EPOCH_MS_FLOOR => (
+            Duration::from_millis(ms).min(MAX_INVOCATION),
+            Some(DeadlineOddity::Duration),
+        ),
+        ms if ms <= now_ms => (Duration::ZERO, Some(DeadlineOddity::Past)),
+        ms => {
+            let left = Duration::from_millis(ms - now_ms);
+            if left > MAX_INVOCATION {
+                (MAX_INVOCATION, Some(DeadlineOddity::TooFar))
+            } else {
+                (left, None)
+            }
+        }
+    }
+}
+
+/// Unix milliseconds now.
+fn epoch_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or_default()
+}
+
+/// The runtime's deadline `raw_ms` as a tokio instant, warning (once per
+/// process: an emulator sends the same kind of value every time) when it
+/// cannot be a real one.
+fn runtime_deadline(raw_ms: u64) -> Instant {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    let (left, oddity) = interpret_deadline(raw_ms, epoch_ms());
+    if let Some(oddity) = oddity {
+        if !WARNED.swap(true, Ordering::Relaxed) {
+            warn!(
+                deadline_ms = raw_ms,
+                interpreted_left_ms = left.as_millis() as u64,
+                "{} (warned once)",
+                oddity.explain()
+            );
+        } else {
+            tracing::debug!(
+                deadline_ms = raw_ms,
+                interpreted_left_ms = left.as_millis() as u64,
+                ?oddity,
+                "invocation deadline interpreted"
+            );
+        }
+    }
+    Instant::now() + left
+}
+
+/// The extension's deadline, when it is a real one (cargo-lambda's
+/// extension events carry `0`); the runtime's wins otherwise.
+fn extension_deadline(raw_ms: u64) -> Option<Instant> {
+    match interpret_deadline(raw_ms, epoch_ms()) {
+        (left, None) | (left, Some(DeadlineOddity::Past)) => Some(Instant::now() + left),
+        _ => None,
+    }
+}
+
+/// One drain started in an invocation.
+struct Drain {
+    handle: JoinHandle<()>,
+    /// Fired when the invocation is about to end: claim nothing more, end the sessions.
+    over: CancellationToken,
+    /// The endpoint's teardown reserve.
+    reserve: Duration,
+}
+
+/// The invocation being served (Lambda serves one at a time) and the
+/// drains it started.
+struct Invocation {
+    deadline: Instant,
+    drains: Vec<Drain>,
+}
+
+/// The work of the invocation being served.
 #[derive(Clone, Default)]
 pub struct InvocationWork {
-    /// The drain this invocation started, if any.
-    started: Arc<Mutex<Started>>,
-    /// The invocation's deadline, as a tokio instant.
-    deadline: Arc<Mutex<Option<tokio::time::Instant>>>,
+    current: Arc<Mutex<Option<Invocation>>>,
 }
 
 impl InvocationWork {
-    /// Start draining `endpoint` for the current invocation.
-    pub(super) fn start(&self, endpoint: Arc<Endpoint>, cancel: CancellationToken) {
-        let mut options = endpoint.drain.clone();
-        options.deadline = *self.deadline.lock().unwrap_or_else(|e| e.into_inner());
-        let handle = tokio::spawn(async move {
-            run_drain(&endpoint, cancel, options).await;
-        });
-        let mut slot = self.started.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(previous) = slot.replace(handle) {
-            // Two deliveries in one invocation cannot happen; keep both alive anyway.
-            tokio::spawn(async move {
-                let _ = previous.await;
-            });
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Invocation>> {
+        self.current.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A new invocation, ending at `deadline`.
+    fn begin(&self, deadline: Instant) {
+        if let Some(left) = self.lock().replace(Invocation {
+            deadline,
+            drains: Vec::new(),
+        }) {
+            // The extension always takes an invocation's drains; never leave one running unheld.
+            for drain in left.drains {
+                drain.over.cancel();
+            }
         }
     }
 
-    fn take(&self) -> Started {
-        self.started
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
+    /// Start draining `endpoint` inside the current invocation.
+    pub(super) fn start(
+        &self,
+        endpoint: Arc<Endpoint>,
+        cancel: CancellationToken,
+        trigger: Trigger,
+    ) {
+        let mut current = self.lock();
+        let invocation = current.get_or_insert_with(|| Invocation {
+            deadline: Instant::now() + MAX_INVOCATION,
+            drains: Vec::new(),
+        });
+        let mut options = endpoint.drain.clone();
+        options.deadline = Some(invocation.deadline);
+        let over = cancel.child_token();
+        let reserve = endpoint.worker.options().teardown_reserve();
+        let token = over.clone();
+        let handle = tokio::spawn(async move {
+            run_drain(&endpoint, token, options, trigger).await;
+        });
+        invocation.drains.push(Drain {
+            handle,
+            over,
+            reserve,
+        });
     }
 
-    fn set_deadline(&self, deadline_ms: u64) {
-        *self.deadline.lock().unwrap_or_else(|e| e.into_inner()) =
-            (deadline_ms > 0).then(|| deadline_instant(deadline_ms));
+    fn take(&self) -> Option<Invocation> {
+        self.lock().take()
     }
 }
 
-/// A deadline in Unix milliseconds as a tokio instant (now, if it passed).
-fn deadline_instant(deadline_ms: u64) -> tokio::time::Instant {
-    let now_ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default();
-    tokio::time::Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms))
+impl Invocation {
+    /// Wait for the drains, ending them in time: once only their teardown
+    /// reserve is left before `end` they claim nothing more and their
+    /// sessions end (final sync, flush, force-stop); any still running at
+    /// `end` is stopped where it is.
+    async fn finish(self, end: Instant, request_id: &str) {
+        let reserve = self
+            .drains
+            .iter()
+            .map(|d| d.reserve)
+            .max()
+            .unwrap_or_default();
+        let cut = end.checked_sub(reserve).unwrap_or_else(Instant::now);
+        let overs: Vec<CancellationToken> = self.drains.iter().map(|d| d.over.clone()).collect();
+        let aborts: Vec<AbortHandle> = self
+            .drains
+            .iter()
+            .map(|d| d.handle.abort_handle())
+            .collect();
+        let mut all = futures::future::join_all(self.drains.into_iter().map(|d| d.handle));
+        let results = tokio::select! {
+            results = &mut all => Some(results),
+            _ = tokio::time::sleep_until(cut) => None,
+        };
+        let results = match results {
+            Some(results) => results,
+            None => {
+                info!(
+                    request_id,
+                    left_ms = end.saturating_duration_since(Instant::now()).as_millis() as u64,
+                    "the invocation is about to end: the drain claims nothing more and its sessions end and flush"
+                );
+                for over in &overs {
+                    over.cancel();
+                }
+                match tokio::time::timeout_at(end, &mut all).await {
+                    Ok(results) => results,
+                    Err(_) => {
+                        warn!(
+                            request_id,
+                            "the drain outlived the invocation's deadline; stopping it (what it had not uploaded stays in the journal for the next worker)"
+                        );
+                        for abort in &aborts {
+                            abort.abort();
+                        }
+                        return;
+                    }
+                }
+            }
+        };
+        for result in results {
+            if let Err(e) = result {
+                warn!(error = %e, "the drain task failed");
+            }
+        }
+    }
 }
 
 /// Whether this process runs as a Lambda function.
@@ -87,11 +295,27 @@ pub fn in_lambda() -> bool {
     std::env::var_os("AWS_LAMBDA_RUNTIME_API").is_some()
 }
 
+/// EventBridge's scheduled event (`infra/template.yaml`'s `QueueCheck`).
+fn is_scheduled_event(event: &Value) -> bool {
+    event.get("source").and_then(Value::as_str) == Some("aws.events")
+        && event.get("detail-type").and_then(Value::as_str) == Some("Scheduled Event")
+}
+
+/// What the function answers: an HTTP response in the shape its event
+/// source expects, or a plain JSON document (a scheduled event's).
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Answer<R> {
+    /// `lambda_http`'s response type (not nameable outside it).
+    Http(R),
+    Json(Value),
+}
+
 /// Serve invocations until the runtime stops. `state` must have been built
 /// with [`super::Mode::Lambda`] over `work`.
 pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_http::Error> {
-    // One message per handled invocation: its request id and the drain it started.
-    let (done_tx, done_rx) = mpsc::unbounded_channel::<(String, Started)>();
+    // One message per handled invocation: its request id and the drains it started.
+    let (done_tx, done_rx) = mpsc::unbounded_channel::<(String, Option<Invocation>)>();
     let done_rx = Arc::new(tokio::sync::Mutex::new(done_rx));
     let extension = Extension::new()
         .with_extension_name("envworker-drain")
@@ -100,16 +324,17 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
             let done_rx = done_rx.clone();
             async move {
                 if let NextEvent::Invoke(invoke) = event.next {
-                    tracing::debug!(request_id = %invoke.request_id, "extension: invocation started");
+                    tracing::debug!(request_id = %invoke.request_id, deadline_ms = invoke.deadline_ms, "extension: invocation started");
                     // Never past the invocation's deadline: an event the runtime
                     // could not decode never reaches the handler, so no message comes.
-                    let end = deadline_instant(invoke.deadline_ms);
-                    let started = tokio::time::timeout_at(end, async {
+                    let own_end = extension_deadline(invoke.deadline_ms);
+                    let answer_by = own_end.unwrap_or_else(|| Instant::now() + MAX_INVOCATION);
+                    let invocation = tokio::time::timeout_at(answer_by, async {
                         let mut rx = done_rx.lock().await;
                         // A late message of an earlier invocation is not this one's.
                         loop {
                             match rx.recv().await {
-                                Some((id, started)) if id == invoke.request_id => break started,
+                                Some((id, invocation)) if id == invoke.request_id => break invocation,
                                 Some(_) => continue,
                                 None => break None,
                             }
@@ -120,14 +345,13 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
                         warn!(request_id = %invoke.request_id, "the handler never answered this invocation; ending it");
                         None
                     });
-                    tracing::debug!(request_id = %invoke.request_id, drain = started.is_some(), "extension: the handler answered");
-                    if let Some(drain) = started {
-                        info!(request_id = %invoke.request_id, "webhook answered; finishing the drain inside the invocation");
-                        match tokio::time::timeout_at(end, drain).await {
-                            Ok(Ok(())) => {}
-                            Ok(Err(e)) => warn!(error = %e, "the drain task failed"),
-                            Err(_) => warn!(request_id = %invoke.request_id, "the drain outlived the invocation's deadline"),
-                        }
+                    let drains = invocation.as_ref().map_or(0, |i| i.drains.len());
+                    tracing::debug!(request_id = %invoke.request_id, drains, "extension: the handler answered");
+                    if let Some(invocation) = invocation.filter(|i| !i.drains.is_empty()) {
+                        // The earlier of the two deadlines, when both are real.
+                        let end = own_end.map_or(invocation.deadline, |own| own.min(invocation.deadline));
+                        info!(request_id = %invoke.request_id, left_ms = end.saturating_duration_since(Instant::now()).as_millis() as u64, "answered; finishing the drain inside the invocation");
+                        invocation.finish(end, &invoke.request_id).await;
                     }
                 }
                 Ok::<(), lambda_extension::Error>(())
@@ -136,13 +360,18 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
         .register()
         .await?;
 
-    let router = app(state);
-    let handler = lambda_http::service_fn(move |request: LambdaRequest| {
-        let (router, work, done_tx) = (router.clone(), work.clone(), done_tx.clone());
+    let router = app(state.clone());
+    let http = lambda_http::service_fn(move |request: LambdaRequest| {
+        let router = router.clone();
+        async move { serve_http(router, request).await }
+    });
+    let handler = lambda_http::service_fn(move |event: lambda_http::LambdaEvent<Value>| {
+        let (state, work, done_tx, mut http) =
+            (state.clone(), work.clone(), done_tx.clone(), http.clone());
         async move {
             // Whatever happens below, the extension hears exactly once from this invocation.
             struct Report(
-                mpsc::UnboundedSender<(String, Started)>,
+                mpsc::UnboundedSender<(String, Option<Invocation>)>,
                 InvocationWork,
                 String,
             );
@@ -151,45 +380,86 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
                     let _ = self.0.send((std::mem::take(&mut self.2), self.1.take()));
                 }
             }
-            let request_id = request
-                .lambda_context_ref()
-                .map(|ctx| ctx.request_id.clone())
-                .unwrap_or_default();
-            let _report = Report(done_tx, work.clone(), request_id);
-            if let Some(ctx) = request.lambda_context_ref() {
-                work.set_deadline(ctx.deadline);
+            let lambda_http::LambdaEvent { payload, context } = event;
+            work.begin(runtime_deadline(context.deadline));
+            let _report = Report(done_tx, work.clone(), context.request_id.clone());
+            if is_scheduled_event(&payload) {
+                return Ok(Answer::Json(scheduled_queue_check(&state, &work)));
             }
-            // A REST API (v1) event's path comes with the stage in front
-            // (`/Prod/webhooks/…`); route the path the sender asked for.
-            let raw_path = request.raw_http_path().to_string();
-            let (mut parts, body) = request.into_parts();
-            parts.uri = route_by_raw_path(&parts.uri, &raw_path);
-            let bytes: Vec<u8> = match body {
-                LambdaBody::Empty => Vec::new(),
-                LambdaBody::Text(t) => t.into_bytes(),
-                LambdaBody::Binary(b) => b,
-                _ => Vec::new(),
-            };
-            let request = http::Request::from_parts(parts, AxumBody::from(bytes));
-            let response = router
-                .oneshot(request)
-                .await
-                .expect("the router is infallible");
-            let (parts, body) = response.into_parts();
-            let bytes = body
-                .collect()
-                .await
-                .map(|b| b.to_bytes().to_vec())
-                .unwrap_or_default();
-            let body = match String::from_utf8(bytes) {
-                Ok(text) => LambdaBody::Text(text),
-                Err(e) => LambdaBody::Binary(e.into_bytes()),
-            };
-            Ok::<_, lambda_http::Error>(http::Response::from_parts(parts, body))
+            match serde_json::from_value::<HttpEvent>(payload) {
+                Ok(request) => {
+                    let mut adapter = lambda_http::Adapter::from(&mut http);
+                    let response = adapter
+                        .call(lambda_http::LambdaEvent::new(request, context))
+                        .await?;
+                    Ok(Answer::Http(response))
+                }
+                Err(e) => {
+                    warn!(request_id = %context.request_id, error = %e, "the event is neither an HTTP request nor a scheduled event; ignored");
+                    Err(lambda_http::Error::from(format!(
+                        "envworker takes HTTP requests (a Function URL or API Gateway) and EventBridge scheduled events; this event is neither: {e}"
+                    )))
+                }
+            }
         }
     });
-    tokio::try_join!(lambda_http::run(handler), extension.run())?;
+    tokio::try_join!(lambda_http::lambda_runtime::run(handler), extension.run())?;
     Ok(())
+}
+
+/// A scheduled event: look at every endpoint's queue inside this
+/// invocation, so work whose webhook never came (lost, refused, answered by
+/// an environment that died) is served within one schedule period.
+fn scheduled_queue_check(state: &AppState, work: &InvocationWork) -> Value {
+    if state.is_shutting_down() {
+        return json!({"status": "shutting down"});
+    }
+    let names = state.endpoint_names();
+    info!(endpoints = ?names, "scheduled queue check: draining every endpoint inside this invocation");
+    for name in &names {
+        if let Some(endpoint) = state.inner.endpoints.get(name) {
+            work.start(
+                endpoint.clone(),
+                state.inner.shutdown.clone(),
+                Trigger::Schedule,
+            );
+        }
+    }
+    json!({"status": "draining", "endpoints": names})
+}
+
+/// One HTTP request through the router.
+async fn serve_http(
+    router: axum::Router,
+    request: LambdaRequest,
+) -> Result<http::Response<LambdaBody>, lambda_http::Error> {
+    // A REST API (v1) event's path comes with the stage in front
+    // (`/Prod/webhooks/…`); route the path the sender asked for.
+    let raw_path = request.raw_http_path().to_string();
+    let (mut parts, body) = request.into_parts();
+    parts.uri = route_by_raw_path(&parts.uri, &raw_path);
+    let bytes: Vec<u8> = match body {
+        LambdaBody::Empty => Vec::new(),
+        LambdaBody::Text(t) => t.into_bytes(),
+        LambdaBody::Binary(b) => b,
+        _ => Vec::new(),
+    };
+    let request = http::Request::from_parts(parts, AxumBody::from(bytes));
+    let response = router
+        .oneshot(request)
+        .await
+        .expect("the router is infallible");
+    let (parts, body) = response.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes().to_vec())
+        .unwrap_or_default();
+    let body = match String::from_utf8(bytes) {
+        Ok(text) => LambdaBody::Text(text),
+        Err(e) => LambdaBody::Binary(e.into_bytes()),
+    };
+    Ok(http::Response::from_parts(parts, body))
 }
 
 /// `uri` with its path replaced by `raw_path` (the query kept); `uri` itself
@@ -212,7 +482,37 @@ fn route_by_raw_path(uri: &http::Uri, raw_path: &str) -> http::Uri {
 
 #[cfg(test)]
 mod tests {
-    use super::route_by_raw_path;
+    use super::*;
+
+    #[test]
+    fn a_deadline_that_cannot_be_real_is_interpreted_safely() {
+        let now = 1_796_000_000_000; // Unix ms, November 2026
+        let min = |m: u64| Duration::from_secs(m * 60);
+        // Real Lambda: Unix milliseconds ahead, taken as they are.
+        assert_eq!(interpret_deadline(now + 300_000, now), (min(5), None));
+        // cargo-lambda: the timeout itself.
+        assert_eq!(
+            interpret_deadline(600_000, now),
+            (min(10), Some(DeadlineOddity::Duration))
+        );
+        assert_eq!(
+            interpret_deadline(3_600_000, now),
+            (min(15), Some(DeadlineOddity::Duration))
+        );
+        assert_eq!(
+            interpret_deadline(0, now),
+            (min(15), Some(DeadlineOddity::Missing))
+        );
+        // Past at arrival: no time, nothing claimed.
+        assert_eq!(
+            interpret_deadline(now - 1, now),
+            (Duration::ZERO, Some(DeadlineOddity::Past))
+        );
+        assert_eq!(
+            interpret_deadline(now + 3_600_000, now),
+            (min(15), Some(DeadlineOddity::TooFar))
+        );
+    }
 
     #[test]
     fn a_rest_api_stage_is_not_part_of_the_routed_path() {

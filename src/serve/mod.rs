@@ -8,11 +8,13 @@
 //! answers 202 `accepted` at once and drains the endpoint's queue:
 //!
 //! - in a container, a background task per endpoint drains while the
-//!   process lives (and once at start, for work already queued); a
-//!   delivery arriving mid-drain wakes it to claim into a free slot, or
+//!   process lives (and once at start, for work already queued, and every
+//!   `--queue-check-interval` while idle, for work whose delivery was lost);
+//!   a delivery arriving mid-drain wakes it to claim into a free slot, or
 //!   makes it poll once more when its items are done;
 //! - on Lambda ([`lambda`]) the response goes out first and the drain runs
-//!   inside the same invocation, ending in time for its teardown.
+//!   inside the same invocation, ending in time for its teardown; a
+//!   scheduled event drains every endpoint the same way.
 //!
 //! On shutdown new deliveries get 503 (the sender retries them elsewhere),
 //! `/readyz` turns 503, running items are cancelled — their final flush
@@ -114,6 +116,33 @@ struct Shared {
     /// [`QUEUE_STATS_MAX_AGE`], so `/metrics` cannot drive the API's rate limit.
     queue_stats_read: tokio::sync::Mutex<Option<Instant>>,
     queue_stats_max_age: Mutex<Duration>,
+    /// Containers: how often an idle endpoint looks at its queue unprompted.
+    queue_check_interval: Mutex<Option<Duration>>,
+}
+
+/// What made a drain start: logged when the drain finds work no webhook
+/// announced, which means a delivery was lost or refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// A webhook delivery.
+    Webhook,
+    /// The process started (work may already wait).
+    Start,
+    /// The periodic look of an idle endpoint (`--queue-check-interval`).
+    QueueCheck,
+    /// EventBridge's scheduled event (Lambda).
+    Schedule,
+}
+
+impl Trigger {
+    fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Webhook => "webhook",
+            Trigger::Start => "start",
+            Trigger::QueueCheck => "queue_check",
+            Trigger::Schedule => "schedule",
+        }
+    }
 }
 
 impl AppState {
@@ -138,6 +167,7 @@ impl AppState {
                 metrics,
                 queue_stats_read: tokio::sync::Mutex::new(None),
                 queue_stats_max_age: Mutex::new(QUEUE_STATS_MAX_AGE),
+                queue_check_interval: Mutex::new(None),
             }),
         }
     }
@@ -149,6 +179,24 @@ impl AppState {
             .queue_stats_max_age
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = max_age;
+    }
+
+    /// Containers: look at every idle endpoint's queue this often without a
+    /// webhook (`None`, the default here: only webhooks and the start do).
+    pub fn set_queue_check_interval(&self, every: Option<Duration>) {
+        *self
+            .inner
+            .queue_check_interval
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = every;
+    }
+
+    fn queue_check_interval(&self) -> Option<Duration> {
+        *self
+            .inner
+            .queue_check_interval
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -183,7 +231,7 @@ impl AppState {
 
     /// Start draining `endpoint` in the background, or tell the running
     /// drain to poll once more when it is done.
-    fn kick(&self, endpoint: Arc<Endpoint>) {
+    fn kick(&self, endpoint: Arc<Endpoint>, trigger: Trigger) {
         endpoint.dirty.store(true, Ordering::SeqCst);
         // A running drain with a free slot polls again at once.
         if let Some(wake) = &endpoint.drain.wake {
@@ -194,9 +242,12 @@ impl AppState {
         }
         let cancel = self.inner.shutdown.clone();
         self.inner.tasks.spawn(async move {
+            // Drains after the first were asked for by deliveries meanwhile.
+            let mut trigger = trigger;
             loop {
                 while endpoint.dirty.swap(false, Ordering::SeqCst) && !cancel.is_cancelled() {
-                    run_drain(&endpoint, cancel.clone(), endpoint.drain.clone()).await;
+                    run_drain(&endpoint, cancel.clone(), endpoint.drain.clone(), trigger).await;
+                    trigger = Trigger::Webhook;
                 }
                 endpoint.draining.store(false, Ordering::SeqCst);
                 // A delivery may have set `dirty` after the last check: take the drain back.
@@ -209,18 +260,63 @@ impl AppState {
             }
         });
     }
+
+    /// Look at every idle endpoint's queue every `every` until shutdown; a
+    /// drain already running is woken to fill a free slot.
+    fn check_queues_periodically(&self, every: Duration) {
+        let state = self.clone();
+        let cancel = self.inner.shutdown.clone();
+        self.inner.tasks.spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                for endpoint in state.inner.endpoints.values() {
+                    if endpoint.draining.load(Ordering::SeqCst) {
+                        if let Some(wake) = &endpoint.drain.wake {
+                            wake.notify_one();
+                        }
+                    } else {
+                        tracing::debug!(endpoint = %endpoint.name, "periodic queue check");
+                        state.kick(endpoint.clone(), Trigger::QueueCheck);
+                    }
+                }
+            }
+        });
+    }
 }
 
-/// One drain of an endpoint's queue, logged.
-pub async fn run_drain(endpoint: &Endpoint, cancel: CancellationToken, options: DrainOptions) {
+/// One drain of an endpoint's queue, logged; work found without a webhook
+/// (a periodic check, a schedule) is a warning: a delivery went missing.
+pub async fn run_drain(
+    endpoint: &Endpoint,
+    cancel: CancellationToken,
+    options: DrainOptions,
+    trigger: Trigger,
+) {
     let started = Instant::now();
     match endpoint.worker.drain(cancel, options).await {
-        Ok(report) => info!(
-            endpoint = %endpoint.name,
-            items = report.items.len(),
-            duration_ms = started.elapsed().as_millis() as u64,
-            "queue drained"
-        ),
+        Ok(report) => {
+            let items = report.items.len();
+            if items > 0 && matches!(trigger, Trigger::QueueCheck | Trigger::Schedule) {
+                warn!(
+                    endpoint = %endpoint.name,
+                    items,
+                    trigger = trigger.as_str(),
+                    "the queue check found work no webhook announced (a delivery was lost or refused); served it"
+                );
+            }
+            info!(
+                endpoint = %endpoint.name,
+                items,
+                trigger = trigger.as_str(),
+                duration_ms = started.elapsed().as_millis() as u64,
+                "queue drained"
+            );
+        }
         Err(e) => warn!(endpoint = %endpoint.name, error = %e, "drain failed"),
     }
 }
@@ -430,8 +526,10 @@ async fn webhook(
         Verdict::Respond(r) => r,
         Verdict::Work(endpoint, r) => {
             match &state.inner.mode {
-                Mode::Container => state.kick(endpoint),
-                Mode::Lambda(work) => work.start(endpoint, state.inner.shutdown.clone()),
+                Mode::Container => state.kick(endpoint, Trigger::Webhook),
+                Mode::Lambda(work) => {
+                    work.start(endpoint, state.inner.shutdown.clone(), Trigger::Webhook)
+                }
             }
             // Shutdown began between the check and the start: the drain will
             // not run, so let the sender retry (and forget we saw the id).
@@ -488,7 +586,19 @@ pub async fn serve_container(
     // Items may already wait (a restart, a replica added by the autoscaler):
     // look once at start instead of waiting for the next delivery.
     for endpoint in state.inner.endpoints.values() {
-        state.kick(endpoint.clone());
+        state.kick(endpoint.clone(), Trigger::Start);
+    }
+    // A delivery can be lost (a sender outage, an endpoint disabled after
+    // failures, a replica that answered 202 and died): look again when idle.
+    match state.queue_check_interval() {
+        Some(every) => {
+            info!(
+                interval_ms = every.as_millis() as u64,
+                "idle endpoints look at their queue periodically"
+            );
+            state.check_queues_periodically(every);
+        }
+        None => info!("periodic queue checks are off: only webhooks start work"),
     }
     shutdown.await;
     info!("shutting down: new webhooks get 503; running sessions end and flush");

@@ -224,6 +224,10 @@ struct ItemRun<'w> {
     window: SendWindow,
     /// Ends the heartbeat once the teardown is done.
     release: CancellationToken,
+    /// Ends it too when the run is dropped unfinished (a Lambda drain
+    /// stopped at its invocation's deadline): a heartbeat left running would
+    /// keep the lease, so no other worker could ever take the item over.
+    _release_on_drop: tokio_util::sync::DropGuard,
     heartbeat: JoinHandle<()>,
     /// Ends the session early, dropping the call in flight: the lease's end,
     /// a near invocation deadline.
@@ -309,6 +313,7 @@ impl<'w> ItemRun<'w> {
             client,
             lease,
             window,
+            _release_on_drop: release.clone().drop_guard(),
             release,
             heartbeat,
             stop,

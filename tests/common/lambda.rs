@@ -12,7 +12,12 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use envworker::devserver::DevserverConfig;
+use envworker::webhook::SigningKey;
+use reqwest::Method;
 use serde_json::{Value, json};
+
+use super::{ADMIN_KEY, TestServer};
 use tokio::sync::{Notify, watch};
 
 const REQUEST_ID: &str = "req-1";
@@ -46,8 +51,10 @@ pub struct StandIn {
     invocation: Arc<Mutex<Option<Value>>>,
     dispatched: watch::Sender<bool>,
     changed: Arc<Notify>,
-    /// The deadline handed out, repeated in the extension's INVOKE event.
+    /// The deadline handed out to the runtime.
     deadline_ms: u64,
+    /// The deadline in the extension's INVOKE event (the same, unless told otherwise).
+    extension_deadline_ms: u64,
     /// Calls of the extension's `event/next`.
     extension_calls: Arc<AtomicUsize>,
 }
@@ -56,12 +63,23 @@ impl StandIn {
     /// Serve the stand-in on a free port with one invocation of `event`;
     /// returns it and its address (for `AWS_LAMBDA_RUNTIME_API`).
     pub async fn start(event: Value, deadline_ms: u64) -> (StandIn, String) {
+        Self::start_with(event, deadline_ms, deadline_ms).await
+    }
+
+    /// [`start`](Self::start), telling the extension `extension_deadline_ms`
+    /// instead: the invocation ends earlier than the runtime was told.
+    pub async fn start_with(
+        event: Value,
+        deadline_ms: u64,
+        extension_deadline_ms: u64,
+    ) -> (StandIn, String) {
         let stand_in = StandIn {
             seen: Arc::default(),
             invocation: Arc::new(Mutex::new(Some(event))),
             dispatched: watch::channel(false).0,
             changed: Arc::new(Notify::new()),
             deadline_ms,
+            extension_deadline_ms,
             extension_calls: Arc::default(),
         };
         let app = Router::new()
@@ -167,7 +185,7 @@ async fn extension_next(State(s): State<StandIn>) -> Response {
     let _ = dispatched.wait_for(|d| *d).await;
     axum::Json(json!({
         "eventType": "INVOKE",
-        "deadlineMs": s.deadline_ms,
+        "deadlineMs": s.extension_deadline_ms,
         "requestId": REQUEST_ID,
         "invokedFunctionArn": FUNCTION_ARN,
         "tracing": {"type": "X-Amzn-Trace-Id", "value": TRACE_ID}
@@ -199,4 +217,114 @@ pub fn spawn_function(
         .unwrap();
     let stderr = super::process::collect_stderr(&mut child);
     (child, stderr)
+}
+
+/// A Function URL (API Gateway HTTP API v2) event carrying `body` with `headers`.
+pub fn function_url_event(path: &str, headers: &[(String, String)], body: &str) -> Value {
+    let mut h = serde_json::Map::new();
+    h.insert("content-type".into(), json!("application/json"));
+    for (k, v) in headers {
+        h.insert(k.clone(), json!(v));
+    }
+    json!({
+        "version": "2.0",
+        "routeKey": "$default",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": h,
+        "requestContext": {
+            "accountId": "123456789012", "apiId": "envworker", "domainName": "envworker.lambda-url.us-east-1.on.aws",
+            "domainPrefix": "envworker",
+            "http": {"method": "POST", "path": path, "protocol": "HTTP/1.1", "sourceIp": "203.0.113.7", "userAgent": "webhook-sender"},
+            "requestId": "req-1", "routeKey": "$default", "stage": "$default",
+            "time": "29/Nov/2026:10:00:00 +0000", "timeEpoch": epoch_ms()
+        },
+        "body": body,
+        "isBase64Encoded": false
+    })
+}
+
+pub struct Fixture {
+    pub server: TestServer,
+    pub env: (String, String),
+    pub secret: String,
+    pub key: SigningKey,
+    pub _mnt: tempfile::TempDir,
+}
+
+pub async fn fixture() -> Fixture {
+    let mnt = tempfile::tempdir().unwrap();
+    let server = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY)
+            .mount_root(mnt.path().join("advertised/memory").to_str().unwrap()),
+    )
+    .await;
+    let env = server
+        .dev(Method::POST, "/dev/environments", Some(json!({})))
+        .await
+        .ok();
+    let (key, secret) = SigningKey::generate();
+    Fixture {
+        env: (
+            env["environment_id"].as_str().unwrap().into(),
+            env["environment_key"].as_str().unwrap().into(),
+        ),
+        server,
+        secret,
+        key,
+        _mnt: mnt,
+    }
+}
+
+impl Fixture {
+    /// A scenario that writes `/b.md` (`content`) beside the seeded `/a.md`
+    /// in a store advertised under the fixture's mount root, and the
+    /// `--mount-remap` that keeps it under `actual/` instead.
+    pub async fn memory_scenario(&self, name: &str, content: &str) -> (super::Started, String) {
+        let started = self
+            .server
+            .start_scenario(&json!({
+                "name": name,
+                "environment_id": self.env.0,
+                "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {"/a.md": "alpha\n"}}],
+                "steps": [
+                    {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": content},
+                     "expect": {"is_error": false, "contains": "{mount:notes}/b.md"}},
+                    {"tool": "bash", "input": {"command": "ls {mount:notes} && pwd"}, "expect": {"contains": "b.md"}},
+                    {"tool": "glob", "input": {"pattern": "*.md", "path": "{mount:notes}"}, "expect": {"contains": "{mount:notes}/a.md"}}
+                ],
+                "expect_final": {"notes": {"/a.md": "alpha\n", "/b.md": content}}
+            }))
+            .await;
+        let remap = format!(
+            "{}={}",
+            self._mnt.path().join("advertised/memory").display(),
+            self._mnt.path().join("actual/memory").display()
+        );
+        (started, remap)
+    }
+
+    pub fn webhook_event(&self, session_id: &str) -> Value {
+        let body =
+            json!({"type": "event", "id": "whe_lambda_1", "created_at": "2026-11-29T10:00:00Z",
+                          "data": {"type": "session.status_run_started", "id": session_id}})
+            .to_string();
+        let now = (epoch_ms() / 1000) as i64;
+        let headers = vec![
+            ("webhook-id".to_string(), "whe_lambda_1".to_string()),
+            ("webhook-timestamp".to_string(), now.to_string()),
+            (
+                "webhook-signature".to_string(),
+                self.key.sign("whe_lambda_1", now, body.as_bytes()),
+            ),
+        ];
+        function_url_event("/webhooks/default", &headers, &body)
+    }
+}
+
+/// EventBridge's scheduled event, as `infra/template.yaml`'s schedule sends it.
+pub fn scheduled_event() -> Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("events/schedule/eventbridge.scheduled.json");
+    serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
 }

@@ -2,6 +2,7 @@
 //! helpers that send exactly the headers a real client sends.
 #![allow(dead_code)]
 
+pub mod cargo_lambda;
 pub mod fake_memory;
 pub mod harness;
 pub mod lambda;

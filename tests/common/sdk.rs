@@ -1,6 +1,7 @@
 //! The official Python SDK (`anthropic==2.10.0`) in a virtualenv under
 //! `target/`, installed on first use. An SDK that cannot be installed fails
 //! the test: a conformance check that silently skips proves nothing.
+//! [`install`] puts any other PyPI tool (cargo-lambda) in a virtualenv the same way.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -11,15 +12,24 @@ pub const SDK_VERSION: &str = "2.10.0";
 /// The virtualenv's python, with the SDK importable.
 pub fn python() -> PathBuf {
     static PYTHON: OnceLock<PathBuf> = OnceLock::new();
-    PYTHON.get_or_init(install).clone()
+    PYTHON
+        .get_or_init(|| {
+            let venv = install(
+                &format!("sdk-venv-{SDK_VERSION}"),
+                &format!("anthropic[webhooks]=={SDK_VERSION}"),
+                &has_sdk,
+            );
+            venv_python(&venv)
+        })
+        .clone()
 }
 
 fn venv_python(venv: &Path) -> PathBuf {
     venv.join("bin").join("python")
 }
 
-fn has_sdk(python: &Path) -> bool {
-    Command::new(python)
+fn has_sdk(venv: &Path) -> bool {
+    Command::new(venv_python(venv))
         .args([
             "-c",
             &format!("import anthropic, standardwebhooks; assert anthropic.__version__ == '{SDK_VERSION}'"),
@@ -28,7 +38,10 @@ fn has_sdk(python: &Path) -> bool {
         .is_ok_and(|o| o.status.success())
 }
 
-fn install() -> PathBuf {
+/// A virtualenv `target/tmp/<name>` with `requirement` installed from PyPI,
+/// created on first use; `ready` tells a usable one. Panics (never skips)
+/// when it cannot be installed.
+pub fn install(name: &str, requirement: &str, ready: &dyn Fn(&Path) -> bool) -> PathBuf {
     // Integration tests get CARGO_TARGET_TMPDIR; benchmarks share the same place.
     let root = PathBuf::from(
         option_env!("CARGO_TARGET_TMPDIR")
@@ -36,14 +49,13 @@ fn install() -> PathBuf {
             .unwrap_or_else(|| format!("{}/target/tmp", env!("CARGO_MANIFEST_DIR"))),
     );
     std::fs::create_dir_all(&root).expect("the target directory is writable");
-    let root = root.as_path();
-    let venv = root.join(format!("sdk-venv-{SDK_VERSION}"));
-    if has_sdk(&venv_python(&venv)) {
-        return venv_python(&venv);
+    let venv = root.join(name);
+    if ready(&venv) {
+        return venv;
     }
     // Build in a private directory and rename it into place, so concurrent
     // test processes never see a half-installed virtualenv.
-    let staging = root.join(format!("sdk-venv-staging-{}", std::process::id()));
+    let staging = root.join(format!("{name}-staging-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     let host_python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
     run(
@@ -59,21 +71,20 @@ fn install() -> PathBuf {
             "install",
             "--quiet",
             "--disable-pip-version-check",
-            &format!("anthropic[webhooks]=={SDK_VERSION}"),
+            requirement,
         ]),
-        "install the official SDK",
+        &format!("install {requirement}"),
     );
     if std::fs::rename(&staging, &venv).is_err() {
         // Another process got there first; use theirs if it works.
         let _ = std::fs::remove_dir_all(&staging);
     }
-    let python = venv_python(&venv);
     assert!(
-        has_sdk(&python),
-        "the official SDK anthropic=={SDK_VERSION} is not importable from {}",
+        ready(&venv),
+        "{requirement} is not usable from {}",
         venv.display()
     );
-    python
+    venv
 }
 
 fn run(cmd: &mut Command, what: &str) -> Output {

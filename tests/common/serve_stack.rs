@@ -124,7 +124,18 @@ pub async fn stack(extra: &[&str]) -> Stack {
 
 /// [`stack`] with the `serve` child's resource limits.
 pub async fn stack_limited(extra: &[&str], limits: ServeLimits) -> Stack {
+    stack_with(extra, limits, true).await
+}
+
+/// [`stack`] whose webhooks are all lost: the devserver delivers them to a
+/// port nobody listens on (a sender outage).
+pub async fn stack_without_webhooks(extra: &[&str]) -> Stack {
+    stack_with(extra, ServeLimits::default(), false).await
+}
+
+async fn stack_with(extra: &[&str], limits: ServeLimits, webhooks: bool) -> Stack {
     let port = free_port();
+    let webhook_port = if webhooks { port } else { free_port() };
     let (_key, secret) = SigningKey::generate();
     let mnt = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
@@ -133,7 +144,7 @@ pub async fn stack_limited(extra: &[&str], limits: ServeLimits) -> Stack {
         DevserverConfig::new(ADMIN_KEY)
             .mount_root(mount_root.to_str().unwrap())
             .webhook(
-                format!("http://127.0.0.1:{port}/webhooks/default"),
+                format!("http://127.0.0.1:{webhook_port}/webhooks/default"),
                 SigningKey::parse(&secret).unwrap(),
             )
             .lease_ttl_seconds(10),
