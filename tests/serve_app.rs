@@ -55,6 +55,14 @@ struct Fx {
 
 /// One endpoint per `(name, keys)`, each over its own environment of one devserver.
 async fn fixture_with(endpoints: Vec<(&str, Vec<SigningKey>)>) -> (Fx, Vec<String>) {
+    fixture_tweaked(endpoints, |_, _| {}).await
+}
+
+/// [`fixture_with`], each endpoint's worker options changed by `tweak(name, options)`.
+async fn fixture_tweaked(
+    endpoints: Vec<(&str, Vec<SigningKey>)>,
+    tweak: impl Fn(&str, &mut WorkerOptions),
+) -> (Fx, Vec<String>) {
     let mnt = tempfile::tempdir().unwrap();
     let workdir = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(
@@ -75,6 +83,7 @@ async fn fixture_with(endpoints: Vec<(&str, Vec<SigningKey>)>) -> (Fx, Vec<Strin
         ));
         options.workdir = workdir.path().to_path_buf();
         options.max_idle = Some(Duration::from_secs(1));
+        tweak(name, &mut options);
         let worker = EnvironmentWorker::new(options).unwrap();
         built.push(Endpoint::new(name, keys, worker, DrainOptions::default()));
         env_ids.push(env_id);
@@ -955,5 +964,27 @@ async fn serve_container_serves_work_already_queued_when_it_starts() {
             .expect("serve_container returns")
             .unwrap()
             .unwrap()
+    );
+}
+
+/// With an environment key the API refuses, readiness says so at once,
+/// naming the endpoint and the cause (before: 200 `ready` while every
+/// delivery was answered 202 and drained into a 401).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_environment_key_turns_readiness_503_naming_the_endpoint() {
+    let (fx, _) = fixture_tweaked(vec![("default", vec![key()])], |_, o| {
+        o.environment_key = Some(Redacted::new("sk-ant-envkey-wrong".to_string()))
+    })
+    .await;
+    let a = call(&fx.state, get("/readyz")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+    assert_eq!(a.body["status"], "unready", "{}", a.body);
+    let default = &a.body["endpoints"]["default"];
+    assert_eq!(default["ready"], false, "{}", a.body);
+    assert_eq!(default["cause"], "credentials_refused", "{}", a.body);
+    assert!(
+        default["error"].as_str().unwrap().starts_with("401"),
+        "{}",
+        a.body
     );
 }
