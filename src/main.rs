@@ -82,7 +82,10 @@ async fn devserver(args: DevserverArgs) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     tracing::info!(listen.addr = %addr, db.path = %server.state().db().path().display(), "devserver listening");
     // Scripts and tests read the URL from this line (JSON with --log-format json).
-    logging::announce("envworker devserver listening on", &format!("http://{addr}"));
+    logging::announce(
+        "envworker devserver listening on",
+        &format!("http://{addr}"),
+    );
     server.serve(listener, commands::shutdown_signal()).await?;
     tracing::info!("devserver stopped");
     Ok(())

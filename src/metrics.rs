@@ -682,15 +682,30 @@ mod endpoint_tests {
             queued_for: Some(Duration::from_millis(1_500)),
         });
         for (series, expected) in [
-            (r#"envworker_poll_errors_total{endpoint="a",class="auth"}"#, 2.0),
+            (
+                r#"envworker_poll_errors_total{endpoint="a",class="auth"}"#,
+                2.0,
+            ),
             (
                 r#"envworker_poll_errors_total{endpoint="a",class="unreachable"}"#,
                 1.0,
             ),
-            (r#"envworker_poll_errors_total{endpoint="a",class="server"}"#, 1.0),
-            (r#"envworker_poll_errors_total{endpoint="a",class="other"}"#, 1.0),
-            (r#"envworker_work_queue_wait_seconds_count{endpoint="a"}"#, 1.0),
-            (r#"envworker_work_queue_wait_seconds_sum{endpoint="a"}"#, 1.5),
+            (
+                r#"envworker_poll_errors_total{endpoint="a",class="server"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_poll_errors_total{endpoint="a",class="other"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_work_queue_wait_seconds_count{endpoint="a"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_work_queue_wait_seconds_sum{endpoint="a"}"#,
+                1.5,
+            ),
             (
                 r#"envworker_work_queue_wait_seconds_bucket{le="1.0",endpoint="a"}"#,
                 0.0,

@@ -1003,9 +1003,10 @@ async fn a_refused_environment_key_turns_readiness_503_naming_the_endpoint() {
 }
 
 /// One endpoint `default`, its worker's options changed by `tweak`.
-async fn observed_fixture(tweak: impl Fn(&mut WorkerOptions)) -> (Fx, ()) {
-    let (fx, _) = fixture_tweaked(vec![("default", vec![key()])], |_, o| tweak(o)).await;
-    (fx, ())
+async fn observed_fixture(tweak: impl Fn(&mut WorkerOptions)) -> Fx {
+    fixture_tweaked(vec![("default", vec![key()])], |_, o| tweak(o))
+        .await
+        .0
 }
 
 async fn readyz(fx: &Fx) -> Answer {
@@ -1027,13 +1028,15 @@ async fn metrics_text(fx: &Fx) -> String {
 /// with 401, as the API does for a revoked key.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_key_revoked_while_idle_shows_on_readiness_and_recovers_by_itself() {
-    let (fx, ()) = observed_fixture(|_| {}).await;
+    let fx = observed_fixture(|_| {}).await;
     fx.state.set_unready_after(Duration::from_secs(2));
     let every = envworker::serve::health::probe_every(Duration::from_secs(2));
     let a = readyz(&fx).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     fx.server
-        .add_faults(vec![json!({"path": "/v1/environments/*/work/*", "status": 401})])
+        .add_faults(vec![
+            json!({"path": "/v1/environments/*/work/*", "status": 401}),
+        ])
         .await;
     // Within the probe interval readiness answers from what it knows.
     assert_eq!(readyz(&fx).await.status, StatusCode::OK);
@@ -1041,15 +1044,17 @@ async fn a_key_revoked_while_idle_shows_on_readiness_and_recovers_by_itself() {
     let a = readyz(&fx).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
     assert_eq!(
-        a.body["endpoints"]["default"]["cause"],
-        "credentials_refused",
+        a.body["endpoints"]["default"]["cause"], "credentials_refused",
         "{}",
         a.body
     );
     let text = metrics_text(&fx).await;
     assert!(
-        sample(&text, r#"envworker_poll_errors_total{endpoint="default",class="auth"}"#)
-            .is_some_and(|v| v >= 1.0),
+        sample(
+            &text,
+            r#"envworker_poll_errors_total{endpoint="default",class="auth"}"#
+        )
+        .is_some_and(|v| v >= 1.0),
         "{text}"
     );
     // Deliveries are still accepted: the queue keeps them for when the key works.
@@ -1070,24 +1075,34 @@ async fn a_key_revoked_while_idle_shows_on_readiness_and_recovers_by_itself() {
 /// when it answers again.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_api_failing_longer_than_the_threshold_turns_readiness_503_until_it_answers() {
-    let (fx, ()) = observed_fixture(|_| {}).await;
+    let fx = observed_fixture(|_| {}).await;
     let after = Duration::from_secs(2);
     fx.state.set_unready_after(after);
     let every = envworker::serve::health::probe_every(after);
     fx.server
-        .add_faults(vec![json!({"path": "/v1/environments/*/work/*", "status": 503})])
+        .add_faults(vec![
+            json!({"path": "/v1/environments/*/work/*", "status": 503}),
+        ])
         .await;
     let t0 = Instant::now();
     let a = readyz(&fx).await;
     assert_eq!(a.status, StatusCode::OK, "under the threshold: {}", a.body);
-    assert_eq!(a.body["endpoints"]["default"]["failing_for_s"], 0, "{}", a.body);
+    assert_eq!(
+        a.body["endpoints"]["default"]["failing_for_s"], 0,
+        "{}",
+        a.body
+    );
     let a = loop {
         tokio::time::sleep(every).await;
         let a = readyz(&fx).await;
         if a.status != StatusCode::OK {
             break a;
         }
-        assert!(t0.elapsed() < after + every * 3, "never unready: {}", a.body);
+        assert!(
+            t0.elapsed() < after + every * 3,
+            "never unready: {}",
+            a.body
+        );
     };
     assert!(t0.elapsed() >= after, "unready before the threshold");
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
@@ -1099,8 +1114,11 @@ async fn an_api_failing_longer_than_the_threshold_turns_readiness_503_until_it_a
     assert_eq!(readyz(&fx).await.status, StatusCode::OK);
     let text = metrics_text(&fx).await;
     assert!(
-        sample(&text, r#"envworker_poll_errors_total{endpoint="default",class="server"}"#)
-            .is_some_and(|v| v >= 2.0),
+        sample(
+            &text,
+            r#"envworker_poll_errors_total{endpoint="default",class="server"}"#
+        )
+        .is_some_and(|v| v >= 2.0),
         "{text}"
     );
 }
@@ -1113,18 +1131,26 @@ async fn an_api_nobody_answers_at_is_unreachable_past_the_threshold() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         format!("http://{}", l.local_addr().unwrap())
     };
-    let (fx, ()) = observed_fixture(|o| o.base_url = closed.clone()).await;
+    let fx = observed_fixture(|o| o.base_url = closed.clone()).await;
     let after = Duration::from_secs(1);
     fx.state.set_unready_after(after);
     assert_eq!(readyz(&fx).await.status, StatusCode::OK);
-    tokio::time::sleep(envworker::serve::health::probe_every(after) + Duration::from_millis(100)).await;
+    tokio::time::sleep(envworker::serve::health::probe_every(after) + Duration::from_millis(100))
+        .await;
     let a = readyz(&fx).await;
     assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
-    assert_eq!(a.body["endpoints"]["default"]["class"], "unreachable", "{}", a.body);
+    assert_eq!(
+        a.body["endpoints"]["default"]["class"], "unreachable",
+        "{}",
+        a.body
+    );
     let text = metrics_text(&fx).await;
     assert!(
-        sample(&text, r#"envworker_poll_errors_total{endpoint="default",class="unreachable"}"#)
-            .is_some_and(|v| v >= 2.0),
+        sample(
+            &text,
+            r#"envworker_poll_errors_total{endpoint="default",class="unreachable"}"#
+        )
+        .is_some_and(|v| v >= 2.0),
         "{text}"
     );
 }
@@ -1136,16 +1162,26 @@ async fn the_wait_from_enqueue_to_claim_is_a_histogram_per_endpoint() {
     let fx = fixture(vec![k.clone()]).await;
     let session = fx.canary().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    call(&fx.state, delivery(&k, "whe_wait", &run_started("whe_wait")))
-        .await
-        .accepted();
+    call(
+        &fx.state,
+        delivery(&k, "whe_wait", &run_started("whe_wait")),
+    )
+    .await
+    .accepted();
     fx.assert_served(&session).await;
     let text = metrics_text(&fx).await;
     assert_eq!(
-        sample(&text, r#"envworker_work_queue_wait_seconds_count{endpoint="default"}"#),
+        sample(
+            &text,
+            r#"envworker_work_queue_wait_seconds_count{endpoint="default"}"#
+        ),
         Some(1.0),
         "{text}"
     );
-    let waited = sample(&text, r#"envworker_work_queue_wait_seconds_sum{endpoint="default"}"#).unwrap();
+    let waited = sample(
+        &text,
+        r#"envworker_work_queue_wait_seconds_sum{endpoint="default"}"#,
+    )
+    .unwrap();
     assert!((0.3..30.0).contains(&waited), "{waited}\n{text}");
 }

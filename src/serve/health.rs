@@ -118,7 +118,13 @@ impl Watch {
 
     /// The endpoint's part of the readiness body, and whether it is ready.
     /// Logs once when an outage crosses the threshold.
-    pub(crate) fn report(&self, name: &str, standing: &Standing, now: Instant, unready_after: Duration) -> (bool, Value) {
+    pub(crate) fn report(
+        &self,
+        name: &str,
+        standing: &Standing,
+        now: Instant,
+        unready_after: Duration,
+    ) -> (bool, Value) {
         let secs = |t: &Trouble| now.saturating_duration_since(t.since).as_secs();
         match verdict(standing, now, unready_after) {
             Some((cause, trouble)) => {
@@ -198,8 +204,14 @@ mod tests {
 
     #[test]
     fn probes_come_at_half_the_threshold_within_bounds() {
-        assert_eq!(probe_every(Duration::from_secs(60)), Duration::from_secs(30));
-        assert_eq!(probe_every(Duration::from_secs(600)), Duration::from_secs(30));
+        assert_eq!(
+            probe_every(Duration::from_secs(60)),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            probe_every(Duration::from_secs(600)),
+            Duration::from_secs(30)
+        );
         assert_eq!(probe_every(Duration::from_secs(1)), Duration::from_secs(1));
         assert_eq!(probe_every(Duration::from_secs(4)), Duration::from_secs(2));
     }

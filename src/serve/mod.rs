@@ -332,7 +332,10 @@ async fn metrics(State(state): State<AppState>) -> Response {
     }
     drop(last_read);
     (
-        [(axum::http::header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::metrics::CONTENT_TYPE,
+        )],
         state.inner.metrics.render(),
     )
         .into_response()

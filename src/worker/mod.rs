@@ -75,7 +75,9 @@ pub enum WorkerEvent {
     Finished(Box<ItemReport>),
     /// A request made with the environment key (a poll, an ack, a queue
     /// stats read) failed.
-    QueueError { class: crate::api::ErrorClass },
+    QueueError {
+        class: crate::api::ErrorClass,
+    },
 }
 
 /// Where a worker sends its [`WorkerEvent`]s.
@@ -271,6 +273,7 @@ impl EnvironmentWorker {
                 .map_err(|e| WorkerError::Config(format!("extra header {name}: {e}")))?;
         }
         let watch = Arc::new(standing::KeyWatch::new(
+            &options.environment_id,
             options.observers.clone(),
             options.events.clone(),
         ));

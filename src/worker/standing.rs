@@ -52,6 +52,8 @@ pub struct Trouble {
 
 /// Watches the outcomes of the requests made with the environment key.
 pub(crate) struct KeyWatch {
+    /// Named in the log lines (the worker knows no endpoint name).
+    environment_id: String,
     standing: Mutex<Standing>,
     observers: Vec<Arc<dyn WorkerObserver>>,
     events: Option<EventSink>,
@@ -71,8 +73,13 @@ enum Change {
 }
 
 impl KeyWatch {
-    pub(crate) fn new(observers: Vec<Arc<dyn WorkerObserver>>, events: Option<EventSink>) -> Self {
+    pub(crate) fn new(
+        environment_id: &str,
+        observers: Vec<Arc<dyn WorkerObserver>>,
+        events: Option<EventSink>,
+    ) -> Self {
         KeyWatch {
+            environment_id: environment_id.to_string(),
             standing: Mutex::new(Standing::default()),
             observers,
             events,
@@ -136,12 +143,14 @@ impl RequestObserver for KeyWatch {
         match self.record(outcome, Instant::now()) {
             Change::None => {}
             Change::Refused { error } => error!(
+                environment_id = %self.environment_id,
                 error = %error,
                 "the API refused the environment key; /readyz answers 503 until a request with it succeeds"
             ),
-            Change::Recovered => {
-                info!("the API answers and accepts the environment key again")
-            }
+            Change::Recovered => info!(
+                environment_id = %self.environment_id,
+                "the API answers and accepts the environment key again"
+            ),
         }
         if let Err(e) = outcome {
             emit_to(
@@ -166,7 +175,7 @@ mod tests {
 
     #[test]
     fn refusals_and_outages_last_until_a_success() {
-        let watch = KeyWatch::new(Vec::new(), None);
+        let watch = KeyWatch::new("env_1", Vec::new(), None);
         let t0 = Instant::now();
         let at = |s| t0 + Duration::from_secs(s);
         watch.record(Err(&api(503)), at(1));

@@ -89,7 +89,10 @@ pub fn announced_url(child: &mut Child, prefix: &'static str) -> Option<String> 
 pub fn announced_url_and_stdout(
     child: &mut Child,
     prefix: &'static str,
-) -> (Option<String>, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+) -> (
+    Option<String>,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
     let stdout = child.stdout.take().expect("stdout is piped");
     let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let sink = lines.clone();
