@@ -1030,7 +1030,9 @@ async fn metrics_text(fx: &Fx) -> String {
 async fn a_key_revoked_while_idle_shows_on_readiness_and_recovers_by_itself() {
     let fx = observed_fixture(|_| {}).await;
     fx.state.set_unready_after(Duration::from_secs(2));
-    let every = envworker::serve::health::probe_every(Duration::from_secs(2));
+    // A probe is due once the interval is over (a timer may wake a tick early).
+    let every = envworker::serve::health::probe_every(Duration::from_secs(2))
+        + Duration::from_millis(50);
     let a = readyz(&fx).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     fx.server
@@ -1078,7 +1080,7 @@ async fn an_api_failing_longer_than_the_threshold_turns_readiness_503_until_it_a
     let fx = observed_fixture(|_| {}).await;
     let after = Duration::from_secs(2);
     fx.state.set_unready_after(after);
-    let every = envworker::serve::health::probe_every(after);
+    let every = envworker::serve::health::probe_every(after) + Duration::from_millis(50);
     fx.server
         .add_faults(vec![
             json!({"path": "/v1/environments/*/work/*", "status": 503}),
