@@ -48,7 +48,8 @@ struct BuildLabels {
 }
 
 /// The commit built, from `ENVWORKER_GIT_SHA` in the build's environment
-/// (the image build passes it); `unknown` otherwise.
+/// (`ENVWORKER_GIT_SHA=$(git rev-parse HEAD) cargo build`; no build script
+/// asks git); `unknown` otherwise.
 pub const GIT_SHA: &str = match option_env!("ENVWORKER_GIT_SHA") {
     Some(sha) => sha,
     None => "unknown",

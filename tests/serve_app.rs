@@ -1031,8 +1031,8 @@ async fn a_key_revoked_while_idle_shows_on_readiness_and_recovers_by_itself() {
     let fx = observed_fixture(|_| {}).await;
     fx.state.set_unready_after(Duration::from_secs(2));
     // A probe is due once the interval is over (a timer may wake a tick early).
-    let every = envworker::serve::health::probe_every(Duration::from_secs(2))
-        + Duration::from_millis(50);
+    let every =
+        envworker::serve::health::probe_every(Duration::from_secs(2)) + Duration::from_millis(50);
     let a = readyz(&fx).await;
     assert_eq!(a.status, StatusCode::OK, "{}", a.body);
     fx.server

@@ -106,10 +106,11 @@ impl KeyWatch {
             };
         };
         let class = e.class();
+        let text = with_causes(e);
         let trouble = |since| Trouble {
             since,
             class,
-            error: e.to_string(),
+            error: text.clone(),
         };
         match class {
             ErrorClass::Auth => {
@@ -118,9 +119,7 @@ impl KeyWatch {
                 let since = s.refused.as_ref().map_or(now, |t| t.since);
                 s.refused = Some(trouble(since));
                 if first {
-                    Change::Refused {
-                        error: e.to_string(),
-                    }
+                    Change::Refused { error: text }
                 } else {
                     Change::None
                 }
@@ -136,6 +135,22 @@ impl KeyWatch {
             }
         }
     }
+}
+
+/// `e` and its causes, `: `-separated: a transport error's own text names
+/// no cause ("error sending request"), its sources do ("connection refused").
+fn with_causes(e: &Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 impl RequestObserver for KeyWatch {
