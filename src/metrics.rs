@@ -427,6 +427,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::api::ErrorClass;
     use crate::memory::TeardownReport;
     use crate::session::{CallRecord, RunStats};
     use crate::worker::item::ItemReport;
@@ -644,24 +645,6 @@ mod tests {
             Some(1.0)
         );
         assert!(m.render().contains("# TYPE envworker_webhooks counter"));
-    }
-}
-
-#[cfg(test)]
-mod endpoint_tests {
-    use std::time::Duration;
-
-    use super::*;
-    use crate::api::ErrorClass;
-
-    fn value(metrics: &Metrics, series: &str) -> Option<f64> {
-        metrics.render().lines().find_map(|line| {
-            line.strip_prefix(series)?
-                .strip_prefix(' ')?
-                .trim()
-                .parse()
-                .ok()
-        })
     }
 
     #[test]
