@@ -175,6 +175,11 @@ pub struct ServeArgs {
     #[arg(long, env = "ENVWORKER_STOP_GRACE", default_value = "75s", value_parser = crate::config::parse_stop_grace)]
     pub(crate) stop_grace: Duration,
 
+    /// How long an endpoint's API may give no answer (or only 5xx) before /readyz answers 503
+    /// (1s–1h). A refused environment key turns it 503 at once.
+    #[arg(long, env = "ENVWORKER_UNREADY_AFTER", default_value = "60s", value_parser = crate::config::parse_unready_after)]
+    pub(crate) unready_after: Duration,
+
     #[command(flatten)]
     pub(crate) worker: WorkerArgs,
 }

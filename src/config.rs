@@ -35,6 +35,9 @@ pub(crate) mod bounds {
     /// `--stop-grace`.
     pub(crate) const STOP_GRACE: (Duration, Duration) =
         (Duration::from_secs(1), Duration::from_secs(3600));
+    /// `--unready-after`.
+    pub(crate) const UNREADY_AFTER: (Duration, Duration) =
+        (Duration::from_secs(1), Duration::from_secs(3600));
     /// `--min-serving-time` (a Lambda invocation lasts at most 15 minutes).
     pub(crate) const MIN_SERVING_TIME: (Duration, Duration) =
         (Duration::ZERO, Duration::from_secs(15 * 60));
@@ -64,6 +67,10 @@ pub(crate) fn parse_call_grace(text: &str) -> Result<Duration, String> {
 
 pub(crate) fn parse_stop_grace(text: &str) -> Result<Duration, String> {
     parse_duration_within(text, bounds::STOP_GRACE)
+}
+
+pub(crate) fn parse_unready_after(text: &str) -> Result<Duration, String> {
+    parse_duration_within(text, bounds::UNREADY_AFTER)
 }
 
 pub(crate) fn parse_min_serving_time(text: &str) -> Result<Duration, String> {

@@ -26,9 +26,58 @@ pub enum LogFormat {
     Json,
 }
 
+/// The format [`init`] installed (text until then).
+static FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
+
+/// Print the line that announces where a server listens, on stdout, where
+/// scripts and tests read it: `{what} {url}` as text, or with
+/// `--log-format json` a JSON log line whose `message` is that same text
+/// and whose `url` is the URL — so every line the process writes is JSON.
+pub fn announce(what: &str, url: &str) {
+    use std::io::Write;
+    let text = format!("{what} {url}");
+    let line = match FORMAT.get().copied().unwrap_or_default() {
+        LogFormat::Text => text,
+        LogFormat::Json => {
+            let mut timestamp = String::new();
+            let _ = SystemTime.format_time(&mut Writer::new(&mut timestamp));
+            serde_json::json!({
+                "timestamp": timestamp,
+                "level": "INFO",
+                "target": "envworker",
+                "message": text,
+                "url": url,
+            })
+            .to_string()
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
 /// Install the global subscriber; `default_filter` applies when `RUST_LOG`
 /// is unset. Calling it twice keeps the first.
+///
+/// With JSON, a panic is logged as an ERROR line too (its message and
+/// place), instead of the default hook's plain text on stderr.
 pub fn init(format: LogFormat, default_filter: &str) {
+    let _ = FORMAT.set(format);
+    if format == LogFormat::Json {
+        std::panic::set_hook(Box::new(|info| {
+            let message = info
+                .payload()
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| info.payload().downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            let location = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()))
+                .unwrap_or_default();
+            tracing::error!(panic.message = %message, panic.location = %location, "panicked");
+        }));
+    }
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()

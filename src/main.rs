@@ -1,6 +1,5 @@
 //! The `envworker` binary: parse the command line, set up logging, dispatch.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -53,7 +52,10 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = format!("{e:#}"), "envworker failed");
-            eprintln!("envworker: {e:#}");
+            // In JSON every line is JSON: the log line above says it all.
+            if cli.log_format == logging::LogFormat::Text {
+                eprintln!("envworker: {e:#}");
+            }
             ExitCode::FAILURE
         }
     }
@@ -79,9 +81,11 @@ async fn devserver(args: DevserverArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(listen.addr = %addr, db.path = %server.state().db().path().display(), "devserver listening");
-    // Scripts and tests read the URL from this line.
-    println!("envworker devserver listening on http://{addr}");
-    std::io::stdout().flush().ok();
+    // Scripts and tests read the URL from this line (JSON with --log-format json).
+    logging::announce(
+        "envworker devserver listening on",
+        &format!("http://{addr}"),
+    );
     server.serve(listener, commands::shutdown_signal()).await?;
     tracing::info!("devserver stopped");
     Ok(())

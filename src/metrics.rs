@@ -8,6 +8,8 @@
 //! Labels are closed sets (outcomes, tool names the agent toolset defines,
 //! configured endpoint names); nothing a sender controls becomes a label.
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -32,6 +34,36 @@ struct WebhookLabels {
 struct EndpointLabel {
     endpoint: String,
 }
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PollErrorLabels {
+    endpoint: String,
+    class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: &'static str,
+    git_sha: &'static str,
+}
+
+/// The commit built, from `ENVWORKER_GIT_SHA` in the build's environment
+/// (`ENVWORKER_GIT_SHA=$(git rev-parse HEAD) cargo build`; no build script
+/// asks git); `unknown` otherwise.
+pub const GIT_SHA: &str = match option_env!("ENVWORKER_GIT_SHA") {
+    Some(sha) => sha,
+    None => "unknown",
+};
+
+/// The content type of [`Metrics::render`]'s body (OpenMetrics text, which
+/// Prometheus negotiates and reads).
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Upper bounds of the queue-wait histogram, in seconds: webhook-driven
+/// claims take well under a second; a lost webhook waits for a periodic look.
+const QUEUE_WAIT_BUCKETS: [f64; 14] = [
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0,
+];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -86,6 +118,8 @@ pub struct Metrics {
     memory_final_sync_cutoffs: Counter,
     lease_losses: Counter,
     work_queue_depth: Family<EndpointLabel, Gauge>,
+    poll_errors: Family<PollErrorLabels, Counter>,
+    queue_wait_seconds: Family<EndpointLabel, Histogram>,
 }
 
 impl Default for Metrics {
@@ -97,6 +131,18 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("envworker");
+        let build_info = registered(
+            &mut registry,
+            "build_info",
+            "Always 1; the labels name the running build (version, git_sha)",
+            Family::<BuildLabels, Gauge>::default(),
+        );
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+                git_sha: GIT_SHA,
+            })
+            .set(1);
         Metrics {
             webhooks: registered(
                 &mut registry,
@@ -193,6 +239,20 @@ impl Metrics {
                 "Items queued in each endpoint's environment, read from the work queue stats at scrape time",
                 Family::<EndpointLabel, Gauge>::default(),
             ),
+            poll_errors: registered(
+                &mut registry,
+                "poll_errors",
+                "Failed work-queue requests made with an endpoint's environment key (polls, acks, queue stats reads), by endpoint and class (auth = 401/403, unreachable = no answer, server = 5xx, other)",
+                Family::<PollErrorLabels, Counter>::default(),
+            ),
+            queue_wait_seconds: registered(
+                &mut registry,
+                "work_queue_wait_seconds",
+                "Time from a work item's creation (its created_at, the API's clock) to its claim, by endpoint",
+                Family::<EndpointLabel, Histogram>::new_with_constructor(|| {
+                    Histogram::new(QUEUE_WAIT_BUCKETS)
+                }),
+            ),
             registry,
         }
     }
@@ -237,7 +297,16 @@ impl Metrics {
         self.memory_refused_files.inc_by(report.refused as u64);
     }
 
-    /// The registry in Prometheus text format.
+    /// An observer of one endpoint's worker: [`Metrics`] labelling what it
+    /// counts per endpoint with `endpoint` (a configured name).
+    pub fn for_endpoint(self: &Arc<Self>, endpoint: &str) -> Arc<EndpointMetrics> {
+        Arc::new(EndpointMetrics {
+            metrics: self.clone(),
+            endpoint: endpoint.to_string(),
+        })
+    }
+
+    /// The registry in OpenMetrics text format ([`CONTENT_TYPE`]).
     pub fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -246,12 +315,47 @@ impl Metrics {
     }
 }
 
-impl WorkerObserver for Metrics {
-    /// Count what one worker event says happened.
+/// [`Metrics`] as the observer of one endpoint's worker.
+pub struct EndpointMetrics {
+    metrics: Arc<Metrics>,
+    endpoint: String,
+}
+
+impl WorkerObserver for EndpointMetrics {
     fn observe(&self, event: &WorkerEvent) {
+        self.metrics.count(&self.endpoint, event);
+    }
+}
+
+impl WorkerObserver for Metrics {
+    /// Count what one worker event says happened; per-endpoint series get
+    /// `endpoint="unknown"` (use [`Metrics::for_endpoint`] to name it).
+    fn observe(&self, event: &WorkerEvent) {
+        self.count("unknown", event);
+    }
+}
+
+impl Metrics {
+    /// Count what one event of `endpoint`'s worker says happened.
+    fn count(&self, endpoint: &str, event: &WorkerEvent) {
         match event {
-            WorkerEvent::Claimed { .. } => {
+            WorkerEvent::Claimed { queued_for, .. } => {
                 self.sessions_in_flight.inc();
+                if let Some(wait) = queued_for {
+                    self.queue_wait_seconds
+                        .get_or_create(&EndpointLabel {
+                            endpoint: endpoint.to_string(),
+                        })
+                        .observe(wait.as_secs_f64());
+                }
+            }
+            WorkerEvent::QueueError { class } => {
+                self.poll_errors
+                    .get_or_create(&PollErrorLabels {
+                        endpoint: endpoint.to_string(),
+                        class: class.as_str(),
+                    })
+                    .inc();
             }
             WorkerEvent::Call { record, .. } => {
                 let tool = if TOOLS.contains(&record.name.as_str()) {
@@ -323,6 +427,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::api::ErrorClass;
     use crate::memory::TeardownReport;
     use crate::session::{CallRecord, RunStats};
     use crate::worker::item::ItemReport;
@@ -445,6 +550,7 @@ mod tests {
         m.observe(&WorkerEvent::Claimed {
             work_id: "work_1".into(),
             session_id: "sesn_1".into(),
+            queued_for: None,
         });
         assert_eq!(value(&m, "envworker_sessions_in_flight"), Some(1.0));
         m.observe(&WorkerEvent::Synced {
@@ -539,5 +645,82 @@ mod tests {
             Some(1.0)
         );
         assert!(m.render().contains("# TYPE envworker_webhooks counter"));
+    }
+
+    #[test]
+    fn poll_errors_and_queue_waits_are_labelled_with_the_endpoint() {
+        let m = Arc::new(Metrics::new());
+        let a = m.for_endpoint("a");
+        for class in [
+            ErrorClass::Auth,
+            ErrorClass::Auth,
+            ErrorClass::Unreachable,
+            ErrorClass::Server,
+            ErrorClass::Other,
+        ] {
+            a.observe(&WorkerEvent::QueueError { class });
+        }
+        a.observe(&WorkerEvent::Claimed {
+            work_id: "work_1".into(),
+            session_id: "sesn_1".into(),
+            queued_for: Some(Duration::from_millis(1_500)),
+        });
+        for (series, expected) in [
+            (
+                r#"envworker_poll_errors_total{endpoint="a",class="auth"}"#,
+                2.0,
+            ),
+            (
+                r#"envworker_poll_errors_total{endpoint="a",class="unreachable"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_poll_errors_total{endpoint="a",class="server"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_poll_errors_total{endpoint="a",class="other"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_work_queue_wait_seconds_count{endpoint="a"}"#,
+                1.0,
+            ),
+            (
+                r#"envworker_work_queue_wait_seconds_sum{endpoint="a"}"#,
+                1.5,
+            ),
+            (
+                r#"envworker_work_queue_wait_seconds_bucket{le="1.0",endpoint="a"}"#,
+                0.0,
+            ),
+            (
+                r#"envworker_work_queue_wait_seconds_bucket{le="2.5",endpoint="a"}"#,
+                1.0,
+            ),
+            ("envworker_sessions_in_flight", 1.0),
+        ] {
+            assert_eq!(
+                value(&m, series),
+                Some(expected),
+                "{series}\n{}",
+                m.render()
+            );
+        }
+    }
+
+    #[test]
+    fn build_info_names_the_version_and_commit() {
+        let m = Metrics::new();
+        let series = format!(
+            r#"envworker_build_info{{version="{}",git_sha="{GIT_SHA}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(value(&m, &series), Some(1.0), "{}", m.render());
+        assert!(m.render().contains("# TYPE envworker_build_info gauge"));
+        assert!(
+            m.render().ends_with("# EOF\n"),
+            "the body is OpenMetrics, as CONTENT_TYPE says"
+        );
     }
 }

@@ -220,3 +220,33 @@ fn bad_devserver_flags_are_refused_with_a_clear_message() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// With `--log-format json` even a failure at start is JSON only: the
+/// `envworker failed` log line, no plain `envworker: …` line beside it.
+#[test]
+fn a_failure_at_start_writes_only_json_lines_in_json_mode() {
+    let out = envworker()
+        .args(["--log-format", "json", "serve", "--listen", "127.0.0.1:0"])
+        .env_remove("ANTHROPIC_ENVIRONMENT_ID")
+        .env_remove("ENVWORKER_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["message"] == "envworker failed"
+            && l["error"]
+                .as_str()
+                .unwrap()
+                .contains("ANTHROPIC_ENVIRONMENT_ID")),
+        "{text}"
+    );
+}

@@ -19,6 +19,7 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use common::{ADMIN_KEY, TestServer};
 use envworker::api::types::Redacted;
 use envworker::devserver::DevserverConfig;
+use envworker::metrics::Metrics;
 use envworker::serve::{AppState, Endpoint, MAX_BODY_BYTES, Mode, app, serve_container};
 use envworker::webhook::{self, SigningKey, WebhookError, WebhookHeaders};
 use envworker::worker::poll::DrainOptions;
@@ -55,6 +56,14 @@ struct Fx {
 
 /// One endpoint per `(name, keys)`, each over its own environment of one devserver.
 async fn fixture_with(endpoints: Vec<(&str, Vec<SigningKey>)>) -> (Fx, Vec<String>) {
+    fixture_tweaked(endpoints, |_, _| {}).await
+}
+
+/// [`fixture_with`], each endpoint's worker options changed by `tweak(name, options)`.
+async fn fixture_tweaked(
+    endpoints: Vec<(&str, Vec<SigningKey>)>,
+    tweak: impl Fn(&str, &mut WorkerOptions),
+) -> (Fx, Vec<String>) {
     let mnt = tempfile::tempdir().unwrap();
     let workdir = tempfile::tempdir().unwrap();
     let server = TestServer::start_with(
@@ -63,6 +72,7 @@ async fn fixture_with(endpoints: Vec<(&str, Vec<SigningKey>)>) -> (Fx, Vec<Strin
     .await;
     let mut built = Vec::new();
     let mut env_ids = Vec::new();
+    let metrics = std::sync::Arc::new(Metrics::new());
     for (name, keys) in endpoints {
         let env = server
             .dev(Method::POST, "/dev/environments", Some(json!({})))
@@ -75,11 +85,14 @@ async fn fixture_with(endpoints: Vec<(&str, Vec<SigningKey>)>) -> (Fx, Vec<Strin
         ));
         options.workdir = workdir.path().to_path_buf();
         options.max_idle = Some(Duration::from_secs(1));
+        // Fed as `serve` feeds it: per endpoint.
+        options.add_observer(metrics.for_endpoint(name));
+        tweak(name, &mut options);
         let worker = EnvironmentWorker::new(options).unwrap();
         built.push(Endpoint::new(name, keys, worker, DrainOptions::default()));
         env_ids.push(env_id);
     }
-    let state = AppState::new(built, Mode::Container);
+    let state = AppState::with_metrics(built, Mode::Container, metrics);
     let fx = Fx {
         server,
         env_id: env_ids[0].clone(),
@@ -672,7 +685,13 @@ async fn after_shutdown_deliveries_get_503_and_readiness_fails_but_health_holds(
     let canary = fx.canary().await;
     let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
     let a = call(&fx.state, get("/readyz")).await;
-    assert_eq!((a.status, a.body), (StatusCode::OK, json!("ready\n")));
+    assert_eq!(
+        (a.status, a.body),
+        (
+            StatusCode::OK,
+            json!({"status": "ready", "endpoints": {"default": {"ready": true}}})
+        )
+    );
 
     fx.state.begin_shutdown();
     assert!(fx.state.is_shutting_down());
@@ -693,7 +712,10 @@ async fn after_shutdown_deliveries_get_503_and_readiness_fails_but_health_holds(
     let a = call(&fx.state, get("/readyz")).await;
     assert_eq!(
         (a.status, a.body),
-        (StatusCode::SERVICE_UNAVAILABLE, json!("shutting down\n"))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "shutting_down"})
+        )
     );
     let a = call(&fx.state, get("/healthz")).await;
     assert_eq!((a.status, a.body), (StatusCode::OK, json!("ok\n")));
@@ -836,13 +858,13 @@ async fn metrics_report_each_endpoints_queue_depth_and_webhook_outcomes() {
 
     let scraped = call(&fx.state, get("/metrics")).await;
     assert_eq!(scraped.status, StatusCode::OK);
-    assert!(
-        scraped.headers["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/plain")
+    // The body is OpenMetrics text, and says so (not Prometheus 0.0.4's type).
+    assert_eq!(
+        scraped.headers["content-type"],
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
     );
     let text = scraped.body.as_str().unwrap().to_string();
+    assert!(text.ends_with("# EOF\n"), "{text}");
     assert_eq!(
         sample(&text, r#"envworker_work_queue_depth{endpoint="a"}"#),
         Some(1.0),
@@ -956,4 +978,198 @@ async fn serve_container_serves_work_already_queued_when_it_starts() {
             .unwrap()
             .unwrap()
     );
+}
+
+/// With an environment key the API refuses, readiness says so at once,
+/// naming the endpoint and the cause (before: 200 `ready` while every
+/// delivery was answered 202 and drained into a 401).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_environment_key_turns_readiness_503_naming_the_endpoint() {
+    let (fx, _) = fixture_tweaked(vec![("default", vec![key()])], |_, o| {
+        o.environment_key = Some(Redacted::new("sk-ant-envkey-wrong".to_string()))
+    })
+    .await;
+    let a = call(&fx.state, get("/readyz")).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+    assert_eq!(a.body["status"], "unready", "{}", a.body);
+    let default = &a.body["endpoints"]["default"];
+    assert_eq!(default["ready"], false, "{}", a.body);
+    assert_eq!(default["cause"], "credentials_refused", "{}", a.body);
+    assert!(
+        default["error"].as_str().unwrap().starts_with("401"),
+        "{}",
+        a.body
+    );
+}
+
+/// One endpoint `default`, its worker's options changed by `tweak`.
+async fn observed_fixture(tweak: impl Fn(&mut WorkerOptions)) -> Fx {
+    fixture_tweaked(vec![("default", vec![key()])], |_, o| tweak(o))
+        .await
+        .0
+}
+
+async fn readyz(fx: &Fx) -> Answer {
+    call(&fx.state, get("/readyz")).await
+}
+
+async fn metrics_text(fx: &Fx) -> String {
+    call(&fx.state, get("/metrics"))
+        .await
+        .body
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// `envworker_poll_errors_total` of endpoint `default` and `class` (0 if absent).
+async fn poll_errors(fx: &Fx, class: &str) -> f64 {
+    let text = metrics_text(fx).await;
+    sample(
+        &text,
+        &format!(r#"envworker_poll_errors_total{{endpoint="default",class="{class}"}}"#),
+    )
+    .unwrap_or(0.0)
+}
+
+/// A key revoked while the replica is idle shows on the next readiness
+/// probe (nothing else polls), and readiness recovers by itself once the
+/// key works again. Revocation is the devserver refusing the work queue
+/// with 401, as the API does for a revoked key.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_revoked_while_idle_shows_on_readiness_and_recovers_by_itself() {
+    let fx = observed_fixture(|_| {}).await;
+    fx.state.set_unready_after(Duration::from_secs(2));
+    // A probe is due once the interval is over (a timer may wake a tick early).
+    let every =
+        envworker::serve::health::probe_every(Duration::from_secs(2)) + Duration::from_millis(50);
+    let a = readyz(&fx).await;
+    assert_eq!(a.status, StatusCode::OK, "{}", a.body);
+    fx.server
+        .add_faults(vec![
+            json!({"path": "/v1/environments/*/work/*", "status": 401}),
+        ])
+        .await;
+    // Within the probe interval readiness answers from what it knows.
+    assert_eq!(readyz(&fx).await.status, StatusCode::OK);
+    tokio::time::sleep(every).await;
+    let a = readyz(&fx).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+    assert_eq!(
+        a.body["endpoints"]["default"]["cause"], "credentials_refused",
+        "{}",
+        a.body
+    );
+    assert!(poll_errors(&fx, "auth").await >= 1.0);
+    // The key works again: the next probe says so.
+    fx.server.clear_faults().await;
+    tokio::time::sleep(every).await;
+    let a = readyz(&fx).await;
+    assert_eq!(
+        (a.status, &a.body),
+        (
+            StatusCode::OK,
+            &json!({"status": "ready", "endpoints": {"default": {"ready": true}}})
+        )
+    );
+}
+
+/// An API that gives no answer, or only 5xx, turns readiness 503 once it
+/// has done so for `--unready-after` — not before — and readiness recovers
+/// when it answers again.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_failing_longer_than_the_threshold_turns_readiness_503_until_it_answers() {
+    let fx = observed_fixture(|_| {}).await;
+    let after = Duration::from_secs(2);
+    fx.state.set_unready_after(after);
+    let every = envworker::serve::health::probe_every(after) + Duration::from_millis(50);
+    fx.server
+        .add_faults(vec![
+            json!({"path": "/v1/environments/*/work/*", "status": 503}),
+        ])
+        .await;
+    let t0 = Instant::now();
+    let a = readyz(&fx).await;
+    assert_eq!(a.status, StatusCode::OK, "under the threshold: {}", a.body);
+    assert_eq!(
+        a.body["endpoints"]["default"]["failing_for_s"], 0,
+        "{}",
+        a.body
+    );
+    let a = loop {
+        tokio::time::sleep(every).await;
+        let a = readyz(&fx).await;
+        if a.status != StatusCode::OK {
+            break a;
+        }
+        assert!(
+            t0.elapsed() < after + every * 3,
+            "never unready: {}",
+            a.body
+        );
+    };
+    assert!(t0.elapsed() >= after, "unready before the threshold");
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+    let default = &a.body["endpoints"]["default"];
+    assert_eq!(default["cause"], "api_unreachable", "{}", a.body);
+    assert_eq!(default["class"], "server", "{}", a.body);
+    fx.server.clear_faults().await;
+    tokio::time::sleep(every).await;
+    assert_eq!(readyz(&fx).await.status, StatusCode::OK);
+    assert!(poll_errors(&fx, "server").await >= 2.0);
+}
+
+/// No answer at all (nothing listens at the API's address) is an outage
+/// of class `unreachable`.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_api_nobody_answers_at_is_unreachable_past_the_threshold() {
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let fx = observed_fixture(|o| o.base_url = closed.clone()).await;
+    let after = Duration::from_secs(1);
+    fx.state.set_unready_after(after);
+    assert_eq!(readyz(&fx).await.status, StatusCode::OK);
+    tokio::time::sleep(envworker::serve::health::probe_every(after) + Duration::from_millis(100))
+        .await;
+    let a = readyz(&fx).await;
+    assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE, "{}", a.body);
+    assert_eq!(
+        a.body["endpoints"]["default"]["class"], "unreachable",
+        "{}",
+        a.body
+    );
+    assert!(poll_errors(&fx, "unreachable").await >= 2.0);
+}
+
+/// The wait from an item's creation to its claim is observed per endpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_wait_from_enqueue_to_claim_is_a_histogram_per_endpoint() {
+    let k = key();
+    let fx = fixture(vec![k.clone()]).await;
+    let session = fx.canary().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    call(
+        &fx.state,
+        delivery(&k, "whe_wait", &run_started("whe_wait")),
+    )
+    .await
+    .accepted();
+    fx.assert_served(&session).await;
+    let text = metrics_text(&fx).await;
+    assert_eq!(
+        sample(
+            &text,
+            r#"envworker_work_queue_wait_seconds_count{endpoint="default"}"#
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    let waited = sample(
+        &text,
+        r#"envworker_work_queue_wait_seconds_sum{endpoint="default"}"#,
+    )
+    .unwrap();
+    assert!((0.3..30.0).contains(&waited), "{waited}\n{text}");
 }

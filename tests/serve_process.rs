@@ -393,13 +393,14 @@ async fn a_full_run_moves_the_metrics_and_logs_json_lines_without_secrets() {
             .await
             .unwrap();
         assert_eq!(response.status(), 200);
-        assert!(
-            response.headers()["content-type"]
-                .to_str()
-                .unwrap()
-                .starts_with("text/plain")
+        // The body is OpenMetrics (`# EOF`), and the header says so.
+        assert_eq!(
+            response.headers()["content-type"],
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
         );
-        response.text().await.unwrap()
+        let text = response.text().await.unwrap();
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        text
     };
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     let metrics = loop {
@@ -451,6 +452,18 @@ async fn a_full_run_moves_the_metrics_and_logs_json_lines_without_secrets() {
     expect("envworker_memory_conflicts_total", &|v| v == 0.0);
     expect("envworker_memory_flush_cutoffs_total", &|v| v == 0.0);
     expect("envworker_lease_losses_total", &|v| v == 0.0);
+    // The item waited from its creation to its claim; the build is named.
+    expect(
+        r#"envworker_work_queue_wait_seconds_count{endpoint="default"}"#,
+        &|v| v == 1.0,
+    );
+    assert!(
+        metrics.contains(&format!(
+            "envworker_build_info{{version=\"{}\",git_sha=",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{metrics}"
+    );
 
     // A bad delivery is counted under its outcome.
     let refused = client
@@ -473,6 +486,16 @@ async fn a_full_run_moves_the_metrics_and_logs_json_lines_without_secrets() {
         "{metrics}"
     );
 
+    // Every line the process wrote is JSON: stdout (the line announcing the
+    // URL, which keeps its text as `message` and the URL as `url`) and stderr.
+    let stdout = stack.serve.stdout.lock().unwrap().clone();
+    assert!(!stdout.is_empty());
+    for line in &stdout {
+        let v: Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("stdout not JSON ({e}): {line}"));
+        assert_eq!(v["url"], stack.serve.url.as_str(), "{line}");
+        assert_eq!(v["level"], "INFO", "{line}");
+    }
     // Logs: one JSON object per line, the item's lines carry its ids.
     let logs = stack.serve.logs();
     let lines: Vec<Value> = logs
@@ -830,4 +853,58 @@ async fn an_on_work_command_that_cannot_run_stops_the_item_and_the_poller() {
         .await
         .ok();
     assert_eq!(work["data"][0]["state"], "stopped", "{work:#}");
+}
+
+/// `serve` with an environment key the API refuses: before, `/readyz`
+/// answered 200 and one WARN was all an operator saw. Now readiness is 503
+/// naming the endpoint and the cause, the log says what to fix, and the
+/// refusals are counted — while deliveries are still accepted (202): the
+/// queue keeps the work for when the key is mended.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_with_a_refused_key_is_unready_and_says_why() {
+    let stack = stack(&["--environment-key", "sk-ant-envkey-wrong"]).await;
+    let http = reqwest::Client::new();
+    let url = &stack.serve.url;
+    // The start-up look at the queue already met the refusal; /readyz probes otherwise.
+    let r = http.get(format!("{url}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["status"], "unready", "{body}");
+    assert_eq!(
+        body["endpoints"]["default"]["cause"], "credentials_refused",
+        "{body}"
+    );
+    assert_eq!(body["endpoints"]["default"]["class"], "auth", "{body}");
+    let delivered = stack
+        .deliver_run_started(&http, "whe_refused", "sesn_x")
+        .await
+        .unwrap();
+    assert_eq!(delivered.status(), 202);
+    let logs = stack.serve.logs();
+    assert!(
+        logs.contains(
+            "the API refused the environment key; /readyz answers 503 until a request with it succeeds"
+        ),
+        "{logs}"
+    );
+    assert!(
+        !logs.contains("sk-ant-envkey-wrong"),
+        "the key reached the logs"
+    );
+    let metrics = http
+        .get(format!("{url}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let auth_errors = sample(
+        &metrics,
+        r#"envworker_poll_errors_total{endpoint="default",class="auth"}"#,
+    );
+    assert!(auth_errors.is_some_and(|v| v >= 1.0), "{metrics}");
+    // Liveness holds: a restart would not mend the key.
+    let r = http.get(format!("{url}/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
 }

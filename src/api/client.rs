@@ -74,6 +74,13 @@ impl Credential {
     }
 }
 
+/// Told of the outcome of each request a client sends through
+/// [`Client::with_observer`]: `Ok` for a 2xx, else the error. It runs inline
+/// and must be quick.
+pub trait RequestObserver: Send + Sync + std::fmt::Debug {
+    fn observe(&self, outcome: Result<(), &Error>);
+}
+
 /// A client for the Managed Agents API. Cheap to clone; clones share one
 /// connection pool, so per-item sub-clients (another credential, another
 /// helper tag) cost nothing.
@@ -91,6 +98,8 @@ struct Inner {
     helper: Option<&'static str>,
     request_timeout: Duration,
     memory_retry: RetryPolicy,
+    /// Told of every outcome of [`Client::execute`] (not of memory requests).
+    observer: Option<Arc<dyn RequestObserver>>,
 }
 
 /// Builds a [`Client`].
@@ -168,6 +177,7 @@ impl ClientBuilder {
                 helper: None,
                 request_timeout: self.request_timeout,
                 memory_retry: self.memory_retry,
+                observer: None,
             }),
         })
     }
@@ -196,9 +206,19 @@ impl Client {
     }
 
     /// The same client with another credential (e.g. a work item's sessions
-    /// token), sharing the connection pool and extra headers.
+    /// token), sharing the connection pool and extra headers. The observer
+    /// is not kept: outcomes under another credential say nothing of this one.
     pub fn with_credential(&self, credential: Credential) -> Client {
-        self.derive(|inner| inner.credential = credential)
+        self.derive(|inner| {
+            inner.credential = credential;
+            inner.observer = None;
+        })
+    }
+
+    /// The same client telling `observer` the outcome of each request (the
+    /// worker watches its environment key's standing this way).
+    pub fn with_observer(&self, observer: Arc<dyn RequestObserver>) -> Client {
+        self.derive(|inner| inner.observer = Some(observer))
     }
 
     /// The same client tagging its requests with `x-stainless-helper`
@@ -221,6 +241,7 @@ impl Client {
             helper: self.inner.helper,
             request_timeout: self.inner.request_timeout,
             memory_retry: self.inner.memory_retry,
+            observer: self.inner.observer.clone(),
         };
         change(&mut inner);
         Client {
@@ -279,11 +300,15 @@ impl Client {
 
     /// Send and return the raw response when its status is a success.
     pub(crate) async fn execute(&self, rb: RequestBuilder) -> Result<reqwest::Response, Error> {
-        let response = rb.send().await.map_err(Error::Transport)?;
-        if response.status().is_success() {
-            return Ok(response);
+        let result = match rb.send().await {
+            Ok(response) if response.status().is_success() => Ok(response),
+            Ok(response) => Err(api_error(response).await),
+            Err(e) => Err(Error::Transport(e)),
+        };
+        if let Some(observer) = &self.inner.observer {
+            observer.observe(result.as_ref().map(|_| ()));
         }
-        Err(api_error(response).await)
+        result
     }
 
     /// Send and decode a JSON body.

@@ -100,11 +100,46 @@ impl Error {
         !self.is_permanent()
     }
 
+    /// Which kind of failure this is, for readiness and the poll-error metric.
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Api(e) if e.status == 401 || e.status == 403 => ErrorClass::Auth,
+            Error::Api(e) if e.status >= 500 => ErrorClass::Server,
+            Error::Transport(_) => ErrorClass::Unreachable,
+            _ => ErrorClass::Other,
+        }
+    }
+
     /// The API error, if this is one.
     pub fn api(&self) -> Option<&ApiError> {
         match self {
             Error::Api(e) => Some(e),
             _ => None,
+        }
+    }
+}
+
+/// The kind of a failed request, as an operator acts on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    /// 401 or 403: the credential was refused.
+    Auth,
+    /// No answer: a connection refused or reset, a timeout, a DNS failure.
+    Unreachable,
+    /// A 5xx: the API answered that it cannot serve now.
+    Server,
+    /// Anything else (another 4xx, a body that cannot be decoded).
+    Other,
+}
+
+impl ErrorClass {
+    /// The class's label (`auth`, `unreachable`, `server`, `other`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorClass::Auth => "auth",
+            ErrorClass::Unreachable => "unreachable",
+            ErrorClass::Server => "server",
+            ErrorClass::Other => "other",
         }
     }
 }
@@ -121,6 +156,22 @@ mod tests {
         for transient in [408, 429, 500, 502, 503, 504, 529] {
             assert!(!is_permanent_status(transient), "{transient}");
         }
+    }
+
+    #[test]
+    fn classes_follow_the_status() {
+        let api = |status| Error::Api(ApiError::from_parts(status, None, b""));
+        for (status, class) in [
+            (401, ErrorClass::Auth),
+            (403, ErrorClass::Auth),
+            (500, ErrorClass::Server),
+            (503, ErrorClass::Server),
+            (404, ErrorClass::Other),
+            (429, ErrorClass::Other),
+        ] {
+            assert_eq!(api(status).class(), class, "{status}");
+        }
+        assert_eq!(Error::Decode("x".into()).class(), ErrorClass::Other);
     }
 
     #[test]

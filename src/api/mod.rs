@@ -20,9 +20,9 @@ mod work;
 
 pub use client::{
     ANTHROPIC_VERSION, ApiFamily, BETA_AGENT_MEMORY, BETA_MANAGED_AGENTS, BETA_SKILLS, Client,
-    ClientBuilder, Credential, DEFAULT_BASE_URL, paginate,
+    ClientBuilder, Credential, DEFAULT_BASE_URL, RequestObserver, paginate,
 };
-pub use error::{ApiError, Error, is_permanent_status};
+pub use error::{ApiError, Error, ErrorClass, is_permanent_status};
 pub use memory::{Memories, MemoryStores, MemoryVersions};
 pub use retry::RetryPolicy;
 pub use sessions::Sessions;

@@ -158,7 +158,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let report = loop {
         tokio::select! {
             event = timeline.recv() => match event {
-                Some(WorkerEvent::Claimed { work_id, session_id }) => {
+                Some(WorkerEvent::Claimed { work_id, session_id, .. }) => {
                     writeln!(out, "{}  claimed   {work_id} for {session_id}; stores mounted", at(t0))?;
                 }
                 Some(WorkerEvent::Call { record, .. }) => {
@@ -203,7 +203,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
                         if item.stopped { "stopped" } else { "left to its new owner" }
                     )?;
                 }
-                None => {}
+                Some(WorkerEvent::QueueError { .. }) | None => {}
             },
             _ = tokio::time::sleep(Duration::from_millis(200)) => {
                 let report: Value = http

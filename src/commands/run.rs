@@ -47,6 +47,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         kind: "session".into(),
         data_id: session_id,
         secret: secret.map(Redacted::new),
+        // Handed over already claimed: its wait is the poller's to measure.
+        queued_for: None,
     };
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();

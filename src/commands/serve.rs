@@ -47,7 +47,7 @@ pub fn endpoints_with_metrics(
             .context("ANTHROPIC_WEBHOOK_SIGNING_KEY")?;
         let mut options =
             super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
-        options.observers.push(metrics.clone());
+        options.observers.push(metrics.for_endpoint("default"));
         super::recover_left_folders(&options);
         let worker = EnvironmentWorker::new(options)?;
         out.push(Endpoint::new(
@@ -95,7 +95,7 @@ pub fn endpoints_with_metrics(
         }
         options.extra_headers.extend(endpoint.extra_headers.clone());
         options.secret_env_vars = all_secret_vars.clone();
-        options.observers.push(metrics.clone());
+        options.observers.push(metrics.for_endpoint(&endpoint.name));
         super::recover_left_folders(&options);
         let worker = EnvironmentWorker::new(options)
             .with_context(|| format!("endpoint {:?}", endpoint.name))?;
@@ -119,6 +119,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if lambda::in_lambda() {
         let work = lambda::InvocationWork::default();
         let state = AppState::with_metrics(endpoints, Mode::Lambda(work.clone()), metrics);
+        state.set_unready_after(args.unready_after);
         tracing::info!(endpoints = ?state.endpoint_names(), "serving webhooks on AWS Lambda");
         return lambda::run(state, work)
             .await
@@ -126,14 +127,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let state = AppState::with_metrics(endpoints, Mode::Container, metrics);
     state.set_queue_check_interval(args.queue_check_interval.0);
+    state.set_unready_after(args.unready_after);
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
     tracing::info!(listen.addr = %addr, endpoints = ?state.endpoint_names(), "serving webhooks");
-    println!("envworker serve listening on http://{addr}");
-    use std::io::Write;
-    std::io::stdout().flush().ok();
+    // Scripts and tests read the URL from this line (a JSON line with --log-format json).
+    crate::logging::announce("envworker serve listening on", &format!("http://{addr}"));
     let clean = serve_container(listener, state, super::shutdown_signal(), args.stop_grace).await?;
     if !clean {
         bail!(

@@ -16,11 +16,16 @@
 //!   inside the same invocation, ending in time for its teardown; a
 //!   scheduled event drains every endpoint the same way.
 //!
+//! `/readyz` answers 503 with a JSON body naming each unready endpoint and
+//! why: its environment key refused, or the API unreachable for longer than
+//! `--unready-after` ([`health`]).
+//!
 //! On shutdown new deliveries get 503 (the sender retries them elsewhere),
 //! `/readyz` turns 503, running items are cancelled — their final flush
 //! still runs within its bounds — and the process exits once they are done.
 
 pub(crate) mod connections;
+pub mod health;
 pub mod lambda;
 pub mod replay;
 
@@ -66,6 +71,8 @@ pub struct Endpoint {
     dirty: AtomicBool,
     /// A drain task is running (container mode).
     draining: AtomicBool,
+    /// Readiness: the probe's rate limit, the outage log.
+    health: health::Watch,
 }
 
 impl Endpoint {
@@ -85,6 +92,7 @@ impl Endpoint {
             drain,
             dirty: AtomicBool::new(false),
             draining: AtomicBool::new(false),
+            health: health::Watch::default(),
         }
     }
 }
@@ -118,6 +126,8 @@ struct Shared {
     queue_stats_max_age: Mutex<Duration>,
     /// Containers: how often an idle endpoint looks at its queue unprompted.
     queue_check_interval: Mutex<Option<Duration>>,
+    /// How long the API may be unreachable before `/readyz` says so.
+    unready_after: Mutex<Duration>,
 }
 
 /// What made a drain start: logged when the drain finds work no webhook
@@ -168,6 +178,7 @@ impl AppState {
                 queue_stats_read: tokio::sync::Mutex::new(None),
                 queue_stats_max_age: Mutex::new(QUEUE_STATS_MAX_AGE),
                 queue_check_interval: Mutex::new(None),
+                unready_after: Mutex::new(health::DEFAULT_UNREADY_AFTER),
             }),
         }
     }
@@ -195,6 +206,25 @@ impl AppState {
         *self
             .inner
             .queue_check_interval
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// How long an endpoint's API may be unreachable before `/readyz`
+    /// answers 503 (default [`health::DEFAULT_UNREADY_AFTER`]); `/readyz`
+    /// probes an idle endpoint at [`health::probe_every`] of it.
+    pub fn set_unready_after(&self, after: Duration) {
+        *self
+            .inner
+            .unready_after
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = after;
+    }
+
+    fn unready_after(&self) -> Duration {
+        *self
+            .inner
+            .unready_after
             .lock()
             .unwrap_or_else(|e| e.into_inner())
     }
@@ -338,12 +368,44 @@ pub fn app(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// `{"status": "ready" | "unready" | "shutting_down", "endpoints": {name: …}}`:
+/// 200 when every endpoint is ready, else 503 (see [`health`]).
 async fn ready(State(state): State<AppState>) -> Response {
     if state.is_shutting_down() {
-        (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response()
-    } else {
-        (StatusCode::OK, "ready\n").into_response()
+        return answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "shutting_down"}),
+        );
     }
+    let unready_after = state.unready_after();
+    let every = health::probe_every(unready_after);
+    let probes: Vec<_> = state
+        .inner
+        .endpoints
+        .values()
+        .filter_map(|endpoint| health::Watch::probe_if_due(endpoint, every))
+        .collect();
+    if !probes.is_empty() {
+        let _ = tokio::time::timeout(health::PROBE_WAIT, futures::future::join_all(probes)).await;
+    }
+    let now = tokio::time::Instant::now();
+    let mut all_ready = true;
+    let mut endpoints = serde_json::Map::new();
+    for name in state.endpoint_names() {
+        let endpoint = &state.inner.endpoints[&name];
+        let (ready, body) =
+            endpoint
+                .health
+                .report(&name, &endpoint.worker.standing(), now, unready_after);
+        all_ready &= ready;
+        endpoints.insert(name, body);
+    }
+    let (status, word) = if all_ready {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unready")
+    };
+    answer(status, json!({"status": word, "endpoints": endpoints}))
 }
 
 /// How long a scrape waits for the queue stats of the endpoints.
@@ -368,7 +430,7 @@ async fn metrics(State(state): State<AppState>) -> Response {
     (
         [(
             axum::http::header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
+            crate::metrics::CONTENT_TYPE,
         )],
         state.inner.metrics.render(),
     )

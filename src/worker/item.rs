@@ -61,6 +61,9 @@ pub struct WorkItem {
     /// The session id (for a session item).
     pub(crate) data_id: String,
     pub secret: Option<Redacted>,
+    /// From the item's `created_at` to now, when it was claimed (the
+    /// `envworker_work_queue_wait_seconds` histogram); `None` when unknown.
+    pub(crate) queued_for: Option<Duration>,
 }
 
 impl std::fmt::Debug for WorkItem {
@@ -82,8 +85,20 @@ impl From<crate::api::types::Work> for WorkItem {
             kind: work.data.kind,
             data_id: work.data.id,
             secret: work.secret,
+            queued_for: queued_for(&work.created_at, chrono::Utc::now()),
         }
     }
+}
+
+/// How long an item created at `created_at` (RFC 3339, the API's clock)
+/// has waited at `now`; zero when the clocks disagree the other way.
+fn queued_for(created_at: &str, now: chrono::DateTime<chrono::Utc>) -> Option<Duration> {
+    let created = chrono::DateTime::parse_from_rfc3339(created_at).ok()?;
+    Some(
+        now.signed_duration_since(created)
+            .to_std()
+            .unwrap_or(Duration::ZERO),
+    )
 }
 
 /// How an item went.
@@ -367,6 +382,7 @@ impl<'w> ItemRun<'w> {
         self.worker.emit(WorkerEvent::Claimed {
             work_id: self.item.id.clone(),
             session_id: session.id.clone(),
+            queued_for: self.item.queued_for,
         });
         self.report.claimed = true;
         if session.status == SessionStatus::Terminated {
@@ -565,5 +581,27 @@ impl<'w> ItemRun<'w> {
         }
         worker.emit(WorkerEvent::Finished(Box::new(report.clone())));
         report
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_queue_wait_runs_from_created_at_and_never_goes_negative() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-04-01T12:00:10.5Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        assert_eq!(
+            queued_for("2026-04-01T12:00:00Z", now),
+            Some(Duration::from_millis(10_500))
+        );
+        // The API's clock ahead of ours: no wait, not a panic or a huge value.
+        assert_eq!(
+            queued_for("2026-04-01T12:01:00Z", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(queued_for("yesterday", now), None);
     }
 }

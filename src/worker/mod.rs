@@ -3,7 +3,8 @@
 //!
 //! - [`lease`] — the heartbeat that keeps a claimed item ours;
 //! - [`item`] — one item from claim to force-stop (`handle_item`);
-//! - [`poll`] — the always-on poll loop and the webhook's queue drain.
+//! - [`poll`] — the always-on poll loop and the webhook's queue drain;
+//! - [`standing`] — what the API last said of the environment key.
 //!
 //! A worker is built once per endpoint from [`WorkerOptions`]; it holds no
 //! per-session state, so one worker serves any number of items.
@@ -11,6 +12,7 @@
 pub(crate) mod item;
 pub mod lease;
 pub mod poll;
+pub mod standing;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -57,6 +59,9 @@ pub enum WorkerEvent {
     Claimed {
         work_id: String,
         session_id: String,
+        /// From the item's `created_at` (the API's clock) to its claim;
+        /// `None` when the item carried no readable time.
+        queued_for: Option<Duration>,
     },
     Call {
         work_id: String,
@@ -68,6 +73,11 @@ pub enum WorkerEvent {
         final_sync: bool,
     },
     Finished(Box<ItemReport>),
+    /// A request made with the environment key (a poll, an ack, a queue
+    /// stats read) failed.
+    QueueError {
+        class: crate::api::ErrorClass,
+    },
 }
 
 /// Where a worker sends its [`WorkerEvent`]s.
@@ -79,7 +89,7 @@ pub(crate) type EventSink = mpsc::UnboundedSender<WorkerEvent>;
 /// (the server's `/metrics` counters, say) depends on the worker and never
 /// the other way round. `observe` must be quick and must not block: it runs
 /// inline, before the event reaches [`WorkerOptions::events`].
-pub(crate) trait WorkerObserver: Send + Sync {
+pub trait WorkerObserver: Send + Sync {
     fn observe(&self, event: &WorkerEvent);
 }
 
@@ -181,6 +191,12 @@ impl WorkerOptions {
         }
     }
 
+    /// Tell `observer` of every event this worker emits (`serve` adds its
+    /// per-endpoint metrics this way).
+    pub fn add_observer(&mut self, observer: Arc<dyn WorkerObserver>) {
+        self.observers.push(observer);
+    }
+
     /// Time a teardown needs before a hard deadline: the final sync and the
     /// flush, each bounded, the force-stop, and slack.
     pub(crate) fn teardown_reserve(&self) -> Duration {
@@ -238,8 +254,10 @@ pub struct EnvironmentWorker {
 
 struct Inner {
     options: WorkerOptions,
-    /// No credential of its own: each use picks the environment key or the item's token.
+    /// Carries the environment key (empty without one) and reports to
+    /// `watch`; each item's client takes the item's own credential.
     base: Client,
+    watch: Arc<standing::KeyWatch>,
 }
 
 impl EnvironmentWorker {
@@ -258,12 +276,32 @@ impl EnvironmentWorker {
                 .extra_header(name, value)
                 .map_err(|e| WorkerError::Config(format!("extra header {name}: {e}")))?;
         }
+        let watch = Arc::new(standing::KeyWatch::new(
+            &options.environment_id,
+            options.observers.clone(),
+            options.events.clone(),
+        ));
         let base = builder
             .build()
-            .map_err(|e| WorkerError::Config(e.to_string()))?;
+            .map_err(|e| WorkerError::Config(e.to_string()))?
+            .with_observer(watch.clone());
         Ok(EnvironmentWorker {
-            inner: Arc::new(Inner { options, base }),
+            inner: Arc::new(Inner {
+                options,
+                base,
+                watch,
+            }),
         })
+    }
+
+    /// What the API last said of the environment key.
+    pub fn standing(&self) -> standing::Standing {
+        self.inner.watch.standing()
+    }
+
+    /// A client on the environment key whose outcomes reach [`Self::standing`].
+    pub(crate) fn environment_client(&self, helper: &'static str) -> Client {
+        self.inner.base.with_helper(helper)
     }
 
     pub(crate) fn options(&self) -> &WorkerOptions {
@@ -291,12 +329,25 @@ impl EnvironmentWorker {
     }
 
     pub(crate) fn emit(&self, event: WorkerEvent) {
-        for observer in &self.inner.options.observers {
-            observer.observe(&event);
-        }
-        if let Some(sink) = &self.inner.options.events {
-            let _ = sink.send(event);
-        }
+        emit_to(
+            &self.inner.options.observers,
+            self.inner.options.events.as_ref(),
+            event,
+        );
+    }
+}
+
+/// Tell `observers`, then `events`, of `event`.
+pub(crate) fn emit_to(
+    observers: &[Arc<dyn WorkerObserver>],
+    events: Option<&EventSink>,
+    event: WorkerEvent,
+) {
+    for observer in observers {
+        observer.observe(&event);
+    }
+    if let Some(sink) = events {
+        let _ = sink.send(event);
     }
 }
 

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::api::types::{PollWork, Redacted, Work};
+use crate::api::types::{PollWork, Work};
 use crate::api::{Client, Error};
 
 use super::item::{ItemReport, WorkItem};
@@ -103,18 +103,14 @@ async fn pause(cancel: &CancellationToken, wait: Duration) -> bool {
 pub(crate) type ItemHandler = Arc<dyn Fn(Work) -> BoxFuture<'static, ()> + Send + Sync>;
 
 impl EnvironmentWorker {
+    /// The environment key's client: its outcomes reach [`Self::standing`].
     fn poll_client(&self) -> Result<Client, WorkerError> {
-        let key: &Redacted = self.options().environment_key.as_ref().ok_or_else(|| {
-            WorkerError::Config(
-                "the environment id and environment key are required to poll for work".into(),
-            )
-        })?;
-        if self.options().environment_id.is_empty() {
+        if self.options().environment_key.is_none() || self.options().environment_id.is_empty() {
             return Err(WorkerError::Config(
                 "the environment id and environment key are required to poll for work".into(),
             ));
         }
-        Ok(self.client(key, "environments-work-poller"))
+        Ok(self.environment_client("environments-work-poller"))
     }
 
     /// Acknowledge a claimed item.

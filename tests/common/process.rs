@@ -78,19 +78,38 @@ pub fn limit_nofile(command: &mut Command, soft: u64, hard: u64) {
     }
 }
 
-/// The URL `child` prints on its (piped) stdout after `prefix`, within 30 s;
-/// the rest of its stdout is drained in the background.
+/// The URL `child` prints on its (piped) stdout after `prefix`, within 30 s
+/// — as a text line, or (`--log-format json`) as the `message` of a JSON
+/// line; the rest of its stdout is drained in the background.
 pub fn announced_url(child: &mut Child, prefix: &'static str) -> Option<String> {
+    announced_url_and_stdout(child, prefix).0
+}
+
+/// [`announced_url`], and every line `child` writes to stdout, as it comes.
+pub fn announced_url_and_stdout(
+    child: &mut Child,
+    prefix: &'static str,
+) -> (
+    Option<String>,
+    std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+) {
     let stdout = child.stdout.take().expect("stdout is piped");
+    let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = lines.clone();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(url) = line.strip_prefix(prefix) {
+            let message = serde_json::from_str::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v["message"].as_str().map(str::to_string))
+                .unwrap_or_else(|| line.clone());
+            if let Some(url) = message.strip_prefix(prefix) {
                 let _ = tx.send(url.to_string());
             }
+            sink.lock().unwrap().push(line);
         }
     });
-    rx.recv_timeout(Duration::from_secs(30)).ok()
+    (rx.recv_timeout(Duration::from_secs(30)).ok(), lines)
 }
 
 /// Collect everything `child` writes to its (piped) stderr, as it comes.

@@ -18,6 +18,8 @@ pub struct Serve {
     pub child: Child,
     pub url: String,
     pub stderr: Arc<Mutex<String>>,
+    /// Every line written to stdout.
+    pub stdout: Arc<Mutex<Vec<String>>>,
 }
 
 /// How the `serve` child is started.
@@ -52,9 +54,15 @@ impl Serve {
         }
         let mut child = command.spawn().expect("envworker serve starts");
         let stderr = super::process::collect_stderr(&mut child);
-        let url = super::process::announced_url(&mut child, "envworker serve listening on ")
-            .unwrap_or_else(|| panic!("serve did not start: {}", stderr.lock().unwrap()));
-        Serve { child, url, stderr }
+        let (url, stdout) =
+            super::process::announced_url_and_stdout(&mut child, "envworker serve listening on ");
+        let url = url.unwrap_or_else(|| panic!("serve did not start: {}", stderr.lock().unwrap()));
+        Serve {
+            child,
+            url,
+            stderr,
+            stdout,
+        }
     }
 
     pub fn logs(&self) -> String {
