@@ -390,7 +390,9 @@ async fn an_invocation_that_ends_claims_nothing_more_and_tears_its_session_down_
         done.duration_since(t0),
         log()
     );
-    // When the invocation ends, the held session is torn down: saved and stopped.
+    // When the invocation ends, the held session is torn down: saved, and —
+    // its turn not over — handed back unstopped, as on SIGTERM, so the next
+    // invocation resumes it once its lease lapses (a stop would strand it).
     assert_eq!(
         fx.server.session_memories(&held.session_id).await["/held.md"],
         "saved in time\n",
@@ -399,7 +401,12 @@ async fn an_invocation_that_ends_claims_nothing_more_and_tears_its_session_down_
     );
     assert_eq!(
         fx.server.work_state(&fx.env.0, &held.session_id).await,
-        "stopped"
+        "active"
+    );
+    assert!(
+        log().contains("released the work item without stopping it"),
+        "{}",
+        log()
     );
     // And nothing more is claimed after it.
     tokio::time::sleep(Duration::from_secs(2)).await;
