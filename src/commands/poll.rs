@@ -23,7 +23,13 @@ use crate::cli::PollArgs;
 use crate::worker::EnvironmentWorker;
 use crate::worker::poll::ItemHandler;
 
-const CHILD_STOP_GRACE: Duration = Duration::from_secs(30);
+/// How long the `--on-work` command gets after SIGTERM before SIGKILL: an
+/// `envworker run` child answers its call in flight (up to the call grace)
+/// and then tears down (final sync, flush, force-stop), as this worker would.
+fn child_stop_grace(worker: &EnvironmentWorker) -> Duration {
+    let options = worker.options();
+    options.call_grace + options.teardown_reserve()
+}
 
 pub async fn run(args: PollArgs) -> anyhow::Result<()> {
     let options = super::worker_options(
@@ -162,10 +168,11 @@ async fn hand_off(
             if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
                 let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
             }
-            match tokio::time::timeout(CHILD_STOP_GRACE, child.wait()).await {
+            let grace = child_stop_grace(worker);
+            match tokio::time::timeout(grace, child.wait()).await {
                 Ok(status) => status,
                 Err(_) => {
-                    warn!(work_id = %work.id, "the --on-work command did not exit within 30s of SIGTERM; killing it");
+                    warn!(work_id = %work.id, grace_s = grace.as_secs(), "the --on-work command did not exit within its grace after SIGTERM; killing it");
                     let _ = child.kill().await;
                     child.wait().await
                 }
@@ -202,5 +209,23 @@ async fn force_stop(worker: &EnvironmentWorker, work: &Work) {
         Ok(Ok(())) => {}
         Ok(Err(e)) => warn!(work_id = %work.id, error = %e, "force-stop failed"),
         Err(_) => warn!(work_id = %work.id, "force-stop failed: no answer within 10s"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::worker::WorkerOptions;
+
+    #[test]
+    fn the_on_work_command_gets_its_call_grace_and_its_teardown_after_sigterm() {
+        let mut options = WorkerOptions::new("env_1", "http://127.0.0.1:9");
+        options.call_grace = Duration::from_secs(30);
+        let worker = EnvironmentWorker::new(options.clone()).unwrap();
+        // 30 s to answer the call, then the teardown reserve (2 × 30 s + 15 s).
+        assert_eq!(child_stop_grace(&worker), Duration::from_secs(30 + 75));
+        options.call_grace = Duration::from_secs(90);
+        let worker = EnvironmentWorker::new(options).unwrap();
+        assert_eq!(child_stop_grace(&worker), Duration::from_secs(90 + 75));
     }
 }
