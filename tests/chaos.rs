@@ -92,8 +92,13 @@ impl Replica {
 struct Chaos {
     sigkills: usize,
     sigterms: usize,
-    /// (process label, its logs) of every process that ran.
-    logs: Vec<(String, String)>,
+    /// (process label, its logs, when it was killed (SIGKILL) or exited
+    /// after SIGTERM, in microseconds since the epoch) of every process.
+    logs: Vec<(String, String, Option<i64>)>,
+}
+
+fn now_micros() -> i64 {
+    chrono::Utc::now().timestamp_micros()
 }
 
 /// The scenario of session `i`: writes, an edit and a nested write to its own
@@ -348,35 +353,38 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
                 }
             };
             loop {
-                sleep_unless_stopped(2_000 + rng.below(3_000));
+                sleep_unless_stopped(1_500 + rng.below(2_500));
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
                 let replica = &mut replicas[rng.below(REPLICAS as u64) as usize];
                 let mut serve = replica.serve.take().unwrap();
-                if rng.below(2) == 0 {
+                let gone_at = if rng.below(2) == 0 {
                     done.sigkills += 1;
+                    let at = now_micros();
                     let _ = serve.child.kill();
                     let _ = serve.child.wait();
+                    at
                 } else {
                     done.sigterms += 1;
                     serve.terminate();
                     serve.wait_exit(Duration::from_secs(30));
-                }
-                done.logs.push((replica.label(), serve.logs()));
+                    now_micros()
+                };
+                done.logs.push((replica.label(), serve.logs(), Some(gone_at)));
                 drop(serve);
                 sleep_unless_stopped(200 + rng.below(1_300));
                 replica.start();
             }
             for replica in &mut replicas {
                 let serve = replica.serve.take().unwrap();
-                done.logs.push((replica.label(), serve.logs()));
+                done.logs.push((replica.label(), serve.logs(), None));
             }
             done
         }
     });
 
-    // Start the sessions, one every 600 ms, while watching the queue: the
+    // Start the sessions, one every 900 ms, while watching the queue: the
     // wait of an item is from when it is first seen queued to when it is
     // first seen claimed.
     let mut started = Vec::new();
@@ -390,7 +398,7 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
             let (doc, expected) = scenario(started.len(), &env_id);
             let s = server.start_scenario(&doc).await;
             started.push((s.session_id, expected));
-            next_start = Instant::now() + Duration::from_millis(600);
+            next_start = Instant::now() + Duration::from_millis(900);
         }
         let now = Instant::now();
         for item in work_items(&server, &env_id).await {
@@ -435,7 +443,7 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
         chaos
             .logs
             .iter()
-            .map(|(label, logs)| {
+            .map(|(label, logs, _)| {
                 let tail: Vec<&str> = logs.lines().rev().take(30).collect();
                 format!(
                     "--- {label}\n{}",
@@ -446,13 +454,25 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
             .join("\n")
     };
 
+    // Every process's full logs, for a failure's post-mortem.
+    let log_dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("chaos-logs");
+    let _ = std::fs::remove_dir_all(&log_dir);
+    std::fs::create_dir_all(&log_dir).unwrap();
+    for (label, logs, _) in &chaos.logs {
+        std::fs::write(log_dir.join(format!("{label}.log")), logs).unwrap();
+    }
+    println!("replica logs in {}", log_dir.display());
+
     // Every session passed, and holds exactly what it wrote.
     let mut failed = Vec::new();
+    let mut passed = 0;
     let mut lost_edits = 0;
     for (session, expected) in &started {
         let report = server.scenario_report(session).await;
-        if report["status"] != "passed" {
-            failed.push(format!("{session}: {} {}", report["status"], report["failures"]));
+        if report["status"] == "passed" {
+            passed += 1;
+        } else {
+            failed.push(format!("{session}: {report:#}"));
         }
         let memories = server.session_memories(session).await;
         for (path, content) in expected {
@@ -464,14 +484,14 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
     }
 
     // No item served by two processes at overlapping times.
-    let spans: Vec<(String, HashMap<String, (i64, i64)>)> = chaos
+    let spans: Vec<(String, HashMap<String, (i64, i64)>, Option<i64>)> = chaos
         .logs
         .iter()
-        .map(|(label, logs)| (label.clone(), holdings(logs)))
+        .map(|(label, logs, gone)| (label.clone(), holdings(logs), *gone))
         .collect();
     let mut overlaps = Vec::new();
-    for (i, (a, held_a)) in spans.iter().enumerate() {
-        for (b, held_b) in &spans[i + 1..] {
+    for (i, (a, held_a, _)) in spans.iter().enumerate() {
+        for (b, held_b, _) in &spans[i + 1..] {
             for (work, (a0, a1)) in held_a {
                 if let Some((b0, b1)) = held_b.get(work)
                     && a0 < b1
@@ -482,15 +502,50 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
             }
         }
     }
-    let claims: usize = spans.iter().map(|(_, h)| h.len()).sum();
+    let claims: usize = spans.iter().map(|(_, h, _)| h.len()).sum();
+
+    // An item a killed process held is claimed again within a lease TTL
+    // plus the queue-check interval (plus slack) of the kill: the wait of a
+    // takeover, from the kill (SIGKILL) or the exit (SIGTERM) to the next
+    // claim of the same item by another process.
+    let mut takeovers = 0;
+    let mut longest_takeover = 0i64;
+    let mut longest_takeover_item = String::new();
+    for (a, held_a, gone) in &spans {
+        let Some(gone) = gone else { continue };
+        for (work, (a0, _)) in held_a {
+            let next_claim = spans
+                .iter()
+                .filter(|(b, _, _)| b != a)
+                .filter_map(|(_, held_b, _)| held_b.get(work).map(|(b0, _)| *b0))
+                .filter(|b0| b0 > a0)
+                .min();
+            if let Some(b0) = next_claim
+                && b0 > *gone
+            {
+                takeovers += 1;
+                if b0 - gone > longest_takeover {
+                    longest_takeover = b0 - gone;
+                    longest_takeover_item = work.clone();
+                }
+            }
+        }
+    }
+    let recoveries: usize = chaos
+        .logs
+        .iter()
+        .map(|(_, logs, _)| logs.matches("recovered memory store folder").count())
+        .sum();
 
     let bound = Duration::from_secs(QUEUE_CHECK_S + LEASE_TTL_S + SLACK_S);
     println!(
         "chaos summary: sessions {} (passed {}), kills {} (SIGKILL {}, SIGTERM {}), \
          processes {}, claims {claims}, dropped webhooks {} (forwarded {}), lost edits {lost_edits}, \
-         longest wait {:.1}s ({longest_wait_item}; bound {}s), overlaps {}, run {:.0}s",
+         longest queued wait {:.1}s ({longest_wait_item}), takeovers {takeovers} \
+         (longest from kill to claim {:.1}s, {longest_takeover_item}; bound {}s), \
+         folders recovered {recoveries}, overlaps {}, run {:.0}s",
         started.len(),
-        started.len() - failed.iter().filter(|f| !f.contains(" is ")).count(),
+        passed,
         chaos.sigkills + chaos.sigterms,
         chaos.sigkills,
         chaos.sigterms,
@@ -498,6 +553,7 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
         dropped.load(Ordering::SeqCst),
         forwarded.load(Ordering::SeqCst),
         longest_wait.as_secs_f64(),
+        longest_takeover as f64 / 1e6,
         bound.as_secs(),
         overlaps.len(),
         t_run.elapsed().as_secs_f64(),
@@ -509,6 +565,10 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
         longest_wait <= bound,
         "{longest_wait_item} waited {longest_wait:?} > {bound:?}\n{}",
         all_logs()
+    );
+    assert!(
+        Duration::from_micros(longest_takeover as u64) <= bound,
+        "{longest_takeover_item} was taken over {longest_takeover} µs after its holder died"
     );
     assert!(chaos.sigkills + chaos.sigterms > 0, "no replica was killed");
     assert!(dropped.load(Ordering::SeqCst) > 0, "no webhook was dropped");
