@@ -193,10 +193,7 @@ async fn balancer(
         ),
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/webhooks/default",
-        listener.local_addr().unwrap()
-    );
+    let url = format!("http://{}/webhooks/default", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await });
     url
 }
@@ -308,7 +305,10 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
                     ("ANTHROPIC_ENVIRONMENT_KEY".into(), env_key.clone()),
                     ("ANTHROPIC_WEBHOOK_SIGNING_KEY".into(), secret.clone()),
                     ("ENVWORKER_WORKDIR".into(), workdir.to_str().unwrap().into()),
-                    ("ENVWORKER_STATE_DIR".into(), state_dir.to_str().unwrap().into()),
+                    (
+                        "ENVWORKER_STATE_DIR".into(),
+                        state_dir.to_str().unwrap().into(),
+                    ),
                 ],
                 args: [
                     "--log-format",
@@ -371,7 +371,8 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
                     serve.wait_exit(Duration::from_secs(30));
                     now_micros()
                 };
-                done.logs.push((replica.label(), serve.logs(), Some(gone_at)));
+                done.logs
+                    .push((replica.label(), serve.logs(), Some(gone_at)));
                 drop(serve);
                 sleep_unless_stopped(200 + rng.below(1_300));
                 replica.start();
