@@ -216,10 +216,13 @@ async fn work_items(server: &TestServer, env_id: &str) -> Vec<Value> {
     }
 }
 
-/// For one process's JSON logs: work id → (first `claimed work`, last line
-/// naming it), as microseconds since the epoch.
-fn holdings(logs: &str) -> HashMap<String, (i64, i64)> {
-    let mut out: HashMap<String, (i64, i64)> = HashMap::new();
+/// Work id → (first `claimed work`, last line naming it), in microseconds
+/// since the epoch, of one process.
+type Holdings = HashMap<String, (i64, i64)>;
+
+/// The [`Holdings`] of one process, from its JSON logs.
+fn holdings(logs: &str) -> Holdings {
+    let mut out = Holdings::new();
     for line in logs.lines() {
         let Ok(v) = serde_json::from_str::<Value>(line) else {
             continue;
@@ -393,7 +396,7 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
     let mut longest_wait = Duration::ZERO;
     let mut longest_wait_item = String::new();
     let mut next_start = Instant::now();
-    let deadline = Instant::now() + Duration::from_secs(150);
+    let deadline = Instant::now() + Duration::from_secs(90 + 2 * sessions as u64);
     loop {
         if started.len() < sessions && Instant::now() >= next_start {
             let (doc, expected) = scenario(started.len(), &env_id);
@@ -485,7 +488,7 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
     }
 
     // No item served by two processes at overlapping times.
-    let spans: Vec<(String, HashMap<String, (i64, i64)>, Option<i64>)> = chaos
+    let spans: Vec<(String, Holdings, Option<i64>)> = chaos
         .logs
         .iter()
         .map(|(label, logs, gone)| (label.clone(), holdings(logs), *gone))
