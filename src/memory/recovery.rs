@@ -241,6 +241,7 @@ pub(crate) fn adopt(
             owner.session
         )));
     }
+    remove_write_debris(&folder, &restored, store_id);
     let waiting = restored.pending.len();
     // Deletions waiting in the dead worker start their window afresh.
     restored.pending.clear();
@@ -265,6 +266,33 @@ pub(crate) fn adopt(
         journal,
         restored,
     ))))
+}
+
+/// Remove the temporary files of atomic writes the dead worker was making
+/// (killed before the rename): the write never happened, so they are not
+/// edits and must not become memories. A path the journal knows (a memory
+/// of that name on the server) is kept.
+fn remove_write_debris(folder: &Folder, state: &Snapshot, store_id: &str) {
+    let Ok(scan) = folder.scan() else {
+        return;
+    };
+    for rel in scan.files.keys() {
+        let leaf = rel.rsplit('/').next().unwrap_or(rel);
+        let known = [&state.baseline, &state.sent, &state.tentative]
+            .iter()
+            .any(|map| map.contains_key(rel.as_str()));
+        if !crate::tools::files::is_write_tmp(leaf) || known {
+            continue;
+        }
+        match folder.remove(rel) {
+            Ok(()) => {
+                info!(memory_store.id = %store_id, "memory.path" = %rel, "removed the temporary file of a write the dead worker never finished")
+            }
+            Err(e) => {
+                warn!(memory_store.id = %store_id, "memory.path" = %rel, error = %e, "cannot remove the temporary file of an unfinished write; it will be synced as a file")
+            }
+        }
+    }
 }
 
 /// At start: remove every folder a dead worker left that holds nothing
@@ -390,6 +418,36 @@ mod tests {
             dir.claim(&root).unwrap().is_none(),
             "its journal is gone too"
         );
+    }
+
+    /// A worker killed mid-write (found by `tests/chaos.rs`) leaves the
+    /// write's temporary file: recovery removes it rather than pushing it as
+    /// a memory, keeps the real unsynced edit, and keeps a memory the server
+    /// has under a name of that shape.
+    #[test]
+    fn an_unfinished_writes_temporary_file_is_removed_not_recovered() {
+        let known = ".envworker-write-00000000000000aa";
+        let (_tmp, dir, root) = left_folder(&[("a.md", "a"), (known, "on the server")], "sesn_1");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        let debris = [
+            ".envworker-write-0123456789abcdef",
+            "sub/.envworker-write-fedcba9876543210",
+        ];
+        for rel in debris {
+            std::fs::write(root.join(rel), "half a write").unwrap();
+        }
+        std::fs::write(root.join("b.md"), "unsynced edit").unwrap();
+
+        let adopted = adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).unwrap();
+        assert!(matches!(adopted, Adopted::Store(_)), "recovered");
+        for rel in debris {
+            assert!(!root.join(rel).exists(), "{rel} is debris");
+        }
+        assert!(
+            root.join("b.md").exists(),
+            "the real edit stays to be synced"
+        );
+        assert!(root.join(known).exists(), "a memory of that name stays");
     }
 
     #[test]

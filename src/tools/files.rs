@@ -265,6 +265,19 @@ fn read_line_range(
     })
 }
 
+/// The name of [`write_atomic`]'s temporary file starts with this, then 16
+/// hex digits. A worker killed between creating it and the rename leaves it
+/// behind; it is debris, never the agent's edit (see [`is_write_tmp`]).
+const WRITE_TMP_PREFIX: &str = ".envworker-write-";
+
+/// Is `name` (a leaf) the temporary file of an atomic write that never
+/// reached its rename? Memory store recovery removes such debris instead of
+/// pushing it as a memory.
+pub(crate) fn is_write_tmp(name: &str) -> bool {
+    name.strip_prefix(WRITE_TMP_PREFIX)
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// Replace `leaf` in `dir` atomically with `content`: an `O_EXCL`
 /// temporary file in the same directory fd, fsync, `renameat`. A new file
 /// gets 0644; an existing one keeps its mode. A symlink or a directory at
@@ -281,7 +294,7 @@ fn write_atomic(dir: &OwnedFd, leaf: &str, content: &[u8]) -> Result<(), Errno> 
         Err(e) => return Err(e),
     };
     let (tmp, fd) = loop {
-        let tmp = format!(".envworker-write-{:016x}", rand::rng().random::<u64>());
+        let tmp = format!("{WRITE_TMP_PREFIX}{:016x}", rand::rng().random::<u64>());
         match rustix::fs::openat(
             dir,
             tmp.as_str(),
