@@ -278,9 +278,18 @@ async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
         "{}",
         lambda.stderr.lock().unwrap()
     );
+    // Mid-turn (the agent still has a step to take): handed back unstopped,
+    // as on SIGTERM, for the next invocation to resume once the lease lapses.
     assert_eq!(
         fx.server.work_state(&fx.env.0, &started.session_id).await,
-        "stopped"
+        "active"
+    );
+    assert!(
+        lambda
+            .stderr
+            .lock()
+            .unwrap()
+            .contains("released the work item without stopping it")
     );
 }
 

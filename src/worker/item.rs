@@ -308,12 +308,12 @@ impl<'w> ItemRun<'w> {
                 tokio::select! {
                     _ = cancel.cancelled() => shutdown.cancel(),
                     _ = ended.cancelled() => stop.cancel(),
-                    // The deadline's own rules (what a Lambda invocation
-                    // may still do) are the Lambda drain's; it ends the
-                    // session as a lease end does.
+                    // The deadline ends the session as a shutdown does (the
+                    // Lambda drain cancels at the same moment): the call in
+                    // flight is answered and a mid-turn item handed back.
                     _ = before_deadline => {
                         info!("the invocation deadline is near; ending the session to leave time for the teardown");
-                        stop.cancel();
+                        shutdown.cancel();
                     }
                 }
                 // A lease that ends during a shutdown still drops the call.
@@ -492,7 +492,13 @@ impl<'w> ItemRun<'w> {
             RunnerOptions {
                 max_idle: opts.max_idle,
                 tool_timeout: opts.tool_timeout,
-                call_grace: opts.call_grace,
+                // Under an invocation deadline the session ends when only the
+                // teardown reserve is left: a call in flight gets at most the
+                // reserve's force-stop share, so the teardown still fits.
+                call_grace: match self.deadline {
+                    Some(_) => opts.call_grace.min(STOP_TIMEOUT),
+                    None => opts.call_grace,
+                },
                 send_window: self.window.clone(),
                 after_call,
                 observer,
