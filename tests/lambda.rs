@@ -449,11 +449,13 @@ async fn a_deadline_already_past_at_arrival_is_warned_about_once_and_nothing_is_
         &[],
     )
     .await;
+    // The extension may be done before the runtime has posted its answer:
+    // wait for both.
     lambda
         .wait_for(
-            "the extension's next event",
+            "the extension's next event and the answer",
             Duration::from_secs(20),
-            |seen| seen.extension_done.is_some(),
+            |seen| seen.extension_done.is_some() && seen.response.is_some(),
         )
         .await;
     let (_, response) = lambda
