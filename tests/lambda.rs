@@ -200,14 +200,13 @@ async fn started_bare_it_serves_and_claims_no_item_when_the_invocation_has_too_l
         "{}",
         lambda.stderr.lock().unwrap()
     );
+    // Either the drain finds too little time left, or the invocation's end
+    // (only the teardown reserve left from the start) stops it claiming
+    // first: which one says so first is a race; neither claims.
+    let log = lambda.stderr.lock().unwrap().clone();
     assert!(
-        lambda
-            .stderr
-            .lock()
-            .unwrap()
-            .contains("too little time left"),
-        "{}",
-        lambda.stderr.lock().unwrap()
+        log.contains("too little time left") || log.contains("the drain claims nothing more"),
+        "{log}"
     );
 }
 
