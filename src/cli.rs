@@ -345,7 +345,10 @@ mod tests {
             ("  X-Team  :   a b  ", &[("X-Team", "a b")]),
             ("X-A: 1\nX-B: 2", &[("X-A", "1"), ("X-B", "2")]),
             ("X-A: 1\r\nX-B: 2\r\n", &[("X-A", "1"), ("X-B", "2")]),
-            ("X-Url: http://proxy:8080/x", &[("X-Url", "http://proxy:8080/x")]),
+            (
+                "X-Url: http://proxy:8080/x",
+                &[("X-Url", "http://proxy:8080/x")],
+            ),
             ("no colon here\nX-A: 1\n\n", &[("X-A", "1")]),
             ("X-A:", &[("X-A", "")]),
             ("X-A: 1\nX-A: 2", &[("X-A", "2")]),
