@@ -90,13 +90,22 @@ async fn poll(
     }
 }
 
-/// The poller served (stopped) the item: its API calls all went through.
-fn assert_served(run: &Run) {
+/// Run the poller until it exits (at most 30 s), and check it served
+/// (stopped) the item: its API calls all went through.
+async fn serve_once(base_url: &str, started: &Started, env: &[(&str, &str)], args: &[&str]) -> Run {
+    let run = poll(base_url, started, env, args, "", Duration::from_secs(30)).await;
     assert!(
         run.exited.is_some() && run.stderr.contains(CANNOT_RUN),
         "the poller did not claim and stop the item:\n{}",
         run.stderr
     );
+    run
+}
+
+async fn state(server: &TestServer, item: &Started) -> String {
+    server
+        .work_state(&item.environment_id, &item.session_id)
+        .await
 }
 
 async fn started(server: &TestServer) -> Started {
@@ -155,34 +164,15 @@ async fn the_worker_trusts_the_ca_that_ssl_cert_file_names_and_no_other() {
         "an unreadable store falls back to the bundled roots, which do not trust the test CA:\n{}",
         fallback.stderr
     );
-    assert_eq!(
-        server
-            .work_state(&item.environment_id, &item.session_id)
-            .await,
-        "queued"
-    );
+    assert_eq!(state(&server, &item).await, "queued");
 
-    let trusted = poll(
-        &front.url,
-        &item,
-        &[("SSL_CERT_FILE", ca)],
-        &[],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
-    assert_served(&trusted);
+    let trusted = serve_once(&front.url, &item, &[("SSL_CERT_FILE", ca)], &[]).await;
     assert!(
         !trusted.stderr.contains("UnknownIssuer"),
         "{}",
         trusted.stderr
     );
-    assert_eq!(
-        server
-            .work_state(&item.environment_id, &item.session_id)
-            .await,
-        "stopped"
-    );
+    assert_eq!(state(&server, &item).await, "stopped");
 }
 
 /// `HTTP_PROXY` carries every API call of a plain-HTTP base URL (the proxy
@@ -200,16 +190,7 @@ async fn http_proxy_carries_the_api_calls_with_the_custom_headers() {
             "X-Team: from-env\nX-Both: env\n",
         ),
     ];
-    let run = poll(
-        &server.url(),
-        &item,
-        &env,
-        &["--header", "X-Both=flag"],
-        "",
-        Duration::from_secs(30),
-    )
-    .await;
-    assert_served(&run);
+    serve_once(&server.url(), &item, &env, &["--header", "X-Both=flag"]).await;
     let seen = proxy.seen();
     let api: Vec<_> = seen
         .iter()
@@ -239,7 +220,7 @@ async fn no_proxy_hosts_bypass_the_proxy() {
         ("HTTP_PROXY", proxy.url.as_str()),
         ("NO_PROXY", "localhost,127.0.0.1"),
     ];
-    assert_served(&poll(&server.url(), &item, &env, &[], "", Duration::from_secs(30)).await);
+    serve_once(&server.url(), &item, &env, &[]).await;
 
     let item = started(&server).await;
     let env = [
@@ -247,7 +228,7 @@ async fn no_proxy_hosts_bypass_the_proxy() {
         ("SSL_CERT_FILE", ca),
         ("no_proxy", "example.com, localhost"),
     ];
-    assert_served(&poll(&front.url, &item, &env, &[], "", Duration::from_secs(30)).await);
+    serve_once(&front.url, &item, &env, &[]).await;
     assert!(proxy.seen().is_empty(), "{:#?}", proxy.seen());
 }
 
@@ -264,7 +245,7 @@ async fn https_proxy_tunnels_the_api_calls_with_connect() {
         let proxy = HttpProxy::start().await;
         let item = started(&server).await;
         let env = [(variable, proxy.url.as_str()), ("SSL_CERT_FILE", ca)];
-        assert_served(&poll(&front.url, &item, &env, &[], "", Duration::from_secs(30)).await);
+        serve_once(&front.url, &item, &env, &[]).await;
         let seen = proxy.seen();
         assert!(!seen.is_empty(), "{variable}: the proxy saw nothing");
         for request in &seen {

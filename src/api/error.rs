@@ -63,12 +63,12 @@ pub fn is_permanent_status(status: u16) -> bool {
 
 /// `error: cause: cause…`, each distinct message once (hyper repeats its
 /// kind in the next cause's text at times).
-fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
+pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
         let message = cause.to_string();
-        if !text.ends_with(&message) {
+        if !text.contains(&message) {
             text.push_str(": ");
             text.push_str(&message);
         }
