@@ -122,7 +122,9 @@ fn upstream(server: &TestServer) -> std::net::SocketAddr {
 /// `SSL_CERT_FILE` names the CA (the system store as rustls-native-certs
 /// reads it), refused with the machine's own store, and refused when the
 /// store is unreadable (the bundled webpki roots, with a warning). A build
-/// that trusted only the bundled roots fails the first case.
+/// that trusted only the bundled roots fails the trusted case (checked:
+/// "the poller did not claim and stop the item"). `ANTHROPIC_LOG=debug`
+/// turns on the debug line naming the roots chosen.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_worker_trusts_the_ca_that_ssl_cert_file_names_and_no_other() {
     let server = TestServer::start().await;
@@ -166,11 +168,20 @@ async fn the_worker_trusts_the_ca_that_ssl_cert_file_names_and_no_other() {
     );
     assert_eq!(state(&server, &item).await, "queued");
 
-    let trusted = serve_once(&front.url, &item, &[("SSL_CERT_FILE", ca)], &[]).await;
+    // ANTHROPIC_LOG=debug (RUST_LOG unset) shows the roots chosen: the one CA in the file.
+    let env = [("SSL_CERT_FILE", ca), ("ANTHROPIC_LOG", "debug")];
+    let trusted = serve_once(&front.url, &item, &env, &[]).await;
     assert!(
-        !trusted.stderr.contains("UnknownIssuer"),
+        !trusted.stderr.contains("UnknownIssuer")
+            && trusted.stderr.contains("TLS roots: the system's store")
+            && trusted.stderr.contains("tls.root_count=1"),
         "{}",
         trusted.stderr
+    );
+    assert!(
+        !refused.stderr.contains("DEBUG"),
+        "no debug lines without ANTHROPIC_LOG:\n{}",
+        refused.stderr
     );
     assert_eq!(state(&server, &item).await, "stopped");
 }
