@@ -25,6 +25,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Try everything locally: devserver + webhook server + worker, running the demo scenario.
+    #[cfg(feature = "devserver")]
     Dev(DevArgs),
     /// Serve signed webhooks and drain the work queue (container, or AWS Lambda when detected).
     Serve(ServeArgs),
@@ -33,10 +34,31 @@ pub enum Command {
     /// Serve one already-claimed work item from ANTHROPIC_* variables (a sandbox's entrypoint).
     Run(RunArgs),
     /// Run a local control plane that answers as the Managed Agents API does (SQLite-backed).
+    #[cfg(feature = "devserver")]
     Devserver(DevserverArgs),
     /// Sign webhook bodies for local testing and sample events.
     #[command(subcommand)]
     Webhook(WebhookCommand),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell) on stdout.
+    Completions(CompletionsArgs),
+    /// Write the man pages: envworker.1 and one page per subcommand (envworker-serve.1, …).
+    Man(ManArgs),
+}
+
+/// `envworker completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+/// `envworker man`.
+#[derive(Debug, Args)]
+pub struct ManArgs {
+    /// The directory the pages are written to (created if missing).
+    #[arg(long, default_value = ".")]
+    pub out: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -261,6 +283,7 @@ pub struct RunArgs {
 }
 
 /// `envworker dev`.
+#[cfg(feature = "devserver")]
 #[derive(Debug, Args)]
 pub struct DevArgs {
     /// A scenario file to run instead of the built-in demo (events/scenarios/two-stores-sync.json).
@@ -273,6 +296,7 @@ pub struct DevArgs {
 }
 
 /// `envworker devserver`.
+#[cfg(feature = "devserver")]
 #[derive(Debug, Args)]
 pub struct DevserverArgs {
     /// Address to listen on (port 0 picks a free port; the URL is printed on stdout).

@@ -47,17 +47,20 @@
 //!
 //! - [`serve`] — the webhook server: per-endpoint routes, health,
 //!   container and Lambda modes, graceful shutdown.
-//! - [`devserver`] — a local control plane answering as the real API does,
-//!   over SQLite, so workers can be run and tested without the real API.
+//! - `devserver` — a local control plane answering as the real API does,
+//!   over SQLite, so workers can be run and tested without the real API
+//!   (the default-on `devserver` cargo feature; production builds may leave
+//!   it, and SQLite, out).
 //! - [`cli`] — the command line: subcommands and flags (each flag also reads
 //!   its `ENVWORKER_*` / `ANTHROPIC_*` variable).
 //! - [`commands`] — the subcommands (`dev`, `serve`, `poll`, `run`,
-//!   `devserver`, `webhook sign`), `anyhow` at the edge.
+//!   `devserver`, `webhook sign`, `completions`, `man`), `anyhow` at the edge.
 
 pub mod api;
 pub mod cli;
 pub mod commands;
 pub mod config;
+#[cfg(feature = "devserver")]
 pub mod devserver;
 pub mod duration;
 pub mod fdlimit;

@@ -2,13 +2,19 @@
 
 use std::process::ExitCode;
 
+#[cfg(feature = "devserver")]
 use anyhow::Context;
 use clap::Parser;
-use envworker::cli::{Cli, Command, DevserverArgs, WebhookCommand};
+#[cfg(feature = "devserver")]
+use envworker::cli::DevserverArgs;
+use envworker::cli::{Cli, Command, WebhookCommand};
 use envworker::commands;
+#[cfg(feature = "devserver")]
 use envworker::devserver::faults::FaultRule;
+#[cfg(feature = "devserver")]
 use envworker::devserver::{Devserver, DevserverConfig};
 use envworker::logging;
+#[cfg(feature = "devserver")]
 use envworker::webhook::SigningKey;
 
 #[tokio::main]
@@ -25,6 +31,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse_from(args);
     // `dev` prints its own timeline; only warnings reach stderr unless RUST_LOG says otherwise.
     let default_filter = match cli.command {
+        #[cfg(feature = "devserver")]
         Command::Dev(_) => "warn",
         _ => "info",
     };
@@ -41,12 +48,16 @@ async fn main() -> ExitCode {
         Err(e) => tracing::warn!(error = %e, "cannot raise the descriptor limit"),
     }
     let result = match cli.command {
+        #[cfg(feature = "devserver")]
         Command::Dev(args) => commands::dev::run(args).await,
         Command::Serve(args) => commands::serve::run(args).await,
         Command::Poll(args) => commands::poll::run(args).await,
         Command::Run(args) => commands::run::run(args).await,
+        #[cfg(feature = "devserver")]
         Command::Devserver(args) => devserver(args).await,
         Command::Webhook(WebhookCommand::Sign(args)) => commands::sign::run(args),
+        Command::Completions(args) => commands::completions::run(args),
+        Command::Man(args) => commands::man::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -61,6 +72,7 @@ async fn main() -> ExitCode {
     }
 }
 
+#[cfg(feature = "devserver")]
 async fn devserver(args: DevserverArgs) -> anyhow::Result<()> {
     let mut config = DevserverConfig::new(args.admin_key)
         .mount_root(args.mount_root)

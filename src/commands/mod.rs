@@ -1,7 +1,10 @@
 //! The subcommands, one module each; `main.rs` only parses and dispatches.
 //! Errors here are `anyhow` (this is the edge): each names what to fix.
 
+pub mod completions;
+#[cfg(feature = "devserver")]
 pub mod dev;
+pub mod man;
 pub mod poll;
 pub mod run;
 pub mod serve;

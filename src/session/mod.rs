@@ -192,8 +192,16 @@ pub struct CallRecord {
     pub outcome: CallOutcome,
     pub(crate) duration: Duration,
     /// What the call was about: the command, the file or the pattern.
+    #[cfg_attr(
+        not(feature = "devserver"),
+        expect(dead_code, reason = "`dev`'s timeline")
+    )]
     pub(crate) detail: Option<String>,
     /// The first line of the result text (for a timeline), when there is one.
+    #[cfg_attr(
+        not(feature = "devserver"),
+        expect(dead_code, reason = "`dev`'s timeline")
+    )]
     pub(crate) summary: Option<String>,
 }
 

@@ -190,6 +190,10 @@ impl MemoryOperation {
         }
     }
 
+    #[cfg_attr(
+        not(feature = "devserver"),
+        expect(dead_code, reason = "the devserver's use")
+    )]
     pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "created" => Some(MemoryOperation::Created),
@@ -217,6 +221,10 @@ pub struct Actor {
     pub service_account_id: Option<String>,
 }
 
+#[cfg_attr(
+    not(feature = "devserver"),
+    expect(dead_code, reason = "the devserver's use")
+)]
 impl Actor {
     pub(crate) fn api(api_key_id: impl Into<String>) -> Self {
         Actor {
@@ -306,6 +314,10 @@ impl View {
         }
     }
 
+    #[cfg_attr(
+        not(feature = "devserver"),
+        expect(dead_code, reason = "the devserver's use")
+    )]
     pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "basic" => Some(View::Basic),

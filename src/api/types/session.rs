@@ -20,6 +20,10 @@ pub enum SessionStatus {
 }
 
 impl SessionStatus {
+    #[cfg_attr(
+        not(feature = "devserver"),
+        expect(dead_code, reason = "the devserver's use")
+    )]
     pub(crate) fn as_str(self) -> &'static str {
         match self {
             SessionStatus::Idle => "idle",
@@ -114,6 +118,10 @@ impl Access {
         }
     }
 
+    #[cfg_attr(
+        not(feature = "devserver"),
+        expect(dead_code, reason = "the devserver's use")
+    )]
     pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
             "read_write" => Some(Access::ReadWrite),

@@ -95,6 +95,10 @@ impl WorkState {
         }
     }
 
+    #[cfg_attr(
+        not(feature = "devserver"),
+        expect(dead_code, reason = "the devserver's use")
+    )]
     pub(crate) fn parse(s: &str) -> Self {
         match s {
             "queued" => WorkState::Queued,
