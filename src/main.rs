@@ -48,6 +48,8 @@ async fn main() -> ExitCode {
         Command::Devserver(args) => devserver(args).await,
         Command::Webhook(WebhookCommand::Sign(args)) => commands::sign::run(args),
     };
+    // Spans still batched go out before the process ends (a no-op when off).
+    envworker::telemetry::shutdown().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

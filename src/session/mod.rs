@@ -52,7 +52,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::api::types::{
     ListEvents, Order, SessionEvent, UserCustomToolResult, UserToolResult, text_block,
@@ -782,7 +782,20 @@ impl SessionRunner {
         );
         let hook = self.options.after_call.clone();
         let observer = self.options.observer.clone();
+        // The call's span: the tool's run and its result's delivery (not the
+        // hook's sync after it, a sibling under the work item). Never the
+        // input or the output: they may hold anything the agent saw.
+        let span = tracing::info_span!(
+            "tool_call",
+            session_id = %session_id,
+            tool.name = %call.name,
+            tool_use_id = %call.id,
+            is_error = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let answered = span.clone();
         async move {
+            let run = async {
             info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "executing tool");
             let started = Instant::now();
             let deadline = started + timeout;
@@ -835,8 +848,14 @@ impl SessionRunner {
                 duration_ms = duration.as_millis() as u64,
                 "tool call finished"
             );
+            answered.record("is_error", is_error);
+            answered.record("duration_ms", duration.as_millis() as u64);
             let event = call.result(content, is_error);
             let delivery = post_result(&client, &session_id, &call.id, event, backoff, &window).await;
+            (is_error, duration, summary, delivery)
+            }
+            .instrument(span);
+            let (is_error, duration, summary, delivery) = run.await;
             let posted = delivery.is_ok();
             let record = CallRecord {
                 tool_use_id: call.id.clone(),
