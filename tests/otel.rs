@@ -11,6 +11,7 @@ mod common;
 use std::time::Duration;
 
 use common::ADMIN_KEY;
+use common::lambda::{StandIn, epoch_ms, fixture, spawn_function};
 use common::otlp::{OtlpReceiver, ReceivedSpan};
 use common::serve_stack::{Serve, stack_without_webhooks_env};
 
@@ -236,4 +237,58 @@ async fn without_an_endpoint_or_when_disabled_no_exporter_exists() {
     drop(disabled);
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(receiver.raw_bodies().is_empty());
+}
+
+/// On Lambda the environment may be frozen once the invocation ends: the
+/// spans of the work it did are exported before the extension asks for
+/// its next event, not at some later batch tick (set an hour away here).
+#[tokio::test(flavor = "multi_thread")]
+async fn on_lambda_the_invocations_spans_are_exported_before_it_ends() {
+    let receiver = OtlpReceiver::start().await;
+    let fx = fixture().await;
+    let (started, remap) = fx.memory_scenario("lambda-traced", "traced\n").await;
+    let traceparent = format!("00-{TRACE_ID}-{SENDER_SPAN_ID}-01");
+    let event = fx.webhook_event_with(&started.session_id, &[("traceparent", &traceparent)]);
+    let (stand_in, api) = StandIn::start(event, epoch_ms() + 300_000).await;
+    let work = tempfile::tempdir().unwrap();
+    let (mut child, stderr) = spawn_function(
+        &api,
+        &["serve", "--max-idle", "1s", "--mount-remap", &remap],
+        &[
+            ("ANTHROPIC_BASE_URL", fx.server.url().as_str()),
+            ("ANTHROPIC_ENVIRONMENT_ID", fx.env.0.as_str()),
+            ("ANTHROPIC_ENVIRONMENT_KEY", fx.env.1.as_str()),
+            ("ANTHROPIC_WEBHOOK_SIGNING_KEY", fx.secret.as_str()),
+            ("ENVWORKER_WORKDIR", work.path().to_str().unwrap()),
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint.as_str()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "3600000"),
+        ],
+    );
+    let ended = stand_in
+        .wait_for(Duration::from_secs(60), |seen| {
+            seen.extension_done.is_some()
+        })
+        .await;
+    assert!(ended, "{}", stderr.lock().unwrap());
+    // The function is still alive (waiting for its next invocation).
+    assert!(child.try_wait().unwrap().is_none());
+    let spans = receiver.spans();
+    let webhook = one(&spans, "webhook");
+    assert_eq!(webhook.trace_id, TRACE_ID, "{spans:#?}");
+    assert_eq!(webhook.parent_span_id, SENDER_SPAN_ID, "{spans:#?}");
+    let drain = one(&spans, "drain");
+    assert_eq!(drain.parent_span_id, webhook.span_id, "{spans:#?}");
+    let item = one(&spans, "work_item");
+    assert_eq!(item.parent_span_id, drain.span_id, "{spans:#?}");
+    assert_eq!(item.attr("session_id"), Some(started.session_id.as_str()));
+    for name in ["tool_call", "memory.sync", "memory.flush"] {
+        assert!(
+            spans
+                .iter()
+                .any(|s| s.name == name && s.parent_span_id == item.span_id),
+            "no {name} under the item: {spans:#?}"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }
