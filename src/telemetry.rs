@@ -127,9 +127,10 @@ where
 fn build_provider() -> Result<SdkTracerProvider, String> {
     let handle = tokio::runtime::Handle::try_current()
         .map_err(|_| "no Tokio runtime to export on".to_string())?;
-    // The OTLP default export timeout; the client enforces it.
+    // The exporter bounds its retries by the export timeout; each request
+    // is bounded by the client, to the same figure.
     let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
+        .timeout(export_timeout(|name| std::env::var(name).ok()))
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
     let exporter = opentelemetry_otlp::SpanExporter::builder()
@@ -160,6 +161,18 @@ fn build_provider() -> Result<SdkTracerProvider, String> {
         )
         .with_batch_exporter(exporter)
         .build())
+}
+
+/// `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT`, else `OTEL_EXPORTER_OTLP_TIMEOUT`
+/// (milliseconds), else the OTLP default of 10 s.
+fn export_timeout(var: impl Fn(&str) -> Option<String>) -> Duration {
+    [
+        "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+        "OTEL_EXPORTER_OTLP_TIMEOUT",
+    ]
+    .iter()
+    .find_map(|name| var(name)?.trim().parse::<u64>().ok())
+    .map_or(Duration::from_secs(10), Duration::from_millis)
 }
 
 /// Whether traces are being exported (a provider was built).
@@ -270,6 +283,33 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         Setting::from_env(|name| vars.get(name).cloned())
+    }
+
+    #[test]
+    fn the_export_timeout_is_the_signals_then_the_generic_one_in_milliseconds() {
+        let timeout = |vars: &[(&str, &str)]| {
+            let vars: HashMap<String, String> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            export_timeout(|name| vars.get(name).cloned())
+        };
+        assert_eq!(timeout(&[]), Duration::from_secs(10));
+        assert_eq!(
+            timeout(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "2500")]),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            timeout(&[
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+                ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "700")
+            ]),
+            Duration::from_millis(700)
+        );
+        assert_eq!(
+            timeout(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "soon")]),
+            Duration::from_secs(10)
+        );
     }
 
     #[test]
