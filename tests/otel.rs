@@ -103,6 +103,7 @@ async fn a_webhook_with_trace_context_yields_the_span_tree_under_the_senders_tra
     let webhook = one(&spans, "webhook");
     assert_eq!(webhook.trace_id, TRACE_ID, "{spans:#?}");
     assert_eq!(webhook.parent_span_id, SENDER_SPAN_ID, "{spans:#?}");
+    assert_eq!(webhook.trace_state, "sender=1", "{spans:#?}");
     assert_eq!(webhook.attr("endpoint"), Some("default"));
     assert_eq!(webhook.attr("webhook.id"), Some("msg_otel_1"));
     assert_eq!(webhook.attr("http.response.status_code"), Some("202"));

@@ -25,6 +25,8 @@ pub struct ReceivedSpan {
     pub span_id: String,
     /// Empty for a root span.
     pub parent_span_id: String,
+    /// W3C `tracestate`, as the span carries it.
+    pub trace_state: String,
     pub attributes: Vec<(String, String)>,
     pub resource: Vec<(String, String)>,
 }
@@ -140,6 +142,7 @@ async fn export(
                     trace_id: hex::encode(&span.trace_id),
                     span_id: hex::encode(&span.span_id),
                     parent_span_id: hex::encode(&span.parent_span_id),
+                    trace_state: span.trace_state,
                     attributes: flatten(&span.attributes),
                     resource: resource.clone(),
                 });
