@@ -15,7 +15,9 @@
 //!   process (debug builds only; a no-op in release).
 //! - [`remap`] — advertised mount paths that really live elsewhere (Lambda).
 //! - [`webhook`] — Standard Webhooks signing and verification.
-//! - [`logging`] — tracing setup, text or JSON lines.
+//! - [`telemetry`] — OpenTelemetry traces over OTLP (the `OTEL_*`
+//!   variables), off without an endpoint; W3C trace context in, flush out.
+//! - [`logging`] — tracing setup, text or JSON lines (and the traces' layer).
 //! - [`api`] — typed client for the API subset a worker uses: memory stores,
 //!   the work queue, sessions and their events, skills; auth and beta headers,
 //!   cursor pagination, error classes.
@@ -74,6 +76,7 @@ pub mod serve;
 pub mod session;
 pub mod skills;
 pub mod tls;
+pub mod telemetry;
 pub mod tools;
 pub mod webhook;
 pub mod worker;

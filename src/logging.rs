@@ -14,11 +14,13 @@ use std::fmt;
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
-use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::format::{JsonFields, Writer};
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields, FormattedFields};
+use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::registry::LookupSpan;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 /// Output format of the logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -59,7 +61,9 @@ pub fn announce(what: &str, url: &str) {
 }
 
 /// Install the global subscriber; `default_filter` applies when `RUST_LOG`
-/// is unset. Calling it twice keeps the first.
+/// is unset. Calling it twice keeps the first. With an OTLP endpoint in the
+/// environment it exports traces too ([`crate::telemetry`]); call it inside
+/// the Tokio runtime.
 ///
 /// With JSON, a panic is logged as an ERROR line too (its message and
 /// place), instead of the default hook's plain text on stderr.
@@ -85,19 +89,25 @@ pub fn init(format: LogFormat, default_filter: &str) {
         default_filter,
     );
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(fallback));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-        LogFormat::Json => builder
-            .with_ansi(false)
-            .fmt_fields(JsonFields::new())
-            .event_format(FlatJson)
-            .try_init(),
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt: Box<dyn Layer<Registry> + Send + Sync> = match format {
+        LogFormat::Text => Box::new(
+            fmt.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+                .with_filter(filter),
+        ),
+        LogFormat::Json => Box::new(
+            fmt.with_ansi(false)
+                .fmt_fields(JsonFields::new())
+                .event_format(FlatJson)
+                .with_filter(filter),
+        ),
     };
+    // The log filter is the log layer's own: traces keep their spans
+    // whatever `RUST_LOG` says (see `telemetry::layer`).
+    let _ = tracing_subscriber::registry()
+        .with(fmt)
+        .with(crate::telemetry::layer())
+        .try_init();
 }
 
 /// The filter when `RUST_LOG` is unset (or invalid): `ANTHROPIC_LOG` as the

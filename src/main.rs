@@ -59,6 +59,8 @@ async fn main() -> ExitCode {
         Command::Completions(args) => commands::completions::run(args),
         Command::Man(args) => commands::man::run(args),
     };
+    // Spans still batched go out before the process ends (a no-op when off).
+    envworker::telemetry::shutdown().await;
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -971,6 +971,14 @@ fn the_shell_environment_drops_every_credential() {
         ("AWS_SESSION_TOKEN", "aws"),
         ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"),
         ("MY_WEBHOOK_KEY", "whsec_x"),
+        // The worker's collector and its credentials (a vendor's key).
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-honeycomb-team=key"),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "authorization=Bearer t",
+        ),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318"),
+        ("OTEL_SERVICE_NAME", "envworker"),
     ]
     .map(|(k, v)| (k.to_string(), v.to_string()));
     let kept = scrub(vars.into_iter(), &["MY_WEBHOOK_KEY".to_string()]);

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
-use tracing::warn;
+use tracing::{Instrument, warn};
 
 use crate::api::types::MemoryIndexEntry;
 
@@ -24,10 +24,24 @@ impl AttachedStore {
     /// time; no deletes, no pulls. If the caller drops this future part-way,
     /// the store logs how many changed files had not finished uploading.
     pub(crate) async fn flush(&self, api: &dyn MemoryApi) -> FlushStats {
-        let mut stats = FlushStats::default();
         if self.read_only {
-            return stats;
+            return FlushStats::default();
         }
+        let span = tracing::info_span!(
+            "memory.flush",
+            memory_store.id = %self.id,
+            uploaded = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let started = std::time::Instant::now();
+        let stats = self.flush_writable(api).instrument(span.clone()).await;
+        span.record("uploaded", stats.uploaded as u64);
+        span.record("duration_ms", started.elapsed().as_millis() as u64);
+        stats
+    }
+
+    async fn flush_writable(&self, api: &dyn MemoryApi) -> FlushStats {
+        let mut stats = FlushStats::default();
         crate::killpoint::hit("memory.flush.start");
         let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
         let mut guard = CutOffGuard {

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use futures::{StreamExt, stream};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
 
@@ -439,11 +439,23 @@ impl AttachedStore {
         deletions: DeleteMode,
         final_sync: bool,
     ) -> PassStats {
-        let mut stats = PassStats::default();
-        if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
-            warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
-        }
-        self.sync_journal().await;
+        let span = tracing::info_span!(
+            "memory.sync",
+            memory_store.id = %self.id,
+            final_sync,
+            duration_ms = tracing::field::Empty,
+        );
+        let started = Instant::now();
+        let pass = async {
+            let mut stats = PassStats::default();
+            if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
+                warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
+            }
+            self.sync_journal().await;
+            stats
+        };
+        let stats = pass.instrument(span.clone()).await;
+        span.record("duration_ms", started.elapsed().as_millis() as u64);
         stats
     }
 

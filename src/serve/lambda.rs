@@ -49,6 +49,7 @@ use tower::ServiceExt;
 use tracing::{info, warn};
 
 use super::{AppState, Endpoint, Trigger, app, run_drain};
+use crate::telemetry::Parent;
 
 /// The longest a Lambda invocation can last (the largest function timeout).
 pub const MAX_INVOCATION: Duration = Duration::from_secs(15 * 60);
@@ -206,6 +207,7 @@ impl InvocationWork {
         endpoint: Arc<Endpoint>,
         cancel: CancellationToken,
         trigger: Trigger,
+        parent: Parent,
     ) {
         let mut current = self.lock();
         let invocation = current.get_or_insert_with(|| Invocation {
@@ -218,7 +220,7 @@ impl InvocationWork {
         let reserve = endpoint.worker.options().teardown_reserve();
         let token = over.clone();
         let handle = tokio::spawn(async move {
-            run_drain(&endpoint, token, options, trigger).await;
+            run_drain(&endpoint, token, options, trigger, &parent).await;
         });
         invocation.drains.push(Drain {
             handle,
@@ -353,6 +355,9 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
                         info!(request_id = %invoke.request_id, left_ms = end.saturating_duration_since(Instant::now()).as_millis() as u64, "answered; finishing the drain inside the invocation");
                         invocation.finish(end, &invoke.request_id).await;
                     }
+                    // The environment may be frozen as soon as the extension
+                    // asks for the next event: send this invocation's spans now.
+                    crate::telemetry::flush().await;
                 }
                 Ok::<(), lambda_extension::Error>(())
             }
@@ -422,6 +427,7 @@ fn scheduled_queue_check(state: &AppState, work: &InvocationWork) -> Value {
                 endpoint.clone(),
                 state.inner.shutdown.clone(),
                 Trigger::Schedule,
+                Parent::none(),
             );
         }
     }

@@ -45,9 +45,10 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::metrics::Metrics;
+use crate::telemetry::Parent;
 use crate::webhook::{self, SigningKey, WebhookHeaders};
 use crate::worker::EnvironmentWorker;
 use crate::worker::poll::DrainOptions;
@@ -261,7 +262,9 @@ impl AppState {
 
     /// Start draining `endpoint` in the background, or tell the running
     /// drain to poll once more when it is done.
-    fn kick(&self, endpoint: Arc<Endpoint>, trigger: Trigger) {
+    /// `parent` is the delivery's span (none for a start or a queue check):
+    /// the drain it starts is that span's child in the trace.
+    fn kick(&self, endpoint: Arc<Endpoint>, trigger: Trigger, parent: Parent) {
         endpoint.dirty.store(true, Ordering::SeqCst);
         // A running drain with a free slot polls again at once.
         if let Some(wake) = &endpoint.drain.wake {
@@ -271,13 +274,16 @@ impl AppState {
             return;
         }
         let cancel = self.inner.shutdown.clone();
+        let mut parent = parent;
         self.inner.tasks.spawn(async move {
             // Drains after the first were asked for by deliveries meanwhile.
             let mut trigger = trigger;
             loop {
                 while endpoint.dirty.swap(false, Ordering::SeqCst) && !cancel.is_cancelled() {
-                    run_drain(&endpoint, cancel.clone(), endpoint.drain.clone(), trigger).await;
+                    let options = endpoint.drain.clone();
+                    run_drain(&endpoint, cancel.clone(), options, trigger, &parent).await;
                     trigger = Trigger::Webhook;
+                    parent = Parent::none();
                 }
                 endpoint.draining.store(false, Ordering::SeqCst);
                 // A delivery may have set `dirty` after the last check: take the drain back.
@@ -311,7 +317,7 @@ impl AppState {
                         }
                     } else {
                         tracing::debug!(endpoint = %endpoint.name, "periodic queue check");
-                        state.kick(endpoint.clone(), Trigger::QueueCheck);
+                        state.kick(endpoint.clone(), Trigger::QueueCheck, Parent::none());
                     }
                 }
             }
@@ -321,16 +327,45 @@ impl AppState {
 
 /// One drain of an endpoint's queue, logged; work found without a webhook
 /// (a periodic check, a schedule) is a warning: a delivery went missing.
+///
+/// Its span (`drain`) is the parent of the items it serves; in the trace
+/// its parent is `parent`, the delivery that started it (when there is
+/// one), without keeping that span open until the drain ends.
 pub async fn run_drain(
+    endpoint: &Endpoint,
+    cancel: CancellationToken,
+    options: DrainOptions,
+    trigger: Trigger,
+    parent: &Parent,
+) {
+    let span = tracing::info_span!(
+        parent: None,
+        "drain",
+        endpoint = %endpoint.name,
+        trigger = trigger.as_str(),
+        items = tracing::field::Empty,
+        duration_ms = tracing::field::Empty,
+    );
+    parent.adopt(&span);
+    drain_once(endpoint, cancel, options, trigger)
+        .instrument(span)
+        .await
+}
+
+async fn drain_once(
     endpoint: &Endpoint,
     cancel: CancellationToken,
     options: DrainOptions,
     trigger: Trigger,
 ) {
     let started = Instant::now();
-    match endpoint.worker.drain(cancel, options).await {
+    let span = tracing::Span::current();
+    let result = endpoint.worker.drain(cancel, options).await;
+    span.record("duration_ms", started.elapsed().as_millis() as u64);
+    match result {
         Ok(report) => {
             let items = report.items.len();
+            span.record("items", items as u64);
             if items > 0 && matches!(trigger, Trigger::QueueCheck | Trigger::Schedule) {
                 warn!(
                     endpoint = %endpoint.name,
@@ -578,31 +613,59 @@ pub fn judge(state: &AppState, name: &str, headers: &HeaderMap, body: &[u8]) -> 
     )
 }
 
+/// One delivery, in its span (`webhook`): a child of the sender's trace
+/// when the request carries W3C trace context (`traceparent`), and the
+/// parent of the drain it starts.
 async fn webhook(
     State(state): State<AppState>,
     Path(name): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    match judge(&state, &name, &headers, &body) {
+    let span = tracing::info_span!(
+        "webhook",
+        endpoint = %name,
+        webhook.id = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::adopt_remote_parent(&span, &headers);
+    let response = span.in_scope(|| deliver(&state, &name, &headers, &body, &span));
+    span.record("http.response.status_code", response.status().as_u16());
+    response
+}
+
+fn deliver(
+    state: &AppState,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    span: &tracing::Span,
+) -> Response {
+    match judge(state, name, headers, body) {
         Verdict::Respond(r) => r,
         Verdict::Work(endpoint, r) => {
+            if let Some(id) = WebhookHeaders::from_http(headers).id {
+                span.record("webhook.id", id);
+            }
             match &state.inner.mode {
-                Mode::Container => state.kick(endpoint, Trigger::Webhook),
-                Mode::Lambda(work) => {
-                    work.start(endpoint, state.inner.shutdown.clone(), Trigger::Webhook)
-                }
+                Mode::Container => state.kick(endpoint, Trigger::Webhook, Parent::of(span)),
+                Mode::Lambda(work) => work.start(
+                    endpoint,
+                    state.inner.shutdown.clone(),
+                    Trigger::Webhook,
+                    Parent::of(span),
+                ),
             }
             // Shutdown began between the check and the start: the drain will
             // not run, so let the sender retry (and forget we saw the id).
             if state.is_shutting_down() {
-                if let Some(id) = WebhookHeaders::from_http(&headers).id {
+                if let Some(id) = WebhookHeaders::from_http(headers).id {
                     state
                         .inner
                         .replay
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .forget(&replay_key(&name, id));
+                        .forget(&replay_key(name, id));
                 }
                 return shutting_down();
             }
@@ -648,7 +711,7 @@ pub async fn serve_container(
     // Items may already wait (a restart, a replica added by the autoscaler):
     // look once at start instead of waiting for the next delivery.
     for endpoint in state.inner.endpoints.values() {
-        state.kick(endpoint.clone(), Trigger::Start);
+        state.kick(endpoint.clone(), Trigger::Start, Parent::none());
     }
     // A delivery can be lost (a sender outage, an endpoint disabled after
     // failures, a replica that answered 202 and died): look again when idle.

@@ -52,7 +52,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, info, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use crate::api::types::{
     ListEvents, Order, SessionEvent, UserCustomToolResult, UserToolResult, text_block,
@@ -790,61 +790,80 @@ impl SessionRunner {
         );
         let hook = self.options.after_call.clone();
         let observer = self.options.observer.clone();
+        // The call's span: the tool's run and its result's delivery (not the
+        // hook's sync after it, a sibling under the work item). Never the
+        // input or the output: they may hold anything the agent saw.
+        let span = tracing::info_span!(
+            "tool_call",
+            session_id = %session_id,
+            tool.name = %call.name,
+            tool_use_id = %call.id,
+            is_error = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let answered = span.clone();
         async move {
-            info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "executing tool");
-            let started = Instant::now();
-            let deadline = started + timeout;
-            let outcome = tokio::select! {
-                outcome = tokio::time::timeout(
-                    timeout + DEADLINE_SLACK,
-                    tools.call(&call.name, call.input.clone(), deadline),
-                ) => Some(outcome),
-                _ = cut_off.cancelled() => None,
-            };
-            let (content, is_error) = match outcome {
-                None => {
-                    let ran = started.elapsed();
-                    warn!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, duration_ms = ran.as_millis() as u64, "tool call cut off by the worker's shutdown; answering it with an error");
-                    (vec![text_block(format!(
-                        "tool {:?} was cut off after {:.1}s: the worker running it shut down (SIGTERM) before it finished. Its command was killed and may have done part of its work; run it again if it is still needed.",
-                        call.name,
-                        ran.as_secs_f64()
-                    ))], true)
-                }
-                Some(Ok(Ok(output))) => (output.into_content(), false),
-                Some(Ok(Err(e))) => {
-                    let text = if e.message.is_empty() {
-                        "(no output)".to_string()
-                    } else {
-                        e.message
-                    };
-                    (vec![text_block(text)], true)
-                }
-                Some(Err(_)) => (
-                    vec![text_block(format!(
-                        "tool {:?} timed out after {}s",
-                        call.name,
-                        timeout.as_secs()
-                    ))],
-                    true,
-                ),
-            };
-            let duration = started.elapsed();
-            let summary = content
-                .first()
-                .and_then(|b| b.get("text"))
-                .and_then(Value::as_str)
-                .map(|t| t.lines().next().unwrap_or_default().chars().take(120).collect());
-            info!(
-                session_id = %session_id,
-                tool = %call.name,
-                tool_use_id = %call.id,
-                is_error,
-                duration_ms = duration.as_millis() as u64,
-                "tool call finished"
-            );
-            let event = call.result(content, is_error);
-            let delivery = post_result(&client, &session_id, &call.id, event, backoff, &window).await;
+            let run = async {
+                info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "executing tool");
+                let started = Instant::now();
+                let deadline = started + timeout;
+                let outcome = tokio::select! {
+                    outcome = tokio::time::timeout(
+                        timeout + DEADLINE_SLACK,
+                        tools.call(&call.name, call.input.clone(), deadline),
+                    ) => Some(outcome),
+                    _ = cut_off.cancelled() => None,
+                };
+                let (content, is_error) = match outcome {
+                    None => {
+                        let ran = started.elapsed();
+                        warn!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, duration_ms = ran.as_millis() as u64, "tool call cut off by the worker's shutdown; answering it with an error");
+                        (vec![text_block(format!(
+                            "tool {:?} was cut off after {:.1}s: the worker running it shut down (SIGTERM) before it finished. Its command was killed and may have done part of its work; run it again if it is still needed.",
+                            call.name,
+                            ran.as_secs_f64()
+                        ))], true)
+                    }
+                    Some(Ok(Ok(output))) => (output.into_content(), false),
+                    Some(Ok(Err(e))) => {
+                        let text = if e.message.is_empty() {
+                            "(no output)".to_string()
+                        } else {
+                            e.message
+                        };
+                        (vec![text_block(text)], true)
+                    }
+                    Some(Err(_)) => (
+                        vec![text_block(format!(
+                            "tool {:?} timed out after {}s",
+                            call.name,
+                            timeout.as_secs()
+                        ))],
+                        true,
+                    ),
+                };
+                let duration = started.elapsed();
+                let summary = content
+                    .first()
+                    .and_then(|b| b.get("text"))
+                    .and_then(Value::as_str)
+                    .map(|t| t.lines().next().unwrap_or_default().chars().take(120).collect());
+                info!(
+                    session_id = %session_id,
+                    tool = %call.name,
+                    tool_use_id = %call.id,
+                    is_error,
+                    duration_ms = duration.as_millis() as u64,
+                    "tool call finished"
+                );
+                answered.record("is_error", is_error);
+                answered.record("duration_ms", duration.as_millis() as u64);
+                let event = call.result(content, is_error);
+                let delivery = post_result(&client, &session_id, &call.id, event, backoff, &window).await;
+                (is_error, duration, summary, delivery)
+            }
+            .instrument(span);
+            let (is_error, duration, summary, delivery) = run.await;
             let posted = delivery.is_ok();
             let record = CallRecord {
                 tool_use_id: call.id.clone(),

@@ -129,9 +129,10 @@ const HOST_SECRETS: [&str; 9] = [
 ];
 
 /// The process environment without the worker's credentials: every
-/// `ANTHROPIC_*` and `ENVWORKER_*` variable, the host's cloud credentials,
-/// and the variables named in `also_secret` (where a configuration file
-/// said a secret lives).
+/// `ANTHROPIC_*` and `ENVWORKER_*` variable, every `OTEL_*` one (the
+/// worker's collector, whose headers often carry a vendor's key, and its
+/// telemetry identity), the host's cloud credentials, and the variables
+/// named in `also_secret` (where a configuration file said a secret lives).
 pub(crate) fn scrubbed_env(also_secret: &[String]) -> Vec<(String, String)> {
     scrub(
         std::env::vars_os()
@@ -148,6 +149,7 @@ pub fn scrub(
     vars.filter(|(k, _)| {
         !k.starts_with("ANTHROPIC_")
             && !k.starts_with("ENVWORKER_")
+            && !k.starts_with("OTEL_")
             && !HOST_SECRETS.contains(&k.as_str())
             && !also_secret.iter().any(|s| s == k)
     })

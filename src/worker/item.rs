@@ -199,8 +199,22 @@ impl EnvironmentWorker {
         cancel: CancellationToken,
         deadline: Option<Instant>,
     ) -> ItemReport {
-        let span = info_span!("work_item", work_id = %item.id, session_id = %item.data_id);
-        self.serve(item, cancel, deadline).instrument(span).await
+        // The span of the item from its claim to its force-stop: the parent
+        // of its tool calls, syncs and flushes (the logs' fields too).
+        let span = info_span!(
+            "work_item",
+            work_id = %item.id,
+            session_id = %item.data_id,
+            stopped = tracing::field::Empty,
+            duration_ms = tracing::field::Empty,
+        );
+        let report = self
+            .serve(item, cancel, deadline)
+            .instrument(span.clone())
+            .await;
+        span.record("stopped", report.stopped);
+        span.record("duration_ms", report.duration.as_millis() as u64);
+        report
     }
 
     async fn serve(

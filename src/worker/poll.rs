@@ -16,7 +16,7 @@ use rand::RngExt;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::api::types::{PollWork, Work};
 use crate::api::{Client, Error};
@@ -309,12 +309,16 @@ impl EnvironmentWorker {
                     }
                     let (worker, cancel, deadline) =
                         (self.clone(), cancel.clone(), options.deadline);
-                    running.spawn(async move {
-                        let _permit = permit;
-                        worker
-                            .handle_item(WorkItem::from(work), cancel, deadline)
-                            .await
-                    });
+                    // In the drain's span: its items are its children in a trace.
+                    running.spawn(
+                        async move {
+                            let _permit = permit;
+                            worker
+                                .handle_item(WorkItem::from(work), cancel, deadline)
+                                .await
+                        }
+                        .in_current_span(),
+                    );
                 }
                 Err(e) if poll_is_fatal(&e) => {
                     tracing::error!(error = %e, "poll failed permanently, stopping the drain");

@@ -305,19 +305,29 @@ impl Fixture {
     }
 
     pub fn webhook_event(&self, session_id: &str) -> Value {
+        self.webhook_event_with(session_id, &[])
+    }
+
+    /// [`webhook_event`](Self::webhook_event) with more request headers
+    /// (W3C trace context, say).
+    pub fn webhook_event_with(&self, session_id: &str, extra: &[(&str, &str)]) -> Value {
         let body =
             json!({"type": "event", "id": "whe_lambda_1", "created_at": "2026-11-29T10:00:00Z",
                           "data": {"type": "session.status_run_started", "id": session_id}})
             .to_string();
         let now = (epoch_ms() / 1000) as i64;
-        let headers = vec![
+        let mut headers: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        headers.extend([
             ("webhook-id".to_string(), "whe_lambda_1".to_string()),
             ("webhook-timestamp".to_string(), now.to_string()),
             (
                 "webhook-signature".to_string(),
                 self.key.sign("whe_lambda_1", now, body.as_bytes()),
             ),
-        ];
+        ]);
         function_url_event("/webhooks/default", &headers, &body)
     }
 }

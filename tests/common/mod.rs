@@ -8,6 +8,7 @@ pub mod harness;
 pub mod lambda;
 pub mod memory_served;
 pub mod network;
+pub mod otlp;
 pub mod process;
 pub mod sdk;
 pub mod serve_stack;

@@ -132,16 +132,27 @@ pub async fn stack(extra: &[&str]) -> Stack {
 
 /// [`stack`] with the `serve` child's resource limits.
 pub async fn stack_limited(extra: &[&str], limits: ServeLimits) -> Stack {
-    stack_with(extra, limits, true).await
+    stack_with(extra, &[], limits, true).await
 }
 
 /// [`stack`] whose webhooks are all lost: the devserver delivers them to a
 /// port nobody listens on (a sender outage).
 pub async fn stack_without_webhooks(extra: &[&str]) -> Stack {
-    stack_with(extra, ServeLimits::default(), false).await
+    stack_with(extra, &[], ServeLimits::default(), false).await
 }
 
-async fn stack_with(extra: &[&str], limits: ServeLimits, webhooks: bool) -> Stack {
+/// [`stack_without_webhooks`] with more variables in the `serve` child's
+/// environment: the test delivers every webhook itself.
+pub async fn stack_without_webhooks_env(extra: &[&str], envs: &[(&str, &str)]) -> Stack {
+    stack_with(extra, envs, ServeLimits::default(), false).await
+}
+
+async fn stack_with(
+    extra: &[&str],
+    envs: &[(&str, &str)],
+    limits: ServeLimits,
+    webhooks: bool,
+) -> Stack {
     let port = free_port();
     let webhook_port = if webhooks { port } else { free_port() };
     let (_key, secret) = SigningKey::generate();
@@ -173,18 +184,16 @@ async fn stack_with(extra: &[&str], limits: ServeLimits, webhooks: bool) -> Stac
         .flatten()
         .collect();
     args.extend_from_slice(extra);
-    let serve = Serve::start_limited(
-        port,
-        &[
-            ("ANTHROPIC_BASE_URL", &server.url()),
-            ("ANTHROPIC_ENVIRONMENT_ID", &env_id),
-            ("ANTHROPIC_ENVIRONMENT_KEY", &env_key),
-            ("ANTHROPIC_WEBHOOK_SIGNING_KEY", &secret),
-            ("ENVWORKER_WORKDIR", work.path().to_str().unwrap()),
-        ],
-        &args,
-        limits,
-    );
+    let url = server.url();
+    let mut all_envs = vec![
+        ("ANTHROPIC_BASE_URL", url.as_str()),
+        ("ANTHROPIC_ENVIRONMENT_ID", env_id.as_str()),
+        ("ANTHROPIC_ENVIRONMENT_KEY", env_key.as_str()),
+        ("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret.as_str()),
+        ("ENVWORKER_WORKDIR", work.path().to_str().unwrap()),
+    ];
+    all_envs.extend_from_slice(envs);
+    let serve = Serve::start_limited(port, &all_envs, &args, limits);
     Stack {
         server,
         serve,
@@ -245,10 +254,7 @@ impl Stack {
         id: &str,
         session_id: &str,
     ) -> reqwest::Result<reqwest::Response> {
-        let body = json!({"type": "event", "id": id, "created_at": "2026-01-01T00:00:00Z",
-            "data": {"type": "session.status_run_started", "id": session_id}})
-        .to_string();
-        self.deliver(http, id, body).await
+        self.deliver(http, id, run_started(id, session_id)).await
     }
 
     /// POST `body`, signed as webhook-id `id`, to the default endpoint.
@@ -258,12 +264,40 @@ impl Stack {
         id: &str,
         body: String,
     ) -> reqwest::Result<reqwest::Response> {
+        self.deliver_with(http, id, body, &[]).await
+    }
+
+    /// A signed `session.status_run_started` for `session_id` with more
+    /// request headers (W3C trace context, say).
+    pub async fn deliver_run_started_with(
+        &self,
+        http: &reqwest::Client,
+        id: &str,
+        session_id: &str,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Result<reqwest::Response> {
+        self.deliver_with(http, id, run_started(id, session_id), headers)
+            .await
+    }
+
+    /// [`deliver`](Self::deliver) with more request headers.
+    pub async fn deliver_with(
+        &self,
+        http: &reqwest::Client,
+        id: &str,
+        body: String,
+        headers: &[(&str, &str)],
+    ) -> reqwest::Result<reqwest::Response> {
         let key = SigningKey::parse(&self.secret).unwrap();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_secs() as i64;
-        http.post(format!("{}/webhooks/default", self.serve.url))
+        let mut request = http.post(format!("{}/webhooks/default", self.serve.url));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request
             .header("content-type", "application/json")
             .header("webhook-id", id)
             .header("webhook-timestamp", now.to_string())
@@ -272,4 +306,11 @@ impl Stack {
             .send()
             .await
     }
+}
+
+/// The body of a `session.status_run_started` delivery.
+fn run_started(id: &str, session_id: &str) -> String {
+    json!({"type": "event", "id": id, "created_at": "2026-01-01T00:00:00Z",
+        "data": {"type": "session.status_run_started", "id": session_id}})
+    .to_string()
 }
