@@ -14,6 +14,8 @@
 //! - [`killpoint`] — named points where a crash test may SIGKILL the
 //!   process (debug builds only; a no-op in release).
 //! - [`remap`] — advertised mount paths that really live elsewhere (Lambda).
+//! - [`cleanroom`] — a session's private workdir and process tree (a
+//!   subreaper supervisor), both removed at teardown; init duty as PID 1.
 //! - [`webhook`] — Standard Webhooks signing and verification.
 //! - [`logging`] — tracing setup, text or JSON lines.
 //! - [`api`] — typed client for the API subset a worker uses: memory stores,
@@ -55,6 +57,7 @@
 //!   `devserver`, `webhook sign`), `anyhow` at the edge.
 
 pub mod api;
+pub mod cleanroom;
 pub mod cli;
 pub mod commands;
 pub mod config;
