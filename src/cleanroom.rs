@@ -177,10 +177,9 @@ pub fn supervise(args: &[OsString]) -> ExitCode {
         eprintln!("envworker {SUPERVISE}: no program");
         return ExitCode::from(2);
     };
-    if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
-        eprintln!("envworker {SUPERVISE}: cannot become a subreaper: {e}");
-        return ExitCode::from(2);
-    }
+    // Refused (a seccomp profile): the shell still runs, and the tree kill
+    // still finds what did not detach; a broken `bash` would be worse.
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
     // SAFETY: fds 0 and 1 are ours (set up by the worker) and nothing else
     // in this process uses them; the shell gets them and we keep neither.
     let (stdin, stdout) = unsafe { (OwnedFd::from_raw_fd(0), OwnedFd::from_raw_fd(1)) };

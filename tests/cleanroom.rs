@@ -382,3 +382,29 @@ async fn as_pid_1_the_binary_reaps_orphans_and_forwards_sigterm() {
     assert!(reaped, "zombies stayed under PID 1");
     assert!(exited, "SIGTERM to PID 1 did not end the worker");
 }
+
+/// Without the supervisor binary (the library embedded in another
+/// program), the shell itself is the subreaper: dropping the toolset still
+/// kills what the agent detached while the shell lived.
+#[tokio::test]
+async fn without_a_supervisor_the_shell_is_the_subreaper() {
+    let m = marker("lib");
+    let _sweep = Sweep(vec![m.clone()], Vec::new());
+    let t = common::toolbox::T::new();
+    let out = t
+        .call("bash", json!({"command": detach_everything(&m)}))
+        .await
+        .unwrap();
+    assert!(out.contains("started"), "{out}");
+    assert!(
+        eventually(Duration::from_secs(5), || processes_with(&m).len() >= 6),
+        "{:?}",
+        processes_with(&m)
+    );
+    drop(t);
+    assert!(
+        eventually(Duration::from_secs(5), || processes_with(&m).is_empty()),
+        "left: {:?}",
+        processes_with(&m)
+    );
+}

@@ -424,7 +424,9 @@ impl<'w> ItemRun<'w> {
                     ));
                 }
                 Err(e) => {
-                    return ItemOutcome::Failed(format!("cannot create the session directory: {e}"));
+                    return ItemOutcome::Failed(format!(
+                        "cannot create the session directory: {e}"
+                    ));
                 }
             };
         debug!(workdir.path = %room.display(), "session directory created");
