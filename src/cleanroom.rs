@@ -71,37 +71,33 @@ pub(crate) fn remove_session_dir(dir: &Path) -> Result<(), Errno> {
     crate::fsx::remove_tree_at(&parent, name)
 }
 
-/// One line of `/proc/<pid>/stat`: the state letter and the parent's pid.
-fn stat_of(pid: i32) -> Option<(u8, i32)> {
-    let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
-    let close = text.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
-    let mut fields = rest.split_ascii_whitespace();
-    let state = fields.next()?.bytes().next()?;
-    let ppid = fields.next()?.parse().ok()?;
-    Some((state, ppid))
-}
-
-/// Every live (not zombie) descendant of `root`, found by scanning `/proc`
-/// for parent pids (no `/proc/<pid>/task/*/children`: that needs a kernel
+/// Every process in `/proc`, with its state letter (`Z`: zombie) and its
+/// parent's pid (no `/proc/<pid>/task/*/children`: that needs a kernel
 /// option).
-pub fn descendants(root: Pid) -> Vec<Pid> {
+pub fn processes() -> Vec<(i32, u8, i32)> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+            let close = text.iter().rposition(|&b| b == b')')?;
+            let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
+            let mut fields = rest.split_ascii_whitespace();
+            let state = fields.next()?.bytes().next()?;
+            Some((pid, state, fields.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every live (not zombie) descendant of `root`.
+pub fn descendants(root: Pid) -> Vec<Pid> {
     let mut children: HashMap<i32, Vec<(i32, u8)>> = HashMap::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if let Some((state, ppid)) = stat_of(pid) {
-            children.entry(ppid).or_default().push((pid, state));
-        }
+    for (pid, state, ppid) in processes() {
+        children.entry(ppid).or_default().push((pid, state));
     }
     let mut found = Vec::new();
     let mut queue = vec![root.as_raw_nonzero().get()];

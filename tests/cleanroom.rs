@@ -14,6 +14,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::serve_stack::stack;
+use envworker::cleanroom::processes;
 use serde_json::{Value, json};
 
 /// A marker unique to this test run, put in `argv[0]` of every process the
@@ -29,26 +30,15 @@ fn marker(tag: &str) -> String {
 /// Pids of the live processes whose command line contains `marker`, with
 /// their parent pid.
 fn processes_with(marker: &str) -> Vec<(i32, i32)> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-            continue;
-        };
-        if String::from_utf8_lossy(&cmdline).contains(marker)
-            && let Some((state, ppid)) = stat(pid)
-            && state != 'Z'
-        {
-            found.push((pid, ppid));
-        }
-    }
-    found
+    processes()
+        .into_iter()
+        .filter(|&(pid, state, _)| {
+            state != b'Z'
+                && std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+        })
+        .map(|(pid, _, ppid)| (pid, ppid))
+        .collect()
 }
 
 /// Kills, when dropped, whatever still carries the marker (a failing run
@@ -57,27 +47,27 @@ struct Sweep(Vec<String>, Vec<i32>);
 
 impl Drop for Sweep {
     fn drop(&mut self) {
-        let pids = self.1.iter().copied();
-        let marked = self
-            .0
-            .iter()
-            .flat_map(|m| processes_with(m))
-            .map(|(pid, _)| pid);
-        for pid in pids.chain(marked) {
+        let kill = |pid: i32| {
             let _ = Command::new("kill")
                 .args(["-KILL", &pid.to_string()])
                 .status();
+        };
+        self.1.iter().copied().for_each(kill);
+        // Again until none is left: a forking loop may add one meanwhile.
+        for _ in 0..50 {
+            let marked: Vec<i32> = self
+                .0
+                .iter()
+                .flat_map(|m| processes_with(m))
+                .map(|(pid, _)| pid)
+                .collect();
+            if marked.is_empty() {
+                break;
+            }
+            marked.into_iter().for_each(kill);
+            std::thread::sleep(Duration::from_millis(20));
         }
     }
-}
-
-/// State letter and parent pid of `pid`.
-fn stat(pid: i32) -> Option<(char, i32)> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    Some((state, fields.next()?.parse().ok()?))
 }
 
 /// Wait (polling) until `done`, at most `bound`.
@@ -332,10 +322,10 @@ async fn as_pid_1_the_binary_reaps_orphans_and_forwards_sigterm() {
     let mut init = None;
     assert!(
         eventually(Duration::from_secs(10), || {
-            init = std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
-                let pid = e.file_name().to_str()?.parse::<i32>().ok()?;
-                (stat(pid)?.1 == unshare_pid).then_some(pid)
-            });
+            init = processes()
+                .into_iter()
+                .find(|&(_, _, ppid)| ppid == unshare_pid)
+                .map(|(pid, _, _)| pid);
             init.is_some()
         }),
         "no PID 1 under unshare"
@@ -353,11 +343,9 @@ async fn as_pid_1_the_binary_reaps_orphans_and_forwards_sigterm() {
     );
     // … and once they exit, no zombie stays under it.
     let zombies = || {
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-            .filter(|&pid| stat(pid).is_some_and(|(state, ppid)| ppid == init && state == 'Z'))
+        processes()
+            .into_iter()
+            .filter(|&(_, state, ppid)| ppid == init && state == b'Z')
             .count()
     };
     assert!(eventually(Duration::from_secs(10), || processes_with(&m).is_empty()));
