@@ -2,10 +2,11 @@
 """Checks of infra/k8s that a per-object schema cannot make (run by .ci/run).
 
 kubernetes-validate checks each core object against the Kubernetes schema;
-this script checks that the objects fit together, and checks the KEDA
-ScaledObject (a CRD kubernetes-validate does not know) against KEDA's own
-models (cloudcoil.models.keda, generated from KEDA's CRDs), refusing unknown
-fields as the API server would. Exit status 1 and one line per problem when
+this script checks that the objects fit together, and checks the CRDs
+kubernetes-validate does not know against their projects' own models,
+refusing unknown fields as the API server would: the KEDA ScaledObject
+(cloudcoil.models.keda, generated from KEDA's CRDs) and the PodMonitor
+(cloudcoil.models.prometheus_operator, generated from Prometheus Operator's). Exit status 1 and one line per problem when
 something is wrong.
 
 tests/infra.rs covers what ties the files to the binary (variables the CLI
@@ -57,6 +58,9 @@ secret = load("secret.example.yaml")
 hpa = load("scaling/hpa-cpu.yaml")
 scaled = load("scaling/keda-scaledobject.yaml")
 kustomization = load("kustomization.yaml")
+pdb = load("pdb.yaml")
+podmonitor = load("podmonitor.yaml")
+egress = load("networkpolicy-egress.example.yaml")
 
 name = deployment["metadata"]["name"]
 pod = deployment["spec"]["template"]
@@ -133,11 +137,79 @@ for obj in (hpa, scaled):
         f"{obj['kind']} does not target deployment/{name}",
     )
 
-# The kustomization lists the core files, not the Secret example or an autoscaler.
+# The kustomization lists the core files (the PDB among them), not the Secret
+# example, an autoscaler, the PodMonitor (needs its CRD) or the example policy.
 check(
-    sorted(kustomization["resources"]) == ["configmap.yaml", "deployment.yaml", "service.yaml"],
-    "kustomization.yaml must list configmap, deployment and service",
+    sorted(kustomization["resources"])
+    == ["configmap.yaml", "deployment.yaml", "pdb.yaml", "service.yaml"],
+    "kustomization.yaml must list configmap, deployment, pdb and service",
 )
+
+
+def selects_the_pods(what, selector):
+    """`selector` (matchLabels) is non-empty and matches the pod template's labels."""
+    match = selector.get("matchLabels", {})
+    check(bool(match), f"{what} selects nothing (empty matchLabels would select every pod)")
+    for key, value in match.items():
+        check(labels.get(key) == value, f"{what} selector {key}={value} does not match the pod labels")
+
+
+# PodDisruptionBudget: covers the pods, and lets a drain through at the
+# fewest replicas the Deployment or an autoscaler may leave (a minAvailable
+# equal to that blocks every eviction for good).
+selects_the_pods("pdb", pdb["spec"]["selector"])
+fewest = min(
+    deployment["spec"]["replicas"],
+    hpa["spec"].get("minReplicas", 1),
+    scaled["spec"].get("minReplicaCount", 0) or 1,
+)
+budget = pdb["spec"]
+check(("minAvailable" in budget) != ("maxUnavailable" in budget), "pdb: set one of minAvailable, maxUnavailable")
+if "minAvailable" in budget:
+    check(
+        isinstance(budget["minAvailable"], int) and 1 <= budget["minAvailable"] < fewest,
+        f"pdb minAvailable {budget['minAvailable']} must be at least 1 and below {fewest}, the fewest "
+        "replicas the Deployment and autoscalers may leave, or no node drain can evict a pod",
+    )
+if "maxUnavailable" in budget:
+    check(
+        isinstance(budget["maxUnavailable"], int) and budget["maxUnavailable"] >= 1,
+        "pdb maxUnavailable must be at least 1, or no node drain can evict a pod",
+    )
+
+# PodMonitor: the pods, their named metrics port, the annotations' path and port.
+selects_the_pods("podmonitor", podmonitor["spec"]["selector"])
+(endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
+check(endpoint.get("port") in ports, f"podmonitor port {endpoint.get('port')} is not a named container port")
+check(
+    ports.get(endpoint.get("port")) == int(annotations.get("prometheus.io/port", 0)),
+    "podmonitor port is not the prometheus.io/port the annotations name",
+)
+check(
+    endpoint.get("path") == annotations.get("prometheus.io/path"),
+    "podmonitor path is not the prometheus.io/path the annotations name",
+)
+
+# Egress NetworkPolicy: the pods, egress only, and only API (443/TCP),
+# DNS (53 UDP and TCP) and OTLP (4317, 4318/TCP).
+selects_the_pods("networkpolicy", egress["spec"]["podSelector"])
+check(egress["spec"].get("policyTypes") == ["Egress"], "networkpolicy: policyTypes must be [Egress]")
+allowed = {
+    (p.get("protocol", "TCP"), p.get("port"))
+    for rule in egress["spec"].get("egress", [])
+    for p in rule.get("ports", [{}])
+}
+expected = {("TCP", 443), ("UDP", 53), ("TCP", 53), ("TCP", 4317), ("TCP", 4318)}
+check(allowed == expected, f"networkpolicy egress ports {sorted(allowed, key=str)} are not {sorted(expected)}")
+for rule in egress["spec"].get("egress", []):
+    check("ports" in rule and "to" in rule, "networkpolicy: every egress rule names its peers and ports")
+    for peer in rule.get("to", []):
+        block = peer.get("ipBlock")
+        if block and block["cidr"] == "0.0.0.0/0":
+            check(
+                "169.254.0.0/16" in block.get("except", []),
+                "networkpolicy: 0.0.0.0/0 must exclude the link-local metadata service",
+            )
 
 # KEDA: the ScaledObject against KEDA's models, unknown fields refused.
 try:
@@ -154,8 +226,21 @@ try:
 except Exception as e:  # pydantic.ValidationError, or an unexpected shape
     problems.append(f"keda-scaledobject.yaml: {e}")
 
+# Prometheus Operator: the PodMonitor against its models, unknown fields refused.
+try:
+    from cloudcoil.models.prometheus_operator.v1 import PodMonitor
+
+    model = PodMonitor.model_validate(podmonitor)
+    for path in unknown_fields(model, podmonitor, "PodMonitor"):
+        problems.append(f"podmonitor.yaml: unknown field {path}")
+except Exception as e:  # pydantic.ValidationError, or an unexpected shape
+    problems.append(f"podmonitor.yaml: {e}")
+
 for p in problems:
     print(f"ERROR {p}")
 if problems:
     sys.exit(1)
-print("infra/k8s: objects fit together; KEDA ScaledObject valid against KEDA's models")
+print(
+    "infra/k8s: objects fit together; KEDA ScaledObject and PodMonitor valid against "
+    "KEDA's and Prometheus Operator's models"
+)

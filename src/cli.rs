@@ -118,9 +118,42 @@ pub struct WorkerArgs {
     #[arg(long, env = "ENVWORKER_STATE_DIR")]
     pub(crate) state_dir: Option<PathBuf>,
 
-    /// A header added to every API request, NAME=VALUE (repeatable).
+    /// A header added to every API request, NAME=VALUE (repeatable). Added to those of
+    /// ANTHROPIC_CUSTOM_HEADERS (`Name: value` lines); a --header replaces the variable's
+    /// header of the same name.
     #[arg(long = "header", value_name = "NAME=VALUE", value_parser = parse_header)]
     pub(crate) headers: Vec<(String, String)>,
+}
+
+/// `ANTHROPIC_CUSTOM_HEADERS` as the official SDK (2.10) parses it: lines
+/// split on `\n`; each line with a `:` is a header, its name and value
+/// trimmed of whitespace, split at the first colon (a value may hold more);
+/// a line without one is ignored; a later line replaces an earlier one of
+/// the same name. One difference: the SDK's dict compares names by case
+/// (`X-A` and `x-a` are two entries, both sent); HTTP names are
+/// case-insensitive, so here the later one replaces the earlier.
+pub fn parse_custom_headers(text: &str) -> Vec<(String, String)> {
+    let mut headers: Vec<(String, String)> = Vec::new();
+    for line in text.split('\n') {
+        let Some((name, value)) = line.split_once(':') else {
+            continue;
+        };
+        let (name, value) = (name.trim(), value.trim());
+        headers.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        headers.push((name.to_string(), value.to_string()));
+    }
+    headers
+}
+
+/// The extra headers of a worker: those of `ANTHROPIC_CUSTOM_HEADERS`
+/// (`env`), then the `--header` flags. A flag wins over the variable for
+/// the same name, as the SDK's explicit `default_headers` win over the
+/// variable; repeated flags of one name are all sent, as before.
+pub fn worker_headers(env: Option<&str>, flags: &[(String, String)]) -> Vec<(String, String)> {
+    let mut headers = env.map(parse_custom_headers).unwrap_or_default();
+    headers.retain(|(name, _)| !flags.iter().any(|(f, _)| f.eq_ignore_ascii_case(name)));
+    headers.extend(flags.iter().cloned());
+    headers
 }
 
 fn parse_header(text: &str) -> Result<(String, String), String> {
@@ -290,4 +323,60 @@ pub struct DevserverArgs {
     /// Lease TTL of a work item in seconds (1–3600), unless a heartbeat asks for another.
     #[arg(long, env = "ENVWORKER_DEVSERVER_LEASE_TTL", default_value_t = 30)]
     pub lease_ttl: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Each row: the variable's text, the headers the official SDK 2.10 takes
+    /// from it (its `_client.py` parse, run by hand on the same input).
+    #[test]
+    fn custom_headers_parse_as_the_sdk_parses_them() {
+        let table: &[(&str, &[(&str, &str)])] = &[
+            ("", &[]),
+            ("X-Team: a", &[("X-Team", "a")]),
+            ("  X-Team  :   a b  ", &[("X-Team", "a b")]),
+            ("X-A: 1\nX-B: 2", &[("X-A", "1"), ("X-B", "2")]),
+            ("X-A: 1\r\nX-B: 2\r\n", &[("X-A", "1"), ("X-B", "2")]),
+            (
+                "X-Url: http://proxy:8080/x",
+                &[("X-Url", "http://proxy:8080/x")],
+            ),
+            ("no colon here\nX-A: 1\n\n", &[("X-A", "1")]),
+            ("X-A:", &[("X-A", "")]),
+            ("X-A: 1\nX-A: 2", &[("X-A", "2")]),
+            // The SDK keeps both spellings; here the later wins (see above).
+            ("X-A: 1\nx-a: 2", &[("x-a", "2")]),
+        ];
+        for (text, expected) in table {
+            assert_eq!(parse_custom_headers(text), pairs(expected), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_header_flag_wins_over_the_variable_for_the_same_name() {
+        let flags = pairs(&[("x-both", "flag"), ("X-Flag", "1"), ("X-Flag", "2")]);
+        let merged = worker_headers(Some("X-Both: env\nX-Env: e"), &flags);
+        assert_eq!(
+            merged,
+            pairs(&[
+                ("X-Env", "e"),
+                ("x-both", "flag"),
+                ("X-Flag", "1"),
+                ("X-Flag", "2"),
+            ])
+        );
+        assert_eq!(worker_headers(None, &flags), flags);
+        assert_eq!(
+            worker_headers(Some("X-Env: e"), &[]),
+            pairs(&[("X-Env", "e")])
+        );
+    }
 }

@@ -73,6 +73,7 @@ pub mod remap;
 pub mod serve;
 pub mod session;
 pub mod skills;
+pub mod tls;
 pub mod tools;
 pub mod webhook;
 pub mod worker;

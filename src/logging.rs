@@ -1,5 +1,7 @@
 //! Logging setup: `tracing` to stderr, as text or as one JSON object per line.
-//! The filter comes from `RUST_LOG` (default `info`).
+//! The filter comes from `RUST_LOG`; when that is unset, `ANTHROPIC_LOG`
+//! (`debug` or `info`, as the official SDK reads it) names the level; else
+//! the command's default (`info`; `warn` for `dev`).
 //!
 //! In JSON every field is a top-level member — the event's own and those of
 //! the spans it happens in (`work_id`, `session_id` of the work item,
@@ -78,8 +80,11 @@ pub fn init(format: LogFormat, default_filter: &str) {
             tracing::error!(panic.message = %message, panic.location = %location, "panicked");
         }));
     }
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let fallback = fallback_filter(
+        std::env::var("ANTHROPIC_LOG").ok().as_deref(),
+        default_filter,
+    );
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(fallback));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -93,6 +98,19 @@ pub fn init(format: LogFormat, default_filter: &str) {
             .event_format(FlatJson)
             .try_init(),
     };
+}
+
+/// The filter when `RUST_LOG` is unset (or invalid): `ANTHROPIC_LOG` as the
+/// official SDK reads it — exactly `debug` (its own logger and its HTTP
+/// client's at DEBUG: here envworker's and reqwest's, the rest at INFO, so
+/// hyper's and h2's frame-level chatter stays out) or exactly `info` —
+/// else `default_filter`. Any other value is ignored, as the SDK ignores it.
+pub fn fallback_filter<'a>(anthropic_log: Option<&str>, default_filter: &'a str) -> &'a str {
+    match anthropic_log {
+        Some("debug") => "info,envworker=debug,reqwest=debug",
+        Some("info") => "info",
+        _ => default_filter,
+    }
 }
 
 /// One JSON object per event: `timestamp`, `level`, `target`, `message`,
@@ -169,6 +187,29 @@ mod tests {
     use std::io;
     use std::sync::{Arc, Mutex};
     use tracing::{info, info_span, warn};
+
+    /// `ANTHROPIC_LOG` as the SDK's `setup_logging` reads it: two exact values.
+    #[test]
+    fn anthropic_log_names_the_level_when_rust_log_is_unset() {
+        let table = [
+            (None, "info", "info"),
+            (None, "warn", "warn"),
+            (Some("debug"), "warn", "info,envworker=debug,reqwest=debug"),
+            (Some("info"), "warn", "info"),
+            (Some("DEBUG"), "warn", "warn"),
+            (Some("trace"), "warn", "warn"),
+            (Some(""), "info", "info"),
+            (Some(" info"), "warn", "warn"),
+        ];
+        for (anthropic_log, default, expected) in table {
+            assert_eq!(
+                fallback_filter(anthropic_log, default),
+                expected,
+                "{anthropic_log:?}"
+            );
+            EnvFilter::try_new(expected).expect("a valid filter");
+        }
+    }
 
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);

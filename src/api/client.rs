@@ -162,7 +162,7 @@ impl ClientBuilder {
         }
         let http = match self.http {
             Some(http) => http,
-            None => reqwest::Client::builder()
+            None => crate::tls::client_builder()
                 .connect_timeout(self.connect_timeout)
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build()

@@ -61,15 +61,35 @@ pub fn is_permanent_status(status: u16) -> bool {
     (400..500).contains(&status) && status != 408 && status != 429
 }
 
+/// `error: cause: cause…`, each distinct message once (hyper repeats its
+/// kind in the next cause's text at times).
+pub fn cause_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let message = cause.to_string();
+        if !text.contains(&message) {
+            text.push_str(": ");
+            text.push_str(&message);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Everything a client call can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API answered with an error status.
     #[error(transparent)]
     Api(#[from] ApiError),
-    /// The request never got a complete answer: connect, timeout, reset.
-    #[error("request failed: {0}")]
-    Transport(#[source] reqwest::Error),
+    /// The request never got a complete answer: connect, timeout, reset,
+    /// a refused certificate. The message carries the whole cause chain
+    /// (reqwest's own says only "error sending request"; the operator needs
+    /// "invalid peer certificate: UnknownIssuer" or "connection refused"),
+    /// so the error is not also a `source`: `{:#}` would print it twice.
+    #[error("request failed: {}", cause_chain(.0))]
+    Transport(reqwest::Error),
     /// The API answered 2xx with a body this client cannot decode.
     #[error("unexpected response body: {0}")]
     Decode(String),

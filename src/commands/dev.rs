@@ -60,7 +60,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     .context("cannot start the devserver")?;
     let devserver = devserver.spawn(tokio::net::TcpListener::bind("127.0.0.1:0").await?)?;
     let api = devserver.url();
-    let http = reqwest::Client::new();
+    let http = crate::tls::client_builder()
+        .build()
+        .context("cannot build the HTTP client")?;
     let environment: Value = http
         .post(format!("{api}/dev/environments"))
         .header("x-api-key", &admin_key)

@@ -37,7 +37,10 @@ pub fn worker_options(
     options.call_grace = args.call_grace;
     options.memory_teardown_bound = args.memory_teardown_bound;
     options.worker_id = args.worker_id.clone().unwrap_or_else(default_worker_id);
-    options.extra_headers = args.headers.clone();
+    options.extra_headers = crate::cli::worker_headers(
+        std::env::var("ANTHROPIC_CUSTOM_HEADERS").ok().as_deref(),
+        &args.headers,
+    );
     options.mount_remap = args.mount_remap.clone().or_else(lambda_default_remap);
     options.state_dir = Some(match &args.state_dir {
         Some(dir) => absolute(dir)?,

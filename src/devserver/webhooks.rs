@@ -36,7 +36,7 @@ impl std::fmt::Debug for WebhookSender {
 impl WebhookSender {
     /// `backoff` is the first retry delay; it doubles each time.
     pub fn new(url: String, key: SigningKey, backoff: Duration) -> WebhookSender {
-        let http = reqwest::Client::builder()
+        let http = crate::tls::client_builder()
             .redirect(reqwest::redirect::Policy::none())
             .timeout(Duration::from_secs(10))
             .build()

@@ -106,7 +106,7 @@ impl KeyWatch {
             };
         };
         let class = e.class();
-        let text = with_causes(e);
+        let text = crate::api::error::cause_chain(e);
         let trouble = |since| Trouble {
             since,
             class,
@@ -135,22 +135,6 @@ impl KeyWatch {
             }
         }
     }
-}
-
-/// `e` and its causes, `: `-separated: a transport error's own text names
-/// no cause ("error sending request"), its sources do ("connection refused").
-fn with_causes(e: &Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 impl RequestObserver for KeyWatch {

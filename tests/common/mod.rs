@@ -7,6 +7,7 @@ pub mod fake_memory;
 pub mod harness;
 pub mod lambda;
 pub mod memory_served;
+pub mod network;
 pub mod process;
 pub mod sdk;
 pub mod serve_stack;
