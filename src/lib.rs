@@ -14,6 +14,8 @@
 //! - [`killpoint`] — named points where a crash test may SIGKILL the
 //!   process (debug builds only; a no-op in release).
 //! - [`remap`] — advertised mount paths that really live elsewhere (Lambda).
+//! - [`cleanroom`] — a session's private workdir and process tree (a
+//!   subreaper supervisor), both removed at teardown; init duty as PID 1.
 //! - [`webhook`] — Standard Webhooks signing and verification.
 //! - [`telemetry`] — OpenTelemetry traces over OTLP (the `OTEL_*`
 //!   variables), off without an endpoint; W3C trace context in, flush out.
@@ -59,6 +61,7 @@
 //!   `devserver`, `webhook sign`, `completions`, `man`), `anyhow` at the edge.
 
 pub mod api;
+pub mod cleanroom;
 pub mod cli;
 pub mod commands;
 pub mod config;

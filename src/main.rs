@@ -17,13 +17,33 @@ use envworker::logging;
 #[cfg(feature = "devserver")]
 use envworker::webhook::SigningKey;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     // The agent's commands run as this process's user: keep them from
     // reading its environment (`/proc/<pid>/environ`: the keys) or
     // attaching to it. Children get a normal flag back at exec.
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // A session's supervisor (see `cleanroom`): no runtime, no logging.
+    if args
+        .get(1)
+        .is_some_and(|a| a == envworker::cleanroom::SUPERVISE)
+    {
+        return envworker::cleanroom::supervise(&args[2..]);
+    }
+    // PID 1 in a container: be init for the real worker, our child.
+    if let Some(code) = envworker::cleanroom::run_as_init() {
+        return code;
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(run(args)),
+        Err(e) => {
+            eprintln!("envworker: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(mut args: Vec<std::ffi::OsString>) -> ExitCode {
     // Lambda starts `bootstrap` with no arguments: that means `serve`.
     if args.len() == 1 && envworker::serve::lambda::in_lambda() {
         args.push("serve".into());

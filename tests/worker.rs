@@ -1024,7 +1024,6 @@ async fn the_worker_flushes_and_disposes_even_when_skill_teardown_throws() {
     if !common::runs_as_nobody("the_worker_flushes_and_disposes_even_when_skill_teardown_throws") {
         return;
     }
-    use std::os::unix::fs::PermissionsExt;
     let env = Env::new().await;
     let skill_id = upload_skill(&env).await;
     let started = env
@@ -1035,7 +1034,7 @@ async fn the_worker_flushes_and_disposes_even_when_skill_teardown_throws() {
             "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write",
                                "memories": {"/a.md": "alpha\n"}}],
             "steps": [
-                {"tool": "bash", "input": {"command": "chmod 555 skills/report-writer && echo locked"},
+                {"tool": "bash", "input": {"command": "chmod 555 skills/report-writer && pwd > ../room && echo locked"},
                  "expect": {"contains": "locked"}},
                 {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}}
             ]
@@ -1043,13 +1042,20 @@ async fn the_worker_flushes_and_disposes_even_when_skill_teardown_throws() {
         .await;
     let logs = Logs::capture();
     let items = drain(&env.worker(&started, |_| {})).await;
-    let skill_dir = env.work.path().join("skills/report-writer");
-    let left = skill_dir.exists();
-    let _ = std::fs::set_permissions(&skill_dir, std::fs::Permissions::from_mode(0o755));
+    // The skills live in the session's own directory, which goes at the
+    // end of the teardown whatever the agent locked in it.
+    let room = std::path::PathBuf::from(
+        std::fs::read_to_string(env.work.path().join("room"))
+            .unwrap()
+            .trim(),
+    );
     let item = &items[0];
     assert_eq!(item.outcome, ItemOutcome::Served(RunEnd::Idle));
-    assert!(left, "the skill folder could not be removed");
     assert_eq!(logs.count("skill cleanup failed"), 1, "{}", logs.text());
+    assert!(
+        !room.exists(),
+        "the session directory was removed, the locked skill with it"
+    );
     assert!(item.teardown.final_sync.is_some(), "{item:?}");
     assert_eq!(
         env.report(&started).await["final_contents"]["notes"]["/b.md"],
@@ -1189,9 +1195,9 @@ async fn the_last_sync_runs_after_the_skill_teardown_and_after_the_tools_are_clo
     let env = Env::new().await;
     let skill_id = upload_skill(&env).await;
     let pid_file = env.work.path().join("bg.pid");
-    let skill_dir = env.work.path().join("skills/report-writer");
+    let work = env.work.path().to_path_buf();
     let probe: Probe = {
-        let (pid_file, skill_dir) = (pid_file.clone(), skill_dir.clone());
+        let (pid_file, work) = (pid_file.clone(), work.clone());
         Arc::new(move |method: &str, path: &str| {
             if method != "GET"
                 || !envworker::devserver::faults::glob("/v1/memory_stores/*/memories", path)
@@ -1200,7 +1206,9 @@ async fn the_last_sync_runs_after_the_skill_teardown_and_after_the_tools_are_clo
             }
             Some(json!({
                 "job_alive": read_pid(&pid_file).map(process_alive),
-                "skills_present": skill_dir.exists(),
+                // In the session's own directory, `<work>/session-*/`.
+                "skills_present": std::fs::read_dir(&work).into_iter().flatten().flatten()
+                    .any(|e| e.path().join("skills/report-writer").exists()),
             }))
         })
     };
@@ -1213,7 +1221,7 @@ async fn the_last_sync_runs_after_the_skill_teardown_and_after_the_tools_are_clo
             "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write",
                                "memories": {"/a.md": "alpha\n"}}],
             "steps": [
-                {"tool": "bash", "input": {"command": "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid; echo started"},
+                {"tool": "bash", "input": {"command": "sleep 300 >/dev/null 2>&1 & echo $! > ../bg.pid; echo started"},
                  "expect": {"contains": "started"}},
                 {"tool": "write", "input": {"file_path": "{mount:notes}/last.md", "content": "written by the last call\n"}}
             ]

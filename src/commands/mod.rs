@@ -31,6 +31,8 @@ pub fn worker_options(
     let mut options = WorkerOptions::new(environment_id, args.base_url.trim_end_matches('/'));
     options.environment_key = environment_key.filter(|k| !k.is_empty()).map(Redacted::new);
     options.workdir = workdir;
+    // This very binary, even if its file was replaced since it started.
+    options.supervisor = Some(PathBuf::from("/proc/self/exe"));
     options.max_idle = args.max_idle.0;
     options.memory_sync_interval = args.memory_sync_interval;
     options.memory_sync_deletions = args.memory_sync_deletions;

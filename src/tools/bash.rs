@@ -5,9 +5,14 @@
 //! a per-call random sentinel and `$?`; the output is read up to that
 //! sentinel. The sentinel is written split by `''`, so only the shell's own
 //! `printf` can assemble it and a command cannot forge the end of its output.
-//! The shell runs in its own process group; a timeout, a cancelled call or
-//! the end of the session kills the whole group, and the next call starts a
-//! fresh shell.
+//! The shell runs under the session's supervisor (see [`crate::cleanroom`]),
+//! a child subreaper, so whatever it detaches (`setsid`, double forks,
+//! another process group) stays in the supervisor's tree; a timeout, a
+//! cancelled call or the end of the session freezes and kills that whole
+//! tree, and the next call starts a fresh shell. Without a supervisor
+//! binary (the library embedded elsewhere) the shell itself is made the
+//! subreaper: the same tree kill, but what the agent detaches escapes if the
+//! shell exits first.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -53,7 +58,9 @@ pub(crate) struct BashSession {
     child: Child,
     stdin: ChildStdin,
     stdout: ChildStdout,
-    pgid: Option<rustix::process::Pid>,
+    /// The root of the session's process tree: the supervisor (or the
+    /// shell), also its process group; `None` once killed.
+    root: Option<rustix::process::Pid>,
 }
 
 fn ansi() -> &'static regex::Regex {
@@ -62,12 +69,38 @@ fn ansi() -> &'static regex::Regex {
 }
 
 impl BashSession {
-    /// Start a shell in `workdir` with exactly `env` (plus an empty prompt and `TERM=dumb`).
+    /// Start a shell in `workdir` with exactly `env` (plus an empty prompt
+    /// and `TERM=dumb`), under `supervisor` (our own binary, run as
+    /// `envworker __supervise`) when given.
     pub(crate) async fn start(
         workdir: &std::path::Path,
         env: &[(String, String)],
+        supervisor: Option<&std::path::Path>,
     ) -> Result<Self, BashError> {
-        let mut command = Command::new("/bin/bash");
+        const SHELL: [&str; 3] = ["/bin/bash", "--noprofile", "--norc"];
+        let mut command = match supervisor {
+            Some(binary) => {
+                let mut c = Command::new(binary);
+                c.arg0("envworker-supervisor")
+                    .arg(crate::cleanroom::SUPERVISE)
+                    .args(SHELL);
+                c
+            }
+            None => {
+                let mut c = Command::new(SHELL[0]);
+                c.args(&SHELL[1..]);
+                // SAFETY: one prctl syscall, async-signal-safe, no allocation.
+                unsafe {
+                    c.pre_exec(|| {
+                        // Refused (seccomp): the shell runs anyway.
+                        let _ =
+                            rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+                        Ok(())
+                    });
+                }
+                c
+            }
+        };
         // The process raised its descriptor limit for its own connections;
         // the agent's shell runs with the limit the worker was started with
         // (tools that close every descriptor up to the limit stay fast).
@@ -78,7 +111,6 @@ impl BashSession {
             }
         }
         let mut child = command
-            .args(["--noprofile", "--norc"])
             .current_dir(workdir)
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -92,7 +124,7 @@ impl BashSession {
             .kill_on_drop(true)
             .spawn()
             .map_err(BashError::Spawn)?;
-        let pgid = child
+        let root = child
             .id()
             .and_then(|id| rustix::process::Pid::from_raw(id as i32));
         let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
@@ -109,7 +141,7 @@ impl BashSession {
             child,
             stdin,
             stdout,
-            pgid,
+            root,
         })
     }
 
@@ -194,10 +226,15 @@ impl BashSession {
         Ok(BashResult { output, exit_code })
     }
 
-    /// Kill the shell's whole process group (background jobs included).
+    /// Kill the session's whole process tree (background jobs, detached
+    /// daemons) and its process group. Bounded ([`crate::cleanroom::KILL_BOUND`]).
     pub(crate) fn kill(&mut self) {
-        if let Some(pgid) = self.pgid.take() {
-            let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+        if let Some(root) = self.root.take() {
+            // The root is our unreaped child: its pid cannot be reused yet.
+            let killed =
+                crate::cleanroom::kill_tree(root, true, false, crate::cleanroom::KILL_BOUND);
+            let _ = rustix::process::kill_process_group(root, rustix::process::Signal::KILL);
+            tracing::debug!(processes = killed, "killed the session's processes");
         }
         let _ = self.child.start_kill();
     }
@@ -227,14 +264,20 @@ struct BashInput {
 pub(crate) struct BashTool {
     workdir: PathBuf,
     env: Vec<(String, String)>,
+    supervisor: Option<PathBuf>,
     shell: tokio::sync::Mutex<Option<BashSession>>,
 }
 
 impl BashTool {
-    pub(crate) fn new(workdir: PathBuf, env: Vec<(String, String)>) -> Self {
+    pub(crate) fn new(
+        workdir: PathBuf,
+        env: Vec<(String, String)>,
+        supervisor: Option<PathBuf>,
+    ) -> Self {
         BashTool {
             workdir,
             env,
+            supervisor,
             shell: tokio::sync::Mutex::new(None),
         }
     }
@@ -286,7 +329,7 @@ impl BashTool {
     }
 
     async fn start(&self) -> Result<BashSession, ToolError> {
-        BashSession::start(&self.workdir, &self.env)
+        BashSession::start(&self.workdir, &self.env, self.supervisor.as_deref())
             .await
             .map_err(|e| ToolError::new(format!("bash: {e}")))
     }

@@ -171,6 +171,9 @@ pub struct ToolContext {
     pub bash_env: Vec<(String, String)>,
     /// Advertised mount paths that really live elsewhere (Lambda).
     pub(crate) remap: Option<crate::remap::MountRemap>,
+    /// Our own binary, to run the shell under `envworker __supervise` (see
+    /// [`crate::cleanroom`]); `None`: the shell is its own subreaper.
+    pub supervisor: Option<PathBuf>,
 }
 
 impl ToolContext {
@@ -183,6 +186,7 @@ impl ToolContext {
             max_file_bytes: Some(files::DEFAULT_MAX_FILE_BYTES),
             bash_env: scrubbed_env(&[]),
             remap: None,
+            supervisor: None,
         }
     }
 }
@@ -200,7 +204,7 @@ impl Toolset {
         Toolset {
             policy: PathPolicy::new(&ctx.workdir, ctx.allowed_roots, ctx.read_only_roots),
             max_file_bytes: ctx.max_file_bytes,
-            bash: BashTool::new(ctx.workdir, ctx.bash_env),
+            bash: BashTool::new(ctx.workdir, ctx.bash_env, ctx.supervisor),
             remap: ctx.remap,
         }
     }

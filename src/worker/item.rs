@@ -5,8 +5,8 @@
 //! session, fetched once → the memory gate → skills → memory download →
 //! the tool runner (a due sync after each call) → teardown: tools closed →
 //! skills removed → final sync on a clean end (≤ 30 s) → flush (≤ 30 s,
-//! always) → dispose → heartbeat stopped → force-stop unless the lease was
-//! lost. The teardown runs whatever failed before it.
+//! always) → dispose → the session directory removed → heartbeat stopped →
+//! force-stop unless the lease was lost. The teardown runs whatever failed before it.
 //!
 //! Two ways to end a session early, told apart. The lease's end (lost, or a
 //! control-plane stop) drops the call in flight: the item is not ours any
@@ -238,6 +238,7 @@ impl EnvironmentWorker {
         let mut run = ItemRun::start(self, item, credential, report, cancel, deadline, started);
         run.report.outcome = run.run_session().await;
         run.teardown_memory().await;
+        run.clear_room().await;
         run.release().await
     }
 }
@@ -272,6 +273,8 @@ struct ItemRun<'w> {
     /// What the runner said when the shutdown ended it: whether the session
     /// still needs a worker.
     mid_turn: Option<bool>,
+    /// This item's own working directory, removed at teardown.
+    room: Option<std::path::PathBuf>,
     report: ItemReport,
 }
 
@@ -352,6 +355,7 @@ impl<'w> ItemRun<'w> {
             started,
             stores: None,
             mid_turn: None,
+            room: None,
             report,
         }
     }
@@ -419,17 +423,33 @@ impl<'w> ItemRun<'w> {
             debug!("memory stores disabled for this item");
         }
 
-        if let Err(e) = tokio::fs::create_dir_all(&opts.workdir).await {
-            return ItemOutcome::Failed(format!(
-                "cannot create the workdir {}: {e}",
-                opts.workdir.display()
-            ));
-        }
+        // A fresh private directory for this item alone (the clean room),
+        // removed at teardown.
+        let root = opts.workdir.clone();
+        let room =
+            match tokio::task::spawn_blocking(move || crate::cleanroom::create_session_dir(&root))
+                .await
+            {
+                Ok(Ok(dir)) => dir,
+                Ok(Err(e)) => {
+                    return ItemOutcome::Failed(format!(
+                        "cannot create a session directory in the workdir {}: {e}",
+                        opts.workdir.display()
+                    ));
+                }
+                Err(e) => {
+                    return ItemOutcome::Failed(format!(
+                        "cannot create the session directory: {e}"
+                    ));
+                }
+            };
+        debug!(workdir.path = %room.display(), "session directory created");
+        self.room = Some(room.clone());
 
         // Skills: a failure is logged by the download and never fails the item.
         let skills = tokio::select! {
             _ = self.ending() => return ItemOutcome::Served(RunEnd::Cancelled),
-            dirs = crate::skills::download_session_skills(&self.client, &session, &opts.workdir) => dirs,
+            dirs = crate::skills::download_session_skills(&self.client, &session, &room) => dirs,
         };
         let outcome = self.serve_tools(&session, memory_on && has_stores).await;
         // The runner closed the tools; the skills go before the memory teardown.
@@ -441,7 +461,9 @@ impl<'w> ItemRun<'w> {
     /// run the tools until the session ends, a due sync after each call.
     async fn serve_tools(&mut self, session: &Session, with_memory: bool) -> ItemOutcome {
         let opts = self.worker.options();
-        let mut ctx = ToolContext::new(&opts.workdir);
+        let room = self.room.clone().unwrap_or_else(|| opts.workdir.clone());
+        let mut ctx = ToolContext::new(room);
+        ctx.supervisor = opts.supervisor.clone();
         ctx.max_file_bytes = opts.max_file_bytes;
         ctx.bash_env = scrubbed_env(&opts.secret_env_vars);
         ctx.remap = opts.mount_remap.clone();
@@ -546,6 +568,25 @@ impl<'w> ItemRun<'w> {
         self.report.teardown = stores.teardown(clean, bound).await;
         if self.report.teardown.flush_cut_off {
             warn!("memory flush was cut off; see the warning above for what was not saved");
+        }
+    }
+
+    /// After the final flush: remove the item's directory and whatever the
+    /// agent left in it (its processes are dead: the runner closed the
+    /// tools, which killed the shell's whole tree). By fd, never through a
+    /// symlink the agent planted.
+    async fn clear_room(&mut self) {
+        let Some(room) = self.room.take() else { return };
+        let shown = room.display().to_string();
+        match tokio::task::spawn_blocking(move || crate::cleanroom::remove_session_dir(&room)).await
+        {
+            Ok(Ok(())) => debug!(workdir.path = %shown, "session directory removed"),
+            Ok(Err(e)) => {
+                warn!(workdir.path = %shown, error = %e, "cannot remove the session directory")
+            }
+            Err(e) => {
+                warn!(workdir.path = %shown, error = %e, "cannot remove the session directory")
+            }
         }
     }
 

@@ -100,8 +100,15 @@ pub struct WorkerOptions {
     /// Polls with it, and serves items whose secret carries no sessions token.
     pub environment_key: Option<Redacted>,
     pub base_url: String,
-    /// Where the tools work, and where stores without a mount path land.
+    /// The work root: each item works in its own fresh `session-*`
+    /// directory below it (see [`crate::cleanroom`]); stores without a mount
+    /// path land in `<workdir>/memory/`, outside the session's directory, so
+    /// a dead worker's folder is still found and recovered by the next claim.
     pub workdir: PathBuf,
+    /// Our own binary, run as each session's supervisor
+    /// (`envworker __supervise`); `None` when the library runs inside
+    /// another program (the shell is then its own subreaper).
+    pub supervisor: Option<PathBuf>,
     /// Stop serving a session after this long idle past its turn; `None` never.
     pub max_idle: Option<Duration>,
     pub memory_sync_interval: SyncInterval,
@@ -173,6 +180,7 @@ impl WorkerOptions {
             environment_key: None,
             base_url: base_url.into(),
             workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            supervisor: None,
             max_idle: Some(DEFAULT_MAX_IDLE),
             memory_sync_interval: SyncInterval::default(),
             memory_sync_deletions: DeleteMode::default(),

@@ -1,0 +1,303 @@
+//! A clean room per session: a fresh private working directory, and every
+//! process the agent started killed and reaped when the session ends.
+//!
+//! - [`create_session_dir`] / [`remove_session_dir`] — each work item gets
+//!   `<workdir>/session-<random>` (mode `0700`), the shell's cwd and the file
+//!   tools' base; it is removed at teardown by fd ([`crate::fsx::remove_tree_at`]:
+//!   symlinks unlinked, never followed; `chmod 000` directories opened back
+//!   up through their own fd; FIFOs unlinked, never opened).
+//! - [`supervise`] — the hidden `__supervise` subcommand: a tiny process,
+//!   started with the agent's (scrubbed) environment only, that makes itself
+//!   a child subreaper (`PR_SET_CHILD_SUBREAPER`) and runs the session's
+//!   shell. Whatever the agent detaches (`setsid`, `nohup … &`, a double fork,
+//!   a new process group) is re-parented to it, not to init, so the session's
+//!   processes stay one tree under one pid — and sessions running side by side
+//!   on one worker each have their own tree. When the shell exits, the
+//!   supervisor kills its tree and exits with the shell's status.
+//! - [`kill_tree`] — freeze (`SIGSTOP`) every descendant of a pid until a scan
+//!   finds no new one (a fork bomb cannot outrun a frozen parent), then
+//!   `SIGKILL` them until none is left, in bounded time.
+//! - [`run_as_init`] — as PID 1 in a container nothing else reaps orphans:
+//!   the binary then runs the real worker as its child (same arguments and
+//!   environment) and acts as init, like `tini`: it forwards the usual
+//!   termination signals to the worker and reaps every child that exits. The
+//!   worker stays a normal process, so tokio keeps the exit statuses of its
+//!   own children (a `waitpid(-1)` inside the worker would steal them).
+//!
+//! Limits: a process that escapes the tree — one started by another user
+//! (setuid), one that kills its own supervisor first (it then re-parents to
+//! init), or one the agent hands to a daemon outside (`at`, `systemd-run`,
+//! a container runtime socket) — is not found by the tree walk.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rustix::io::Errno;
+use rustix::process::{Pid, Signal, WaitOptions};
+
+/// The hidden subcommand that runs [`supervise`].
+pub const SUPERVISE: &str = "__supervise";
+
+/// How long [`kill_tree`] may take before it gives up (a process stuck in
+/// uninterruptible sleep cannot be killed sooner).
+pub(crate) const KILL_BOUND: Duration = Duration::from_secs(3);
+
+/// Create `<root>/session-<random>`, owner-only, creating `root` first.
+pub(crate) fn create_session_dir(root: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::create_dir_all(root)?;
+    let dir = tempfile::Builder::new()
+        .prefix("session-")
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir_in(root)?;
+    Ok(dir.keep())
+}
+
+/// Remove a directory made by [`create_session_dir`] and everything the
+/// agent left in it, by fd, never through a symlink. `Ok` when it is gone.
+pub(crate) fn remove_session_dir(dir: &Path) -> Result<(), Errno> {
+    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
+    else {
+        return Err(Errno::INVAL);
+    };
+    let parent = match rustix::fs::open(parent, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    crate::fsx::remove_tree_at(&parent, name)
+}
+
+/// Every process in `/proc`, with its state letter (`Z`: zombie) and its
+/// parent's pid (no `/proc/<pid>/task/*/children`: that needs a kernel
+/// option).
+pub fn processes() -> Vec<(i32, u8, i32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+            let close = text.iter().rposition(|&b| b == b')')?;
+            let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
+            let mut fields = rest.split_ascii_whitespace();
+            let state = fields.next()?.bytes().next()?;
+            Some((pid, state, fields.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Every live (not zombie) descendant of `root`.
+pub fn descendants(root: Pid) -> Vec<Pid> {
+    let mut children: HashMap<i32, Vec<(i32, u8)>> = HashMap::new();
+    for (pid, state, ppid) in processes() {
+        children.entry(ppid).or_default().push((pid, state));
+    }
+    let mut found = Vec::new();
+    let mut queue = vec![root.as_raw_nonzero().get()];
+    while let Some(parent) = queue.pop() {
+        for &(pid, state) in children.get(&parent).map(Vec::as_slice).unwrap_or(&[]) {
+            queue.push(pid);
+            if state != b'Z'
+                && state != b'X'
+                && let Some(pid) = Pid::from_raw(pid)
+            {
+                found.push(pid);
+            }
+        }
+    }
+    found
+}
+
+/// Kill every descendant of `root` (and `root` itself when `with_root`):
+/// freeze them all first, then `SIGKILL` until a scan finds none alive,
+/// reaping our own children as we go when `reap` (the supervisor). Gives up
+/// after `bound`. Returns how many processes were signalled.
+pub fn kill_tree(root: Pid, with_root: bool, reap: bool, bound: Duration) -> usize {
+    let deadline = Instant::now() + bound;
+    if with_root {
+        // A frozen root cannot exit, so its orphans keep landing on it.
+        let _ = rustix::process::kill_process(root, Signal::STOP);
+    }
+    let mut frozen: HashSet<Pid> = HashSet::new();
+    // Freeze until a whole scan finds nothing new: a process forking as
+    // fast as it can is stopped before its children are, and they are
+    // found by the next scan.
+    loop {
+        let fresh: Vec<Pid> = descendants(root)
+            .into_iter()
+            .filter(|p| !frozen.contains(p))
+            .collect();
+        if fresh.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        for pid in fresh {
+            let _ = rustix::process::kill_process(pid, Signal::STOP);
+            frozen.insert(pid);
+        }
+    }
+    let mut signalled: HashSet<Pid> = frozen;
+    loop {
+        if reap {
+            while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
+        }
+        let alive = descendants(root);
+        if alive.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        for pid in alive {
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
+            signalled.insert(pid);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    if with_root {
+        let _ = rustix::process::kill_process(root, Signal::KILL);
+    }
+    signalled.len()
+}
+
+/// `envworker __supervise PROGRAM ARGS…`: become a child subreaper, run
+/// PROGRAM on our stdin/stdout (which we then close, so the caller sees the
+/// end of the output when PROGRAM exits), reap every child, and when
+/// PROGRAM exits kill what is left and exit with its status.
+pub fn supervise(args: &[OsString]) -> ExitCode {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let Some((program, rest)) = args.split_first() else {
+        eprintln!("envworker {SUPERVISE}: no program");
+        return ExitCode::from(2);
+    };
+    // Refused (a seccomp profile): the shell still runs, and the tree kill
+    // still finds what did not detach; a broken `bash` would be worse.
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+    // SAFETY: fds 0 and 1 are ours (set up by the worker) and nothing else
+    // in this process uses them; the shell gets them and we keep neither.
+    let (stdin, stdout) = unsafe { (OwnedFd::from_raw_fd(0), OwnedFd::from_raw_fd(1)) };
+    let child = match std::process::Command::new(program)
+        .args(rest)
+        .stdin(stdin)
+        .stdout(stdout)
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("envworker {SUPERVISE}: cannot start {program:?}: {e}");
+            return ExitCode::from(127);
+        }
+    };
+    let shell = Pid::from_child(&child);
+    let status = loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, status))) if pid == shell => break status,
+            Ok(_) => {}
+            Err(Errno::INTR) => {}
+            Err(_) => return ExitCode::from(1),
+        }
+    };
+    kill_tree(rustix::process::getpid(), false, true, KILL_BOUND);
+    let code = status
+        .exit_status()
+        .or_else(|| status.terminating_signal().map(|s| 128 + s))
+        .unwrap_or(1);
+    ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// When this process is PID 1: run the worker as a child and be its init
+/// (forward signals, reap every orphan) until it exits; `None` otherwise.
+pub fn run_as_init() -> Option<ExitCode> {
+    if rustix::process::getpid() != Pid::INIT {
+        return None;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("envworker (init): cannot start: {e}");
+            return Some(ExitCode::FAILURE);
+        }
+    };
+    Some(runtime.block_on(init()))
+}
+
+async fn init() -> ExitCode {
+    use std::os::unix::process::CommandExt;
+    use tokio::signal::unix::{SignalKind, signal};
+    let forwarded = [
+        (SignalKind::terminate(), Signal::TERM),
+        (SignalKind::interrupt(), Signal::INT),
+        (SignalKind::hangup(), Signal::HUP),
+        (SignalKind::quit(), Signal::QUIT),
+        (SignalKind::user_defined1(), Signal::USR1),
+        (SignalKind::user_defined2(), Signal::USR2),
+    ];
+    // Handlers first: PID 1 ignores any signal it has no handler for.
+    let mut streams = Vec::new();
+    for (kind, sig) in forwarded {
+        match signal(kind) {
+            Ok(s) => streams.push((s, sig)),
+            Err(e) => eprintln!("envworker (init): cannot handle {sig:?}: {e}"),
+        }
+    }
+    let Ok(mut exited) = signal(SignalKind::child()) else {
+        eprintln!("envworker (init): cannot handle SIGCHLD");
+        return ExitCode::FAILURE;
+    };
+    let mut args = std::env::args_os();
+    let arg0 = args.next().unwrap_or_else(|| "envworker".into());
+    // `std::process` (not tokio's), so this loop is the only one waiting.
+    let worker = match std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(args)
+        .spawn()
+    {
+        Ok(child) => Pid::from_child(&child),
+        Err(e) => {
+            eprintln!("envworker (init): cannot start the worker: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<Signal>();
+    for (mut stream, sig) in streams {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if tx.send(sig).is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    loop {
+        // Reap everything that has exited: the worker, and any orphan.
+        loop {
+            match rustix::process::wait(WaitOptions::NOHANG) {
+                Ok(Some((pid, status))) if pid == worker => {
+                    let code = status
+                        .exit_status()
+                        .or_else(|| status.terminating_signal().map(|s| 128 + s))
+                        .unwrap_or(1);
+                    return ExitCode::from(code.clamp(0, 255) as u8);
+                }
+                Ok(Some(_)) => {}
+                Err(Errno::INTR) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        tokio::select! {
+            _ = exited.recv() => {}
+            Some(sig) = rx.recv() => {
+                let _ = rustix::process::kill_process(worker, sig);
+            }
+            // A SIGCHLD coalesced with one already handled is still caught.
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
