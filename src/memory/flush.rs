@@ -139,7 +139,15 @@ impl AttachedStore {
             })
             .map(|(rel, sha)| (rel.clone(), sha.clone()))
             .collect();
-        let dirty = self.dirty(reported);
+        let mut dirty = self.dirty(reported);
+        // An upload whose answer never came is settled by the next sync's
+        // listing; a push over it would replace its record, and the server
+        // holding our own lost upload would then read as another writer's
+        // change, which wins (the model test found this).
+        {
+            let state = self.state();
+            dirty.retain(|rel, _| !state.sent.contains_key(rel));
+        }
         if dirty.is_empty() {
             return 0;
         }

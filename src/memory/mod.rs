@@ -173,6 +173,16 @@ impl SessionMemoryStores {
         self
     }
 
+    /// Every store's watch loses the events queued now, as when the
+    /// kernel's queue overflows: the next pass must scan whole (the model
+    /// test interleaves it; a real overflow is tested over HTTP).
+    #[doc(hidden)]
+    pub fn lose_watch_events(&self) {
+        for store in &self.stores {
+            store.lose_watch_events();
+        }
+    }
+
     /// Keep at most `bound` changed paths per store between syncs before a
     /// full scan is due instead (tests lower it to force the fallback).
     #[doc(hidden)]

@@ -231,6 +231,11 @@ impl AttachedStore {
         self.observer().set_bound(bound);
     }
 
+    /// Lose the watch's queued events as an overflow does (tests).
+    pub(crate) fn lose_watch_events(&self) {
+        self.observer().lose_events();
+    }
+
     fn observer(&self) -> std::sync::MutexGuard<'_, Observer> {
         self.observer.lock().unwrap_or_else(|e| e.into_inner())
     }

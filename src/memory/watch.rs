@@ -260,6 +260,15 @@ impl Observer {
         }
     }
 
+    /// Lose every event queued now, as an overflowing kernel queue does,
+    /// and say so as it does (the model test's overflow step).
+    pub(crate) fn lose_events(&mut self) {
+        if let Some(watch) = self.watch.as_mut() {
+            watch.drain();
+            watch.fall_back("the kernel's event queue overflowed");
+        }
+    }
+
     /// The folder was rebuilt (a re-download): the next pass scans it whole.
     pub(crate) fn forget(&mut self) {
         self.watch = None;
