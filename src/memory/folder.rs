@@ -355,14 +355,7 @@ impl Walk<'_> {
     /// in `unreadable` and skipped; the walk goes on with the rest.
     fn tree(&mut self, root: &OwnedFd) {
         let mut stack: Vec<Frame> = Vec::new();
-        if let Some(names) = self.list(root, "") {
-            stack.push(Frame {
-                fd: None,
-                prefix: String::new(),
-                depth: 0,
-                names,
-            });
-        }
+        self.descend(&mut stack, root, None, String::new(), 0);
         self.run(root, stack);
     }
 
@@ -370,15 +363,27 @@ impl Walk<'_> {
     /// below `root`), as [`tree`](Self::tree) walks the root's.
     fn subtree(&mut self, root: &OwnedFd, sub: OwnedFd, rel: String, depth: usize) {
         let mut stack: Vec<Frame> = Vec::new();
-        if let Some(names) = self.list(&sub, &rel) {
+        self.descend(&mut stack, root, Some(sub), rel, depth);
+        self.run(root, stack);
+    }
+
+    /// List the directory `fd` (`None`: the root) and stack it to be walked.
+    fn descend(
+        &mut self,
+        stack: &mut Vec<Frame>,
+        root: &OwnedFd,
+        fd: Option<OwnedFd>,
+        prefix: String,
+        depth: usize,
+    ) {
+        if let Some(names) = self.list(fd.as_ref().unwrap_or(root), &prefix) {
             stack.push(Frame {
-                fd: Some(sub),
-                prefix: rel,
+                fd,
+                prefix,
                 depth,
                 names,
             });
         }
-        self.run(root, stack);
     }
 
     fn run(&mut self, root: &OwnedFd, mut stack: Vec<Frame>) {
@@ -392,14 +397,7 @@ impl Walk<'_> {
             let Some((sub, rel)) = self.entry(dir, &frame.prefix, depth, &name) else {
                 continue;
             };
-            if let Some(names) = self.list(&sub, &rel) {
-                stack.push(Frame {
-                    fd: Some(sub),
-                    prefix: rel,
-                    depth,
-                    names,
-                });
-            }
+            self.descend(&mut stack, root, Some(sub), rel, depth);
         }
     }
 

@@ -77,6 +77,8 @@ pub struct SessionMemoryStores {
     watch_bound: Option<usize>,
     /// Run the change-driven push (on unless a test turns it off).
     push: bool,
+    /// Watch the folders (on unless the benchmark's baseline turns it off).
+    watch: bool,
 }
 
 /// What one sync of every store did (summed).
@@ -146,6 +148,7 @@ impl SessionMemoryStores {
             state_dir: None,
             watch_bound: None,
             push: true,
+            watch: true,
         }
     }
 
@@ -170,6 +173,14 @@ impl SessionMemoryStores {
     #[doc(hidden)]
     pub fn without_push(mut self) -> Self {
         self.push = false;
+        self
+    }
+
+    /// No folder watch: every sync scans every folder whole, as before the
+    /// watch (the benchmark's baseline).
+    #[doc(hidden)]
+    pub fn without_watch(mut self) -> Self {
+        self.watch = false;
         self
     }
 
@@ -280,6 +291,9 @@ impl SessionMemoryStores {
                         if let Some(bound) = self.watch_bound {
                             store.set_watch_bound(bound);
                         }
+                        if !self.watch {
+                            store.disable_watch();
+                        }
                         self.stores.push(Arc::new(*store));
                         continue;
                     }
@@ -348,6 +362,9 @@ impl SessionMemoryStores {
                     );
                     if let Some(bound) = self.watch_bound {
                         store.set_watch_bound(bound);
+                    }
+                    if !self.watch {
+                        store.disable_watch();
                     }
                     self.stores.push(Arc::new(store));
                 }

@@ -231,6 +231,11 @@ impl AttachedStore {
         self.observer().set_bound(bound);
     }
 
+    /// No watch: every pass scans the whole folder (the benchmark's baseline).
+    pub(crate) fn disable_watch(&self) {
+        self.observer().disable();
+    }
+
     /// Lose the watch's queued events as an overflow does (tests).
     pub(crate) fn lose_watch_events(&self) {
         self.observer().lose_events();
@@ -244,16 +249,24 @@ impl AttachedStore {
     /// vouch for what it did not report), else only the paths the kernel
     /// reported since the last scan ([`Observer`]).
     pub(super) async fn scan(&self, full: bool) -> Result<Marked, PassError> {
+        let seen = self.observing(move |o, f| o.observe(f, full)).await??;
+        Ok(self.mark(seen).await)
+    }
+
+    /// Run `f` on the observer and the folder, on a blocking thread.
+    async fn observing<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Observer, &Folder) -> T + Send + 'static,
+    ) -> Result<T, PassError> {
         let folder = self.folder.clone();
         let observer = self.observer.clone();
-        let seen = blocking(move || {
-            observer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .observe(&folder, full)
+        blocking(move || {
+            f(
+                &mut observer.lock().unwrap_or_else(|e| e.into_inner()),
+                &folder,
+            )
         })
-        .await??;
-        Ok(self.mark(seen).await)
+        .await
     }
 
     /// Only the paths the kernel reported since the last pass, and those
@@ -261,15 +274,7 @@ impl AttachedStore {
     pub(super) async fn scan_changed(
         &self,
     ) -> Result<Option<(Marked, BTreeSet<String>)>, PassError> {
-        let folder = self.folder.clone();
-        let observer = self.observer.clone();
-        let seen = blocking(move || {
-            observer
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .observe_changed(&folder)
-        })
-        .await?;
+        let seen = self.observing(|o, f| o.observe_changed(f)).await?;
         let Some(mut seen) = seen else {
             return Ok(None);
         };

@@ -220,6 +220,9 @@ pub(crate) struct Observer {
     since_full: u32,
     last_full: Option<Instant>,
     bound: usize,
+    /// `false`: no watch, every pass a full scan (as before the watch; the
+    /// benchmark's baseline).
+    enabled: bool,
 }
 
 /// What a pass saw of its folder.
@@ -249,6 +252,7 @@ impl Observer {
             since_full: 0,
             last_full: None,
             bound,
+            enabled: true,
         }
     }
 
@@ -258,6 +262,12 @@ impl Observer {
         if let Some(watch) = self.watch.as_mut() {
             watch.bound = bound.max(1);
         }
+    }
+
+    /// No watch from the next pass on: every pass scans whole.
+    pub(crate) fn disable(&mut self) {
+        self.enabled = false;
+        self.forget();
     }
 
     /// Lose every event queued now, as an overflowing kernel queue does,
@@ -357,7 +367,7 @@ impl Observer {
         // A new instance: the old one's watches (and whatever it missed) go.
         // Without one (`max_user_instances`), every pass is a full scan.
         self.watch = None;
-        let mut watch = Watch::new(self.bound).ok();
+        let mut watch = self.enabled.then(|| Watch::new(self.bound).ok()).flatten();
         self.root = folder.current_identity();
         let (scan, examined) = folder.scan_watched(watch.as_mut())?;
         self.watch = watch;
