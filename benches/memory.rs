@@ -15,8 +15,10 @@
 //! memories, runs two syncs and a flush, and compares the peak RSS with the
 //! same store without it: a file's size must not drive memory use (target:
 //! within 1.2×). `ENVWORKER_BENCH_ROWS` picks rows by name, comma-separated
-//! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`, `journal`); all
-//! by default.
+//! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`, `journal`,
+//! `watch`); all by default. The `watch` row (ours only, also run with
+//! `steady_sync`) times the idle sync without the folder watch (every file
+//! stat-ed, as before) and with it, and prints the entries each stat-ed.
 //!
 //! Ours journals each store's sync state as the worker does (the durable
 //! commit, `memory::journal`), in a state directory on the disk (not tmpfs,
@@ -53,6 +55,8 @@ struct Sample {
     wall_ms: f64,
     cpu_ms: f64,
     peak_rss_kb: f64,
+    /// Entries the measured sync stat-ed (syncs only).
+    examined: f64,
 }
 
 fn cpu_ms() -> f64 {
@@ -88,7 +92,16 @@ async fn child(args: &[String]) {
         DeleteMode::Enabled,
     )
     .with_state_dir(state_dir.as_deref());
+    let (op, watched) = match op.strip_suffix("_nowatch") {
+        Some(op) => (op.to_string(), false),
+        None => (op.to_string(), true),
+    };
+    if !watched {
+        stores = stores.without_watch();
+    }
+    let op = &op;
     let (wall, cpu);
+    let mut examined = 0;
     if let Some(with) = op.strip_prefix("sparse_") {
         stores.download(&session).await.unwrap();
         let root = stores.roots()[0].clone();
@@ -117,7 +130,7 @@ async fn child(args: &[String]) {
                 stores.sync_now().await;
             }
             let (w, c) = (Instant::now(), cpu_ms());
-            stores.sync_now().await;
+            examined = stores.sync_now().await.examined;
             (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
         } else {
             let root = stores.roots()[0].clone();
@@ -130,7 +143,7 @@ async fn child(args: &[String]) {
     stores.dispose().await;
     println!(
         "{}",
-        json!({"wall_ms": wall, "cpu_ms": cpu, "peak_rss_kb": peak_rss_kb()})
+        json!({"wall_ms": wall, "cpu_ms": cpu, "peak_rss_kb": peak_rss_kb(), "examined": examined})
     );
 }
 
@@ -172,6 +185,7 @@ fn run_child(program: &std::path::Path, prefix: &[&str], args: &[String]) -> Sam
         wall_ms: v["wall_ms"].as_f64().unwrap(),
         cpu_ms: v["cpu_ms"].as_f64().unwrap(),
         peak_rss_kb: v["peak_rss_kb"].as_f64().unwrap(),
+        examined: v["examined"].as_f64().unwrap_or_default(),
     }
 }
 
@@ -185,6 +199,7 @@ fn medians(samples: &[Sample]) -> Sample {
         wall_ms: median(samples.iter().map(|s| s.wall_ms).collect()),
         cpu_ms: median(samples.iter().map(|s| s.cpu_ms).collect()),
         peak_rss_kb: median(samples.iter().map(|s| s.peak_rss_kb).collect()),
+        examined: median(samples.iter().map(|s| s.examined).collect()),
     }
 }
 
@@ -416,6 +431,41 @@ async fn main() {
                 on.cpu_ms / off.cpu_ms
             );
         }
+    }
+    if wanted("watch") || wanted("steady_sync") {
+        http.delete(format!("{url}/dev/faults"))
+            .header("x-api-key", ADMIN_KEY)
+            .send()
+            .await
+            .unwrap();
+        println!(
+            "watch: ours, the idle (steady) sync without the folder watch (every file stat-ed, as before issue 16) and with it, 0 ms latency, 9 runs each"
+        );
+        println!(
+            "{:<12} | {:>10} {:>10} {:>9} | {:>10} {:>10} {:>9} | {:>6}",
+            "operation", "off wall", "off cpu", "examined", "on wall", "on cpu", "examined", "cpu×"
+        );
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for _ in 0..9 {
+            off.push(run_child(
+                &me,
+                &["--child"],
+                &child_args("steady_sync_nowatch"),
+            ));
+            on.push(run_child(&me, &["--child"], &child_args("steady_sync")));
+        }
+        let (off, on) = (medians(&off), medians(&on));
+        println!(
+            "{:<12} | {:>8.1}ms {:>8.1}ms {:>9} | {:>8.1}ms {:>8.1}ms {:>9} | {:>6.2}",
+            "steady_sync",
+            off.wall_ms,
+            off.cpu_ms,
+            off.examined,
+            on.wall_ms,
+            on.cpu_ms,
+            on.examined,
+            on.cpu_ms / off.cpu_ms
+        );
     }
     if wanted("sparse") {
         http.delete(format!("{url}/dev/faults"))

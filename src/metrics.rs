@@ -564,6 +564,7 @@ mod tests {
                 conflicts: 1,
                 refused: 1,
                 recovered: 0,
+                ..Default::default()
             },
             final_sync: false,
         });

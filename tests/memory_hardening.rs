@@ -13,7 +13,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use common::harness::Logs;
-use common::memory_served::{Served, served_with};
+use common::memory_served::{Served, served_opts};
 use serde_json::json;
 
 fn chmod(path: &std::path::Path, mode: u32) {
@@ -21,7 +21,9 @@ fn chmod(path: &std::path::Path, mode: u32) {
 }
 
 /// A store of a few memories, with `extra` more: the session, the store's
-/// id and its folder.
+/// id and its folder. Without the change-driven push: these tests count the
+/// warnings of the syncs, and a capture is per thread (the push warns the
+/// same things from its own task).
 async fn notes(extra: serde_json::Value) -> (Served, String, std::path::PathBuf) {
     let mut memories =
         json!({"/a.md": "a1", "/dir/b.md": "b1", "/dir/c.md": "c1", "/locked.md": "l1"});
@@ -29,7 +31,12 @@ async fn notes(extra: serde_json::Value) -> (Served, String, std::path::PathBuf)
         .as_object_mut()
         .unwrap()
         .extend(extra.as_object().unwrap().clone());
-    let t = served_with(json!([{"key": "notes", "name": "Notes", "memories": memories}])).await;
+    let t = served_opts(
+        json!([{"key": "notes", "name": "Notes", "memories": memories}]),
+        None,
+        |s| s.without_push(),
+    )
+    .await;
     let (store, root) = (t.ids[0].clone(), t.mounts[0].clone());
     (t, store, root)
 }

@@ -1,6 +1,9 @@
 //! A model-based property test of the memory sync: random interleavings of
 //! agent edits, deletes and renames, remote edits and deletes, syncs, time
-//! passing, dropped responses and server errors, worker deaths (the stores
+//! passing, dropped responses and server errors, the change-driven push
+//! (its upload-only pass over what the watch reported), a flood of writes
+//! that overflows the kernel's inotify queue (the next pass must scan the
+//! whole folder), worker deaths (the stores
 //! dropped with no teardown, then mounted again on the same disk: recovered
 //! from their journal), then a quiet phase. After every run:
 //!
@@ -37,6 +40,12 @@ enum Step {
     Fail(ApiOp, FailKind),
     BreakMarker,
     Crash,
+    /// The change-driven push's pass, now.
+    Push,
+    /// Write one path, then the watch's queued events are lost as in a
+    /// kernel queue overflow (a real `IN_Q_OVERFLOW` is tested in
+    /// `memory_watch.rs`; here it would cost 16k syscalls a step).
+    Overflow(usize),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -71,6 +80,8 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (api_op, kind).prop_map(|(o, k)| Step::Fail(o, k)),
         1 => Just(Step::BreakMarker),
         1 => Just(Step::Crash),
+        3 => Just(Step::Push),
+        1 => (0..PATHS.len()).prop_map(Step::Overflow),
     ]
 }
 
@@ -139,7 +150,24 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         let broken = m.broken_at.is_some();
         match s {
             // A distrusted folder is left alone by the agent, so it stays distrusted.
-            Step::Write(_) | Step::Delete(_) | Step::Rename(..) if broken => {}
+            Step::Write(_) | Step::Delete(_) | Step::Rename(..) | Step::Overflow(_) if broken => {}
+            Step::Overflow(p) => {
+                let content = format!("local-{i}");
+                h.write("s", PATHS[p], &content);
+                // The queue overflows: the events are lost, the next pass
+                // must scan whole and still see this write.
+                h.stores.lose_watch_events();
+                m.local.push((
+                    now,
+                    PATHS[p].into(),
+                    Local::Wrote(content),
+                    m.agreed[PATHS[p]].clone(),
+                ));
+            }
+            Step::Push => {
+                h.stores.push_now().await;
+                m.agree(&h, now);
+            }
             Step::Write(p) => {
                 let content = format!("local-{i}");
                 h.write("s", PATHS[p], &content);

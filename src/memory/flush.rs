@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
-use tracing::{Instrument, warn};
+use tracing::{Instrument, debug, warn};
 
 use crate::api::types::MemoryIndexEntry;
 
@@ -42,6 +42,7 @@ impl AttachedStore {
 
     async fn flush_writable(&self, api: &dyn MemoryApi) -> FlushStats {
         let mut stats = FlushStats::default();
+        let _pass = self.pass.lock().await;
         crate::killpoint::hit("memory.flush.start");
         let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
         let mut guard = CutOffGuard {
@@ -65,7 +66,8 @@ impl AttachedStore {
         guard: &mut CutOffGuard<'_>,
         stats: &mut FlushStats,
     ) -> Result<(), PassError> {
-        let scan = self.scan().await?;
+        // The flush scans whole, as it always did.
+        let scan = self.scan(true).await?;
         match plan_folder(scan.folder_facts(FolderOp::Flush)) {
             FolderVerdict::Proceed => {}
             FolderVerdict::LeaveAlone(reason) => {
@@ -110,9 +112,79 @@ impl AttachedStore {
         let done = |rel: &str| {
             unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);
         };
+        let (uploaded, conflicts) = self.push_dirty(api, &dirty, remote.as_ref(), &done).await;
+        stats.uploaded = uploaded;
+        stats.conflicts += conflicts;
+        Ok(())
+    }
+
+    /// The change-driven push: upload what the kernel reported written
+    /// since the last pass — never a delete, never a pull, never a listing
+    /// (each update is guarded by the hash it was last synced at, so the
+    /// server refuses it if another writer changed the memory since: the
+    /// server wins, and the next sync pulls its version). Holds the pass
+    /// lock, so it never interleaves with a sync. Uploads done.
+    pub(crate) async fn push_changed(&self, api: &dyn MemoryApi) -> usize {
+        if self.read_only {
+            return 0;
+        }
+        let _pass = self.pass.lock().await;
+        let seen = match self.scan_changed().await {
+            Ok(Some(seen)) => seen,
+            // The next sync scans whole and pushes what changed.
+            Ok(None) => return 0,
+            Err(e) => {
+                debug!(memory_store.id = %self.id, error = %e, "cannot examine the memory store folder for a push");
+                return 0;
+            }
+        };
+        let (scan, changed) = seen;
+        if plan_folder(scan.folder_facts(FolderOp::Flush)) != FolderVerdict::Proceed {
+            return 0;
+        }
+        let reported: BTreeMap<String, String> = scan
+            .files
+            .iter()
+            .filter(|(rel, _)| {
+                changed.iter().any(|c| {
+                    rel.strip_prefix(c.as_str())
+                        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+                })
+            })
+            .map(|(rel, sha)| (rel.clone(), sha.clone()))
+            .collect();
+        let mut dirty = self.dirty(reported);
+        // An upload whose answer never came is settled by the next sync's
+        // listing; a push over it would replace its record, and the server
+        // holding our own lost upload would then read as another writer's
+        // change, which wins (the model test found this).
+        {
+            let state = self.state();
+            dirty.retain(|rel, _| !state.sent.contains_key(rel));
+        }
+        if dirty.is_empty() {
+            return 0;
+        }
+        let (uploaded, _) = self.push_dirty(api, &dirty, None, &|_| {}).await;
+        drop(_pass);
+        self.sync_journal().await;
+        uploaded
+    }
+
+    /// Plan (the flush's rules) and upload each dirty file, `remote` the
+    /// listing if there is one; `done` is told of each path as it is
+    /// settled. Uploads landed, and conflicts left to the server.
+    async fn push_dirty(
+        &self,
+        api: &dyn MemoryApi,
+        dirty: &BTreeMap<String, String>,
+        remote: Option<&BTreeMap<String, MemoryIndexEntry>>,
+        done: &(dyn Fn(&str) + Sync),
+    ) -> (usize, usize) {
+        let mut conflicts = 0;
         let mut work = Vec::new();
-        for (rel, local) in &dirty {
-            match self.plan_flush_path(rel, local, remote.as_ref()) {
+        for (rel, local) in dirty {
+            match self.plan_flush_path(rel, local, remote) {
                 FlushDecision::Done => done(rel),
                 FlushDecision::Adopt => {
                     self.state().baseline.insert(rel.clone(), local.clone());
@@ -124,13 +196,13 @@ impl AttachedStore {
                         memory.path = %rel,
                         "memory changed both locally and remotely; the flush leaves the remote version"
                     );
-                    stats.conflicts += 1;
+                    conflicts += 1;
                     done(rel);
                 }
                 FlushDecision::Upload { update } => work.push((rel.clone(), local.clone(), update)),
             }
         }
-        let results: Vec<bool> = stream::iter(work)
+        let uploaded = stream::iter(work)
             .map(|(rel, local, update)| async move {
                 let landed = self.upload(api, &rel, Some(&local), update).await;
                 done(&rel);
@@ -143,10 +215,10 @@ impl AttachedStore {
                 }
             })
             .buffer_unordered(UPLOAD_CONCURRENCY)
-            .collect()
+            .filter(|ok| std::future::ready(*ok))
+            .count()
             .await;
-        stats.uploaded = results.iter().filter(|ok| **ok).count();
-        Ok(())
+        (uploaded, conflicts)
     }
 
     /// The scanned files the flush looks at ([`flush_dirty`]), judged

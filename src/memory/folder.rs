@@ -43,7 +43,7 @@
 //!
 //! Everything here blocks; callers run it on a blocking thread.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::CStr;
 use std::io::{Read, Write};
 use std::os::fd::OwnedFd;
@@ -55,6 +55,8 @@ use foldhash::{HashMap, HashMapExt};
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use sha2::{Digest, Sha256};
+
+use super::watch::Watch;
 
 /// Directories are owner-only.
 const DIR_MODE: u32 = 0o700;
@@ -315,8 +317,12 @@ fn hash_fresh(
 
 /// One scan's walk: the stat cache it reads (`old`) and the one it leaves
 /// (`new`, holding only files it saw).
-struct Walk {
+struct Walk<'w> {
     start: i128,
+    /// Each directory listed is watched first, when there is a watch.
+    watch: Option<&'w mut Watch>,
+    /// Entries stat-ed (files and directories): what the walk cost.
+    examined: usize,
     old: HashMap<String, (StatKey, String)>,
     new: HashMap<String, (StatKey, String)>,
     /// The files seen, in directory order; sorted into the scan at the end.
@@ -343,20 +349,44 @@ struct Frame {
     names: std::vec::IntoIter<std::ffi::CString>,
 }
 
-impl Walk {
+impl Walk<'_> {
     /// Walk the tree below `root` with an explicit stack (never recursion:
     /// the agent decides the depth). An entry that cannot be read is listed
     /// in `unreadable` and skipped; the walk goes on with the rest.
     fn tree(&mut self, root: &OwnedFd) {
         let mut stack: Vec<Frame> = Vec::new();
-        if let Some(names) = self.list(root, "") {
+        self.descend(&mut stack, root, None, String::new(), 0);
+        self.run(root, stack);
+    }
+
+    /// Walk the tree below the directory `sub` (at `rel`, `depth` levels
+    /// below `root`), as [`tree`](Self::tree) walks the root's.
+    fn subtree(&mut self, root: &OwnedFd, sub: OwnedFd, rel: String, depth: usize) {
+        let mut stack: Vec<Frame> = Vec::new();
+        self.descend(&mut stack, root, Some(sub), rel, depth);
+        self.run(root, stack);
+    }
+
+    /// List the directory `fd` (`None`: the root) and stack it to be walked.
+    fn descend(
+        &mut self,
+        stack: &mut Vec<Frame>,
+        root: &OwnedFd,
+        fd: Option<OwnedFd>,
+        prefix: String,
+        depth: usize,
+    ) {
+        if let Some(names) = self.list(fd.as_ref().unwrap_or(root), &prefix) {
             stack.push(Frame {
-                fd: None,
-                prefix: String::new(),
-                depth: 0,
+                fd,
+                prefix,
+                depth,
                 names,
             });
         }
+    }
+
+    fn run(&mut self, root: &OwnedFd, mut stack: Vec<Frame>) {
         while let Some(frame) = stack.last_mut() {
             let Some(name) = frame.names.next() else {
                 stack.pop();
@@ -367,14 +397,7 @@ impl Walk {
             let Some((sub, rel)) = self.entry(dir, &frame.prefix, depth, &name) else {
                 continue;
             };
-            if let Some(names) = self.list(&sub, &rel) {
-                stack.push(Frame {
-                    fd: Some(sub),
-                    prefix: rel,
-                    depth,
-                    names,
-                });
-            }
+            self.descend(&mut stack, root, Some(sub), rel, depth);
         }
     }
 
@@ -387,6 +410,11 @@ impl Walk {
         dir: &OwnedFd,
         prefix: &str,
     ) -> Option<std::vec::IntoIter<std::ffi::CString>> {
+        // Watched before it is listed: a name added after the listing is
+        // reported, one added before it is listed.
+        if let Some(watch) = self.watch.as_deref_mut() {
+            watch.add(prefix, dir);
+        }
         let Ok(entries) = Dir::read_from(dir) else {
             self.unreadable.push(prefix.to_string());
             return None;
@@ -434,6 +462,7 @@ impl Walk {
             return None;
         };
         let rel = shown(name);
+        self.examined += 1;
         let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(Errno::NOENT) => return None, // a scan is a snapshot, not a lock
@@ -923,9 +952,18 @@ impl Folder {
     /// listed in [`Scan::unreadable`] (so what is below it is unknown, never
     /// deleted). An absent root scans empty; a replaced one fails.
     pub(crate) fn scan(&self) -> Result<Scan, FolderError> {
+        self.scan_watched(None).map(|(scan, _)| scan)
+    }
+
+    /// [`scan`](Self::scan), watching each directory before it is listed
+    /// when `watch` is given; also says how many entries it stat-ed.
+    pub(crate) fn scan_watched(
+        &self,
+        watch: Option<&mut Watch>,
+    ) -> Result<(Scan, usize), FolderError> {
         let start = now_ns();
         let Some(root) = self.root_fd()? else {
-            return Ok(Scan::default());
+            return Ok((Scan::default(), 0));
         };
         // The scan rebuilds the cache from what it sees, so entries of files
         // that are gone drop out with the old map.
@@ -933,6 +971,8 @@ impl Folder {
         let old = std::mem::take(&mut *cache);
         let mut walk = Walk {
             start,
+            watch,
+            examined: 0,
             new: HashMap::with_capacity(old.len()),
             files: Vec::with_capacity(old.len()),
             unrepresentable: Vec::new(),
@@ -941,11 +981,100 @@ impl Folder {
         };
         walk.tree(&root);
         *cache = walk.new;
-        Ok(Scan {
-            files: BTreeMap::from_iter(walk.files),
-            unrepresentable: walk.unrepresentable,
-            unreadable: walk.unreadable,
-        })
+        Ok((
+            Scan {
+                files: BTreeMap::from_iter(walk.files),
+                unrepresentable: walk.unrepresentable,
+                unreadable: walk.unreadable,
+            },
+            walk.examined,
+        ))
+    }
+
+    /// Examine only `paths` (each a file, a directory — walked whole, its
+    /// directories watched — or nothing any more): a scan of just what is
+    /// at or below them now, and how many entries it stat-ed. A path whose
+    /// parent is gone, or is no directory, or is a symlink, holds nothing.
+    /// `Ok(None)` when the root is gone; an error the caller answers with a
+    /// full scan.
+    pub(crate) fn examine(
+        &self,
+        paths: &BTreeSet<String>,
+        watch: &mut Watch,
+    ) -> Result<Option<(Scan, usize)>, FolderError> {
+        let start = now_ns();
+        let Some(root) = self.root_fd()? else {
+            return Ok(None);
+        };
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let old = std::mem::take(&mut *cache);
+        let mut walk = Walk {
+            start,
+            watch: Some(watch),
+            examined: 0,
+            new: HashMap::new(),
+            files: Vec::new(),
+            unrepresentable: Vec::new(),
+            unreadable: Vec::new(),
+            old,
+        };
+        let mut result = Ok(());
+        for rel in paths {
+            let comps = match components(rel) {
+                Ok(comps) => comps,
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            };
+            let Some((leaf, dirs)) = comps.split_last() else {
+                continue;
+            };
+            let parent = if dirs.is_empty() {
+                None
+            } else {
+                match open_beneath(&root, dirs, DIR_FLAGS) {
+                    Ok(fd) => Some(fd),
+                    Err(Errno::NOENT) | Err(Errno::NOTDIR) | Err(Errno::LOOP) => continue,
+                    Err(e) => {
+                        result = Err(open_error(rel, e));
+                        break;
+                    }
+                }
+            };
+            let Ok(leaf) = std::ffi::CString::new(*leaf) else {
+                continue;
+            };
+            let prefix = dirs.join("/");
+            let dir = parent.as_ref().unwrap_or(&root);
+            if let Some((sub, sub_rel)) = walk.entry(dir, &prefix, comps.len(), &leaf) {
+                walk.subtree(&root, sub, sub_rel, comps.len());
+            }
+        }
+        // Entries of the files seen move to the new map; the rest stay.
+        let mut old = std::mem::take(&mut walk.old);
+        old.extend(std::mem::take(&mut walk.new));
+        *cache = old;
+        result?;
+        Ok(Some((
+            Scan {
+                files: BTreeMap::from_iter(walk.files),
+                unrepresentable: walk.unrepresentable,
+                unreadable: walk.unreadable,
+            },
+            walk.examined,
+        )))
+    }
+
+    /// The device and inode of the directory the root's path leads to now
+    /// (`None`: nothing there, or never created).
+    pub(crate) fn current_identity(&self) -> Option<(u64, u64)> {
+        self.root_fd().ok().flatten()?;
+        self.fds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|h| (h.dev, h.ino))
     }
 
     /// Delete the file at `rel`; an absent file is fine.

@@ -21,10 +21,12 @@ pub(crate) mod folder;
 pub(crate) mod journal;
 pub mod options;
 pub(crate) mod plan;
+mod push;
 pub mod recovery;
 pub mod remote;
 mod state;
 pub mod store;
+pub(crate) mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -61,12 +63,22 @@ pub struct SessionMemoryStores {
     /// `None`: memory sync is off — no download, no sync.
     interval: Option<Duration>,
     deletions: DeleteMode,
-    stores: Vec<AttachedStore>,
+    stores: Vec<Arc<AttachedStore>>,
+    /// The change-driven push ([`push::run`]), from the download to the
+    /// final sync, the flush or dispose (dropped with the stores).
+    pushers: std::sync::Mutex<Option<tokio::task::JoinSet<()>>>,
     last_sync: std::sync::Mutex<Instant>,
     finished: AtomicBool,
     remap: Option<crate::remap::MountRemap>,
     /// Where each store's sync state is journaled; `None`: not journaled.
     state_dir: Option<StateDir>,
+    /// The most changed paths a store's watch keeps between syncs; `None`:
+    /// [`watch::DEFAULT_EVENT_BOUND`].
+    watch_bound: Option<usize>,
+    /// Run the change-driven push (on unless a test turns it off).
+    push: bool,
+    /// Watch the folders (on unless the benchmark's baseline turns it off).
+    watch: bool,
 }
 
 /// What one sync of every store did (summed).
@@ -80,6 +92,11 @@ pub struct SyncReport {
     pub(crate) conflicts: usize,
     pub(crate) refused: usize,
     pub(crate) recovered: usize,
+    /// Entries of the folders stat-ed by the passes' scans: the files the
+    /// watch reported, or every file for a full scan.
+    pub examined: usize,
+    /// Stores whose pass scanned the whole folder.
+    pub full_scans: usize,
 }
 
 impl SyncReport {
@@ -92,6 +109,8 @@ impl SyncReport {
         self.conflicts += s.conflicts;
         self.refused += s.refused;
         self.recovered += s.recovered as usize;
+        self.examined += s.examined;
+        self.full_scans += s.full_scan as usize;
     }
 }
 
@@ -122,10 +141,14 @@ impl SessionMemoryStores {
             interval: interval.interval(),
             deletions,
             stores: Vec::new(),
+            pushers: std::sync::Mutex::new(None),
             last_sync: std::sync::Mutex::new(Instant::now()),
             finished: AtomicBool::new(false),
             remap: None,
             state_dir: None,
+            watch_bound: None,
+            push: true,
+            watch: true,
         }
     }
 
@@ -145,6 +168,40 @@ impl SessionMemoryStores {
 
     /// Mount stores whose `mount_path` lies under `remap.advertised` under
     /// `remap.actual` instead (a host where the advertised root is not writable).
+    /// No change-driven push: files go out with the syncs only (tests that
+    /// count what a sync examines, or watch the kernel's queue fill).
+    #[doc(hidden)]
+    pub fn without_push(mut self) -> Self {
+        self.push = false;
+        self
+    }
+
+    /// No folder watch: every sync scans every folder whole, as before the
+    /// watch (the benchmark's baseline).
+    #[doc(hidden)]
+    pub fn without_watch(mut self) -> Self {
+        self.watch = false;
+        self
+    }
+
+    /// Every store's watch loses the events queued now, as when the
+    /// kernel's queue overflows: the next pass must scan whole (the model
+    /// test interleaves it; a real overflow is tested over HTTP).
+    #[doc(hidden)]
+    pub fn lose_watch_events(&self) {
+        for store in &self.stores {
+            store.lose_watch_events();
+        }
+    }
+
+    /// Keep at most `bound` changed paths per store between syncs before a
+    /// full scan is due instead (tests lower it to force the fallback).
+    #[doc(hidden)]
+    pub fn with_watch_bound(mut self, bound: usize) -> Self {
+        self.watch_bound = Some(bound);
+        self
+    }
+
     pub(crate) fn with_remap(mut self, remap: Option<crate::remap::MountRemap>) -> Self {
         self.remap = remap;
         self
@@ -165,7 +222,7 @@ impl SessionMemoryStores {
     }
 
     /// The attached stores (for diagnostics and tests).
-    pub fn stores(&self) -> &[AttachedStore] {
+    pub fn stores(&self) -> &[Arc<AttachedStore>] {
         &self.stores
     }
 
@@ -231,7 +288,13 @@ impl SessionMemoryStores {
                             conflicts = pass.conflicts,
                             "recovered memory store folder"
                         );
-                        self.stores.push(*store);
+                        if let Some(bound) = self.watch_bound {
+                            store.set_watch_bound(bound);
+                        }
+                        if !self.watch {
+                            store.disable_watch();
+                        }
+                        self.stores.push(Arc::new(*store));
                         continue;
                     }
                     Adopted::Cleared => {
@@ -297,7 +360,13 @@ impl SessionMemoryStores {
                         count,
                         "downloaded memories"
                     );
-                    self.stores.push(store);
+                    if let Some(bound) = self.watch_bound {
+                        store.set_watch_bound(bound);
+                    }
+                    if !self.watch {
+                        store.disable_watch();
+                    }
+                    self.stores.push(Arc::new(store));
                 }
                 Err(e) => {
                     store.dispose().await;
@@ -308,7 +377,34 @@ impl SessionMemoryStores {
             }
         }
         *self.last_sync.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        self.start_pushes();
         Ok(())
+    }
+
+    /// Start the change-driven push of every writable store.
+    fn start_pushes(&self) {
+        if !self.push {
+            return;
+        }
+        let mut set = tokio::task::JoinSet::new();
+        for store in self.stores.iter().filter(|s| !s.read_only) {
+            set.spawn(push::run(Arc::downgrade(store), self.api.clone()));
+        }
+        *self.pushers.lock().unwrap_or_else(|e| e.into_inner()) = Some(set);
+    }
+
+    /// Stop the change-driven push (a push in flight is cut off, as a
+    /// dying worker would cut it; its journal and sent records hold), so
+    /// the final sync and the flush run exactly as they always did.
+    async fn stop_pushes(&self) {
+        let set = self
+            .pushers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        if let Some(mut set) = set {
+            set.shutdown().await;
+        }
     }
 
     async fn sync_all(&self, final_sync: bool) -> SyncReport {
@@ -359,6 +455,17 @@ impl SessionMemoryStores {
         }
     }
 
+    /// Run the change-driven push's pass on every store now, whatever its
+    /// debounce (the model test interleaves it with every other step).
+    #[doc(hidden)]
+    pub async fn push_now(&self) -> usize {
+        let api = self.api.as_ref();
+        futures::future::join_all(self.stores.iter().map(|s| s.push_changed(api)))
+            .await
+            .into_iter()
+            .sum()
+    }
+
     /// Sync every store now, whatever the cadence (a regular sync, not the final one).
     pub async fn sync_now(&self) -> SyncReport {
         self.sync_all(false).await
@@ -371,6 +478,7 @@ impl SessionMemoryStores {
         if self.finished.swap(true, Ordering::SeqCst) {
             return Err(MemoryError::FinishedTwice);
         }
+        self.stop_pushes().await;
         Ok(self.sync_all(true).await)
     }
 
@@ -378,6 +486,7 @@ impl SessionMemoryStores {
     /// pull nothing. Never fails. Bound it with a timeout: a store cut off
     /// part-way logs how many of its changed files had not been uploaded.
     pub async fn flush_writes(&self) -> usize {
+        self.stop_pushes().await;
         let api = self.api.as_ref();
         let stats: Vec<FlushStats> =
             futures::future::join_all(self.stores.iter().map(|s| s.flush(api))).await;
@@ -386,6 +495,7 @@ impl SessionMemoryStores {
 
     /// Remove every folder this worker created that passes the marker check.
     pub async fn dispose(&self) {
+        self.stop_pushes().await;
         for store in &self.stores {
             store.dispose().await;
         }

@@ -14,7 +14,7 @@
 //! tentative one a re-download left), and when it cannot list the store it
 //! still pushes each edit, guarded by the hash it was last synced at.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
@@ -33,6 +33,7 @@ use super::plan::{
 };
 use super::remote::MemoryApi;
 use super::state::{State, StateGuard};
+use super::watch::{Observation, Observer};
 
 /// The reserved marker at every store root; never synced.
 pub const MARKER_PATH: &str = ".anthropic-memory-store";
@@ -104,6 +105,10 @@ pub(super) struct Marked {
     distrust: Option<&'static str>,
     /// The scan itself, without its files: which paths it could not read.
     unknown: Scan,
+    /// Entries stat-ed for this scan (only the reported paths, unless full).
+    pub(super) examined: usize,
+    /// The whole folder was walked.
+    pub(super) full: bool,
 }
 
 impl Marked {
@@ -135,6 +140,10 @@ pub(crate) struct PassStats {
     /// until its content changes.
     pub(crate) refused: usize,
     pub(crate) recovered: bool,
+    /// Entries of the folder stat-ed by the pass's scan.
+    pub(crate) examined: usize,
+    /// The pass scanned the whole folder (not only what the watch reported).
+    pub(crate) full_scan: bool,
 }
 
 /// One attached store.
@@ -143,6 +152,10 @@ pub struct AttachedStore {
     pub(crate) read_only: bool,
     pub(crate) folder: Arc<Folder>,
     state: Mutex<State>,
+    /// The folder's watch and its last known contents ([`Observer`]).
+    observer: Arc<Mutex<Observer>>,
+    /// Held for a whole pass (sync, flush, push): passes never interleave.
+    pub(super) pass: tokio::sync::Mutex<()>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -179,6 +192,8 @@ impl AttachedStore {
             read_only,
             folder: Arc::new(folder),
             state: Mutex::new(State::new(journal, state)),
+            observer: Arc::new(Mutex::new(Observer::default())),
+            pass: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -210,13 +225,86 @@ impl AttachedStore {
         self.state().journal.take()
     }
 
-    pub(super) async fn scan(&self) -> Result<Marked, PassError> {
+    /// The most changed paths the folder's watch keeps between passes
+    /// before a full scan is due instead (tests lower it to force one).
+    pub(crate) fn set_watch_bound(&self, bound: usize) {
+        self.observer().set_bound(bound);
+    }
+
+    /// No watch: every pass scans the whole folder (the benchmark's baseline).
+    pub(crate) fn disable_watch(&self) {
+        self.observer().disable();
+    }
+
+    /// Lose the watch's queued events as an overflow does (tests).
+    pub(crate) fn lose_watch_events(&self) {
+        self.observer().lose_events();
+    }
+
+    fn observer(&self) -> std::sync::MutexGuard<'_, Observer> {
+        self.observer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// See the folder: a full scan when `full` (or when the watch cannot
+    /// vouch for what it did not report), else only the paths the kernel
+    /// reported since the last scan ([`Observer`]).
+    pub(super) async fn scan(&self, full: bool) -> Result<Marked, PassError> {
+        let seen = self.observing(move |o, f| o.observe(f, full)).await??;
+        Ok(self.mark(seen).await)
+    }
+
+    /// Run `f` on the observer and the folder, on a blocking thread.
+    async fn observing<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Observer, &Folder) -> T + Send + 'static,
+    ) -> Result<T, PassError> {
         let folder = self.folder.clone();
-        let Scan {
-            mut files,
-            unrepresentable,
-            unreadable,
-        } = blocking(move || folder.scan()).await??;
+        let observer = self.observer.clone();
+        blocking(move || {
+            f(
+                &mut observer.lock().unwrap_or_else(|e| e.into_inner()),
+                &folder,
+            )
+        })
+        .await
+    }
+
+    /// Only the paths the kernel reported since the last pass, and those
+    /// paths; `None` when the watch cannot vouch for them.
+    pub(super) async fn scan_changed(
+        &self,
+    ) -> Result<Option<(Marked, BTreeSet<String>)>, PassError> {
+        let seen = self.observing(|o, f| o.observe_changed(f)).await?;
+        let Some(mut seen) = seen else {
+            return Ok(None);
+        };
+        let changed = seen.changed.take().unwrap_or_default();
+        Ok(Some((self.mark(seen).await, changed)))
+    }
+
+    /// Paths reported and not yet examined; `None` when the watch cannot
+    /// vouch for them, or a pass holds the folder just now.
+    pub(super) fn pending_changes(&self) -> Option<usize> {
+        self.observer.try_lock().ok()?.pending()
+    }
+
+    /// The folder as seen, its marker taken out and checked; unreadable,
+    /// oversized and unrepresentable entries warned once.
+    async fn mark(&self, seen: Observation) -> Marked {
+        let Observation {
+            scan:
+                Scan {
+                    mut files,
+                    unrepresentable,
+                    unreadable,
+                },
+            examined,
+            full,
+            changed: _,
+        } = seen;
+        if full {
+            debug!(memory_store.id = %self.id, examined, "memory folder scanned whole");
+        }
         {
             let mut state = self.state();
             for path in &unreadable {
@@ -262,14 +350,16 @@ impl AttachedStore {
                 distrust = None;
             }
         }
-        Ok(Marked {
+        Marked {
             files,
             distrust,
             unknown: Scan {
                 unreadable,
                 ..Scan::default()
             },
-        })
+            examined,
+            full,
+        }
     }
 
     /// Every memory of the store as (id, hash) by relative path (the entry's
@@ -340,6 +430,12 @@ impl AttachedStore {
         let written = self.stamp_and_pull(api, true).await?;
         let folder = self.folder.clone();
         blocking(move || folder.trust_private_writes()).await??;
+        // The watch goes in before the agent gets the folder, with one full
+        // scan under it: from here on a sync examines what changed. A scan
+        // that fails here fails no mount: the first sync scans whole again.
+        if let Err(e) = self.scan(true).await {
+            debug!(memory_store.id = %self.id, error = %e, "cannot scan the memory store folder after the download");
+        }
         Ok(written)
     }
 
@@ -428,6 +524,8 @@ impl AttachedStore {
         );
         let folder = self.folder.clone();
         blocking(move || folder.create_root()).await??;
+        // A rebuilt folder is scanned whole next time.
+        self.observer().forget();
         self.stamp_and_pull(api, false).await?;
         Ok(())
     }
@@ -447,6 +545,7 @@ impl AttachedStore {
         );
         let started = Instant::now();
         let pass = async {
+            let _pass = self.pass.lock().await;
             let mut stats = PassStats::default();
             if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
                 warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
@@ -469,8 +568,11 @@ impl AttachedStore {
         final_sync: bool,
         stats: &mut PassStats,
     ) -> Result<(), PassError> {
-        // Observe, judging the folder before the store is listed.
-        let scan = self.scan().await?;
+        // Observe, judging the folder before the store is listed. The final
+        // sync scans whole, as every sync did before the watch.
+        let scan = self.scan(final_sync).await?;
+        stats.examined = scan.examined;
+        stats.full_scan = scan.full;
         let mut folder = scan.folder_facts(FolderOp::Sync);
         if !self.carry_out_folder_verdict(api, folder, stats).await? {
             return Ok(());
@@ -1002,7 +1104,7 @@ impl AttachedStore {
     /// Remove the folder if the worker made it and it still passes the
     /// marker check; never fails.
     pub(crate) async fn dispose(&self) {
-        let checked = match self.scan().await {
+        let checked = match self.scan(true).await {
             Ok(scan) => scan,
             Err(e) => {
                 warn!(memory_store.id = %self.id, root = %self.folder.root().display(), error = %e, "failed to remove the memory store folder");

@@ -69,7 +69,8 @@ impl H {
     }
 
     /// Stores on the fake, in `dir`, journaled under `dir/state` like the
-    /// worker's are.
+    /// worker's are. Without the background push, whose timing would make
+    /// a paused-clock run nondeterministic: a test pushes with `push_now`.
     fn stores_in(fake: &Arc<FakeMemory>, dir: &Path, deletions: DeleteMode) -> SessionMemoryStores {
         SessionMemoryStores::new(
             fake.clone(),
@@ -78,6 +79,7 @@ impl H {
             deletions,
         )
         .with_state_dir(Some(&dir.join("state")))
+        .without_push()
     }
 
     /// The worker dies (no final sync, no flush, no dispose: the folders and

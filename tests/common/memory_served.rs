@@ -48,6 +48,16 @@ pub async fn served_with(memory_stores: Value) -> Served {
 
 /// [`served_with`], journaling the stores' sync state under `state_dir`.
 pub async fn served_journaled(memory_stores: Value, state_dir: Option<&Path>) -> Served {
+    served_opts(memory_stores, state_dir, |stores| stores).await
+}
+
+/// [`served_journaled`], the stores object shaped by `shape` before the
+/// download (e.g. a lower watch bound).
+pub async fn served_opts(
+    memory_stores: Value,
+    state_dir: Option<&Path>,
+    shape: impl FnOnce(SessionMemoryStores) -> SessionMemoryStores,
+) -> Served {
     let mnt = tempfile::tempdir().unwrap();
     let s = TestServer::start_with(
         DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
@@ -95,13 +105,15 @@ pub async fn served_journaled(memory_stores: Value, state_dir: Option<&Path>) ->
         .memory_stores()
         .map(|m| PathBuf::from(m.mount_path.clone().unwrap()))
         .collect();
-    let mut stores = SessionMemoryStores::new(
-        Arc::new(client.clone()),
-        mnt.path(),
-        SyncInterval::default(),
-        DeleteMode::Enabled,
-    )
-    .with_state_dir(state_dir);
+    let mut stores = shape(
+        SessionMemoryStores::new(
+            Arc::new(client.clone()),
+            mnt.path(),
+            SyncInterval::default(),
+            DeleteMode::Enabled,
+        )
+        .with_state_dir(state_dir),
+    );
     stores.download(&session).await.unwrap();
     Served {
         s,

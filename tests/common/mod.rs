@@ -543,3 +543,21 @@ pub fn env_count(name: &str, default: u64) -> u64 {
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
 }
+
+/// Overflow the kernel's inotify queue for the directories holding `a` and
+/// `b` (two existing files): more mode changes than `max_queued_events`,
+/// alternating so the kernel merges none (it merges only identical
+/// consecutive events). A `chmod` to the mode a file has costs no I/O.
+pub fn overflow_inotify(a: &std::path::Path, b: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let queued: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(16_384);
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode();
+    let (ma, mb) = (mode(a), mode(b));
+    for _ in 0..queued / 2 + 100 {
+        std::fs::set_permissions(a, std::fs::Permissions::from_mode(ma)).unwrap();
+        std::fs::set_permissions(b, std::fs::Permissions::from_mode(mb)).unwrap();
+    }
+}

@@ -1,0 +1,74 @@
+//! The change-driven push: a file the agent writes reaches the server
+//! within about a second, without waiting for the sync interval.
+//!
+//! One task per writable store watches the count of paths its folder's
+//! watch reported ([`super::watch::Observer::pending`]; a non-blocking read
+//! of the inotify queue, every [`TICK`]) and, once the writes pause for
+//! [`QUIET`] (or have kept coming for [`MAX_WAIT`]), runs an upload-only
+//! pass over just those paths ([`AttachedStore::push_changed`]): no
+//! listing, no pull, no delete — those keep their interval and every rule
+//! (the 30 s delete corroboration, the cap, the server winning conflicts).
+//! Passes of one store are at least [`MIN_GAP`] apart, and hold the same
+//! lock as the periodic sync, so the two never interleave. An event the
+//! watch cannot vouch for (an overflow, a directory replaced) pushes
+//! nothing: the next sync scans whole.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::debug;
+
+use super::remote::MemoryApi;
+use super::store::AttachedStore;
+
+/// How often the task looks at the watch's queue (a non-blocking read).
+pub(crate) const TICK: Duration = Duration::from_millis(100);
+/// The debounce: a push waits for the writes to pause this long.
+pub(crate) const QUIET: Duration = Duration::from_millis(200);
+/// ...but no longer than this after the first unpushed write.
+pub(crate) const MAX_WAIT: Duration = Duration::from_millis(600);
+/// The rate bound: push passes of one store at least this far apart.
+pub(crate) const MIN_GAP: Duration = Duration::from_millis(500);
+
+/// Run until the store is gone or the task is cancelled. Holds the store
+/// only while it pushes, so dropping the stores lets it go.
+pub(super) async fn run(store: Weak<AttachedStore>, api: Arc<dyn MemoryApi>) {
+    let mut seen = 0usize;
+    let mut first: Option<Instant> = None;
+    let mut last_change = Instant::now();
+    let mut last_push: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(TICK).await;
+        let Some(held) = store.upgrade() else { return };
+        let now = Instant::now();
+        let pending = held.pending_changes();
+        match pending {
+            Some(n) if n > 0 => {
+                if n != seen {
+                    seen = n;
+                    last_change = now;
+                }
+                let first_at = *first.get_or_insert(now);
+                let settled = now.duration_since(last_change) >= QUIET
+                    || now.duration_since(first_at) >= MAX_WAIT;
+                let spaced = last_push.is_none_or(|t| now.duration_since(t) >= MIN_GAP);
+                if settled && spaced {
+                    let uploads = held.push_changed(api.as_ref()).await;
+                    if uploads > 0 {
+                        debug!(memory_store.id = %held.id, uploads, "pushed changed memories");
+                    }
+                    last_push = Some(Instant::now());
+                    seen = 0;
+                    first = None;
+                }
+            }
+            // Nothing reported (or a sync took it), or the watch cannot
+            // vouch for what it saw: nothing to push.
+            Some(_) | None => {
+                seen = 0;
+                first = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The kernel's account of what changed in a store folder (inotify), so a
+//! sync examines only the paths reported since the last one instead of
+//! stat-ing every file.
+//!
+//! Built on `rustix::fs::inotify` (rustix is already a dependency; the
+//! `notify` crate brings a thread and a channel per watcher, and the
+//! `inotify` crate's stream is not needed: a sync drains the non-blocking
+//! descriptor in one go, on the blocking thread that examines the paths).
+//!
+//! Watches are added by descriptor, never by path: each directory is opened
+//! beneath the root with `O_NOFOLLOW | O_DIRECTORY` (the folder's confined
+//! walk) and watched through `/proc/self/fd/N`, which names exactly that
+//! directory — a symlink the agent swaps in can never redirect a watch. The
+//! watch on a directory is added before the directory is listed, so a file
+//! created after the listing is reported, and one created before it is
+//! listed.
+//!
+//! Anything the event stream cannot answer exactly makes the next pass a
+//! full scan, never a guess ([`Watch::full`]): the kernel's queue overflowed
+//! (`IN_Q_OVERFLOW`), more paths changed than the watch keeps (the agent can
+//! flood; [`DEFAULT_EVENT_BOUND`]), a watch could not be added (`ENOSPC`
+//! under `max_user_watches`, `EACCES`), a watched directory was removed,
+//! moved or replaced (`IN_DELETE_SELF`, `IN_MOVE_SELF`, `IN_IGNORED`), or a
+//! directory was renamed into, out of or within the tree. A file renamed
+//! reports both its names, each examined (the old one is then a local
+//! delete, corroborated like any other).
+//!
+//! Everything here blocks (or rather, never waits: the descriptor is
+//! non-blocking); callers run it on a blocking thread.
+
+use std::collections::{BTreeSet, HashMap};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::io::Errno;
+
+use super::folder::{Folder, FolderError, Scan};
+
+/// The most changed paths a watch keeps between two passes; past it the
+/// next pass is a full scan (which costs what today's every pass costs).
+pub(crate) const DEFAULT_EVENT_BOUND: usize = 4096;
+/// The safety cadence: every this many incremental passes, a full scan
+/// (it catches anything a watch cannot see, e.g. a write through a bind
+/// mount of the folder elsewhere, which inotify does not report).
+pub(crate) const FULL_SCAN_EVERY_PASSES: u32 = 10;
+/// The safety cadence by time: a full scan at least this often.
+pub(crate) const FULL_SCAN_EVERY: Duration = Duration::from_secs(300);
+
+/// What a directory watch reports: a name created, deleted, renamed,
+/// written or re-permissioned below it, and the directory itself going.
+const MASK: WatchFlags = WatchFlags::CREATE
+    .union(WatchFlags::DELETE)
+    .union(WatchFlags::MODIFY)
+    .union(WatchFlags::CLOSE_WRITE)
+    .union(WatchFlags::MOVED_FROM)
+    .union(WatchFlags::MOVED_TO)
+    .union(WatchFlags::ATTRIB)
+    .union(WatchFlags::DELETE_SELF)
+    .union(WatchFlags::MOVE_SELF)
+    .union(WatchFlags::ONLYDIR);
+
+/// One store folder's inotify instance: the watched directories and what
+/// they reported since the last pass took it.
+#[derive(Debug)]
+pub(crate) struct Watch {
+    fd: OwnedFd,
+    /// Watch descriptor → the directory's path relative to the root.
+    dirs: HashMap<i32, String>,
+    /// Paths reported changed (a file, or a directory to walk again).
+    dirty: BTreeSet<String>,
+    /// Why the next pass must be a full scan, once anything said so.
+    full: Option<&'static str>,
+    bound: usize,
+}
+
+impl Watch {
+    /// A new instance watching nothing yet; `bound`: the most changed paths
+    /// kept before a full scan is due instead.
+    pub(crate) fn new(bound: usize) -> Result<Watch, Errno> {
+        Ok(Watch {
+            fd: inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)?,
+            dirs: HashMap::new(),
+            dirty: BTreeSet::new(),
+            full: None,
+            bound: bound.max(1),
+        })
+    }
+
+    /// Watch the directory open at `dir` (opened beneath the root without
+    /// following symlinks), known as `rel`. A watch that cannot be added
+    /// makes the next pass a full scan.
+    pub(crate) fn add(&mut self, rel: &str, dir: &OwnedFd) {
+        // The magic link names the opened directory itself, whatever its
+        // path has become: no IN_DONT_FOLLOW, which would watch the link.
+        let path = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        match inotify::add_watch(&self.fd, path.as_str(), MASK) {
+            Ok(wd) => {
+                self.dirs.insert(wd, rel.to_string());
+            }
+            Err(_) => self.fall_back("a directory of the folder cannot be watched"),
+        }
+    }
+
+    /// Why the next pass must scan the whole folder, if it must.
+    pub(crate) fn full(&self) -> Option<&'static str> {
+        self.full
+    }
+
+    /// The paths reported since the last call (sorted), after reading every
+    /// event queued now.
+    pub(crate) fn take_dirty(&mut self) -> BTreeSet<String> {
+        self.drain();
+        std::mem::take(&mut self.dirty)
+    }
+
+    fn fall_back(&mut self, why: &'static str) {
+        self.full.get_or_insert(why);
+        self.dirty.clear();
+    }
+
+    /// Read every queued event (the descriptor never blocks).
+    pub(crate) fn drain(&mut self) {
+        let mut buf = [MaybeUninit::<u8>::uninit(); 16 * 1024];
+        let Watch {
+            fd,
+            dirs,
+            dirty,
+            full,
+            bound,
+        } = self;
+        let mut reader = inotify::Reader::new(&*fd, &mut buf);
+        let mut why = None;
+        // The agent writes while this reads: a drain that cannot catch up
+        // stops, and the next pass scans the whole folder instead.
+        let mut budget = bound.saturating_mul(4).max(64 * 1024);
+        loop {
+            if budget == 0 {
+                why = Some("more events came than the watch reads in a pass");
+                break;
+            }
+            budget -= 1;
+            let event = match reader.next() {
+                Ok(event) => event,
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => continue,
+                Err(_) => {
+                    why = Some("the folder's events cannot be read");
+                    break;
+                }
+            };
+            let flags = event.events();
+            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+                why = Some("the kernel's event queue overflowed");
+                continue;
+            }
+            if flags.intersects(
+                ReadFlags::IGNORED
+                    | ReadFlags::DELETE_SELF
+                    | ReadFlags::MOVE_SELF
+                    | ReadFlags::UNMOUNT,
+            ) {
+                why = Some("a watched directory was removed, moved or replaced");
+                continue;
+            }
+            let Some(dir) = dirs.get(&event.wd()) else {
+                why = Some("an event came from an unknown watch");
+                continue;
+            };
+            let Some(name) = event.file_name() else {
+                // The directory itself changed (its mode): walk it again.
+                if dir.is_empty() {
+                    why = Some("the folder's root changed");
+                } else {
+                    dirty.insert(dir.clone());
+                }
+                continue;
+            };
+            // A name that is not UTF-8 is never a memory (a full scan
+            // reports it); nothing below it is either.
+            let Ok(name) = name.to_str() else { continue };
+            if flags.contains(ReadFlags::ISDIR)
+                && flags.intersects(ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO)
+            {
+                why = Some("a directory was renamed");
+                continue;
+            }
+            let rel = if dir.is_empty() {
+                name.to_string()
+            } else {
+                format!("{dir}/{name}")
+            };
+            if why.is_some() || full.is_some() {
+                continue;
+            }
+            dirty.insert(rel);
+            if dirty.len() > *bound {
+                why = Some("more paths changed than the watch keeps");
+            }
+        }
+        if let Some(why) = why {
+            full.get_or_insert(why);
+            dirty.clear();
+        }
+    }
+}
+
+/// One store's view of its folder between passes: the watch, and the
+/// folder as the last pass left it (the last full scan, with every path
+/// examined since put in). A pass examines only the reported paths and
+/// takes the rest from here, so the planner is fed the same facts a full
+/// scan would give — an unexamined path is as last seen, never missing.
+#[derive(Debug)]
+pub(crate) struct Observer {
+    watch: Option<Watch>,
+    known: Option<Scan>,
+    /// The root's identity when the last full scan began.
+    root: Option<(u64, u64)>,
+    since_full: u32,
+    last_full: Option<Instant>,
+    bound: usize,
+    /// `false`: no watch, every pass a full scan (as before the watch; the
+    /// benchmark's baseline).
+    enabled: bool,
+}
+
+/// What a pass saw of its folder.
+#[derive(Debug)]
+pub(crate) struct Observation {
+    pub(crate) scan: Scan,
+    /// Entries stat-ed to see it.
+    pub(crate) examined: usize,
+    /// A full scan, not only the reported paths.
+    pub(crate) full: bool,
+    /// The paths reported and examined (`None`: a full scan).
+    pub(crate) changed: Option<BTreeSet<String>>,
+}
+
+impl Default for Observer {
+    fn default() -> Self {
+        Observer::new(DEFAULT_EVENT_BOUND)
+    }
+}
+
+impl Observer {
+    pub(crate) fn new(bound: usize) -> Observer {
+        Observer {
+            watch: None,
+            known: None,
+            root: None,
+            since_full: 0,
+            last_full: None,
+            bound,
+            enabled: true,
+        }
+    }
+
+    /// The most changed paths kept between passes (tests lower it).
+    pub(crate) fn set_bound(&mut self, bound: usize) {
+        self.bound = bound;
+        if let Some(watch) = self.watch.as_mut() {
+            watch.bound = bound.max(1);
+        }
+    }
+
+    /// No watch from the next pass on: every pass scans whole.
+    pub(crate) fn disable(&mut self) {
+        self.enabled = false;
+        self.forget();
+    }
+
+    /// Lose every event queued now, as an overflowing kernel queue does,
+    /// and say so as it does (the model test's overflow step).
+    pub(crate) fn lose_events(&mut self) {
+        if let Some(watch) = self.watch.as_mut() {
+            watch.drain();
+            watch.fall_back("the kernel's event queue overflowed");
+        }
+    }
+
+    /// The folder was rebuilt (a re-download): the next pass scans it whole.
+    pub(crate) fn forget(&mut self) {
+        self.watch = None;
+        self.known = None;
+    }
+
+    /// See the folder: only the paths reported since the last pass, unless
+    /// `full` is asked for (the final sync, the flush), the safety cadence
+    /// is due, or anything made the watch's account doubtful.
+    pub(crate) fn observe(
+        &mut self,
+        folder: &Folder,
+        full: bool,
+    ) -> Result<Observation, FolderError> {
+        let due = self.since_full >= FULL_SCAN_EVERY_PASSES
+            || self
+                .last_full
+                .is_none_or(|t| t.elapsed() >= FULL_SCAN_EVERY);
+        if !full
+            && !due
+            && let Some(seen) = self.changed(folder)
+        {
+            self.since_full += 1;
+            return Ok(seen);
+        }
+        self.full_scan(folder)
+    }
+
+    /// Only the paths reported since the last pass, for a push; `None`
+    /// when the watch cannot vouch for them (the next sync scans whole).
+    /// Not counted towards the safety cadence: that counts syncs.
+    pub(crate) fn observe_changed(&mut self, folder: &Folder) -> Option<Observation> {
+        self.changed(folder)
+    }
+
+    /// How many paths were reported and not yet examined (after reading
+    /// the queued events), or `None` when the next pass must scan whole.
+    pub(crate) fn pending(&mut self) -> Option<usize> {
+        let watch = self.watch.as_mut()?;
+        self.known.as_ref()?;
+        watch.drain();
+        match watch.full() {
+            Some(_) => None,
+            None => Some(watch.dirty.len()),
+        }
+    }
+
+    /// The incremental pass; `None` when it cannot be trusted.
+    fn changed(&mut self, folder: &Folder) -> Option<Observation> {
+        let watch = self.watch.as_mut()?;
+        let known = self.known.as_mut()?;
+        let dirty = watch.take_dirty();
+        if watch.full().is_some() || folder.current_identity() != self.root {
+            return None;
+        }
+        if dirty.is_empty() {
+            return Some(Observation {
+                scan: known.clone(),
+                examined: 0,
+                full: false,
+                changed: Some(dirty),
+            });
+        }
+        for rel in &dirty {
+            forget_below(known, rel);
+        }
+        let (seen, examined) = folder.examine(&dirty, watch).ok()??;
+        // The root swapped while the paths were read: they are from
+        // another directory than the rest.
+        if folder.current_identity() != self.root {
+            return None;
+        }
+        known.files.extend(seen.files);
+        known.unreadable.extend(seen.unreadable);
+        known.unrepresentable.extend(seen.unrepresentable);
+        Some(Observation {
+            scan: known.clone(),
+            examined,
+            full: false,
+            changed: Some(dirty),
+        })
+    }
+
+    fn full_scan(&mut self, folder: &Folder) -> Result<Observation, FolderError> {
+        self.known = None;
+        // A new instance: the old one's watches (and whatever it missed) go.
+        // Without one (`max_user_instances`), every pass is a full scan.
+        self.watch = None;
+        let mut watch = self.enabled.then(|| Watch::new(self.bound).ok()).flatten();
+        self.root = folder.current_identity();
+        let (scan, examined) = folder.scan_watched(watch.as_mut())?;
+        self.watch = watch;
+        self.known = Some(scan.clone());
+        self.since_full = 0;
+        self.last_full = Some(Instant::now());
+        Ok(Observation {
+            scan,
+            examined,
+            full: true,
+            changed: None,
+        })
+    }
+}
+
+/// Drop what `known` held at or below `rel` (about to be examined again).
+fn forget_below(known: &mut Scan, rel: &str) {
+    let below = |p: &str| {
+        p.strip_prefix(rel)
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    };
+    known.files.remove(rel);
+    let prefix = format!("{rel}/");
+    let under: Vec<String> = known
+        .files
+        .range(prefix.clone()..)
+        .take_while(|(k, _)| k.starts_with(&prefix))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in under {
+        known.files.remove(&k);
+    }
+    known.unreadable.retain(|u| !below(u));
+    known.unrepresentable.retain(|u| !below(u));
+}
