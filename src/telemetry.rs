@@ -129,7 +129,9 @@ fn build_provider() -> Result<SdkTracerProvider, String> {
         .map_err(|_| "no Tokio runtime to export on".to_string())?;
     // The exporter bounds its retries by the export timeout; each request
     // is bounded by the client, to the same figure.
-    let client = reqwest::Client::builder()
+    // The API's client builder: the same roots (the OS store) and proxies,
+    // so a collector behind an internal CA is trusted as the API is.
+    let client = crate::tls::client_builder()
         .timeout(export_timeout(|name| std::env::var(name).ok()))
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
@@ -190,6 +192,18 @@ pub async fn flush() {
     let provider = provider.clone();
     if let Ok(Err(e)) = tokio::task::spawn_blocking(move || provider.force_flush()).await {
         tracing::warn!(error = %e, "cannot export the traces");
+    }
+}
+
+/// [`flush`], given up at `deadline`: on Lambda the export must not carry
+/// an invocation past its end (an unreachable collector would otherwise
+/// hold it for the whole export timeout). Spans not sent by then go with
+/// the next flush, or are lost with a frozen environment.
+pub async fn flush_until(deadline: tokio::time::Instant) {
+    if tokio::time::timeout_at(deadline, flush()).await.is_err() {
+        tracing::warn!(
+            "traces not exported before the invocation's deadline; left for the next flush"
+        );
     }
 }
 

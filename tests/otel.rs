@@ -18,6 +18,8 @@ use common::serve_stack::{Serve, stack_without_webhooks_env};
 /// The sender's trace: what the webhook's `traceparent` carries.
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const SENDER_SPAN_ID: &str = "00f067aa0ba902b7";
+/// The trace an unsigned (forged) delivery names.
+const FORGED_TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 
 /// The one span named `name` (panics with the tree if there is not exactly one).
 fn one<'a>(spans: &'a [ReceivedSpan], name: &str) -> &'a ReceivedSpan {
@@ -61,6 +63,23 @@ async fn a_webhook_with_trace_context_yields_the_span_tree_under_the_senders_tra
     assert!(has_exporter_thread(stack.serve.child.id()));
     wait_for_the_start_drain(&stack.serve).await;
     let started = stack.start(common::scenario("notes-roundtrip")).await;
+    // An unsigned delivery's trace context is not adopted: a forger must not
+    // place spans in a trace of its choosing (nor force sampling).
+    let forged = reqwest::Client::new()
+        .post(format!("{}/webhooks/default", stack.serve.url))
+        .header("content-type", "application/json")
+        .header("webhook-id", "msg_forged")
+        .header("webhook-timestamp", "1")
+        .header("webhook-signature", "v1,Zm9yZ2Vk")
+        .header(
+            "traceparent",
+            format!("00-{FORGED_TRACE_ID}-{SENDER_SPAN_ID}-01"),
+        )
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert!(forged.status().is_client_error(), "{}", forged.status());
     let traceparent = format!("00-{TRACE_ID}-{SENDER_SPAN_ID}-01");
     let answer = stack
         .deliver_run_started_with(
@@ -99,8 +118,18 @@ async fn a_webhook_with_trace_context_yields_the_span_tree_under_the_senders_tra
         receiver.content_types()
     );
 
-    // The delivery's span continues the sender's trace.
-    let webhook = one(&spans, "webhook");
+    assert!(
+        spans.iter().all(|s| s.trace_id != FORGED_TRACE_ID),
+        "an unsigned delivery's traceparent was adopted: {spans:#?}"
+    );
+    // The delivery's span continues the sender's trace (the forged one's
+    // span, if sampled, is a root of its own).
+    let accepted: Vec<ReceivedSpan> = spans
+        .iter()
+        .filter(|s| s.name != "webhook" || s.attr("http.response.status_code") == Some("202"))
+        .cloned()
+        .collect();
+    let webhook = one(&accepted, "webhook");
     assert_eq!(webhook.trace_id, TRACE_ID, "{spans:#?}");
     assert_eq!(webhook.parent_span_id, SENDER_SPAN_ID, "{spans:#?}");
     assert_eq!(webhook.trace_state, "sender=1", "{spans:#?}");
@@ -292,4 +321,45 @@ async fn on_lambda_the_invocations_spans_are_exported_before_it_ends() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// The exporter trusts what the API client trusts (the OS store, here
+/// `SSL_CERT_FILE`): a collector behind an internal CA receives the spans.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_collector_behind_an_internal_ca_is_trusted_through_ssl_cert_file() {
+    let receiver = OtlpReceiver::start().await;
+    let upstream = receiver
+        .endpoint
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
+    let front = common::network::TlsFront::start(upstream).await;
+    let ca = front.ca_pem.to_str().unwrap().to_string();
+    let stack = stack_without_webhooks_env(
+        &["--queue-check-interval", "off"],
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", front.url.as_str()),
+            ("SSL_CERT_FILE", ca.as_str()),
+        ],
+    )
+    .await;
+    wait_for_the_start_drain(&stack.serve).await;
+    let started = stack
+        .start(serde_json::json!({"name": "traced over tls", "steps": [{"tool": "bash", "input": {"command": "echo hi"}, "expect": {"contains": "hi"}}]}))
+        .await;
+    let answer = stack
+        .deliver_run_started(&reqwest::Client::new(), "msg_tls_1", &started.session_id)
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 202);
+    stack.passed_report(&started.session_id).await;
+    let mut stack = stack;
+    stack.serve.terminate();
+    assert!(stack.serve.wait_exit(Duration::from_secs(30)).success());
+    let spans = receiver.spans();
+    assert!(
+        spans.iter().any(|s| s.name == "work_item"),
+        "no span crossed the TLS front: {}",
+        stack.serve.logs()
+    );
 }

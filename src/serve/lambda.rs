@@ -349,15 +349,19 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
                     });
                     let drains = invocation.as_ref().map_or(0, |i| i.drains.len());
                     tracing::debug!(request_id = %invoke.request_id, drains, "extension: the handler answered");
+                    let mut flush_by = answer_by;
                     if let Some(invocation) = invocation.filter(|i| !i.drains.is_empty()) {
                         // The earlier of the two deadlines, when both are real.
                         let end = own_end.map_or(invocation.deadline, |own| own.min(invocation.deadline));
+                        flush_by = end;
                         info!(request_id = %invoke.request_id, left_ms = end.saturating_duration_since(Instant::now()).as_millis() as u64, "answered; finishing the drain inside the invocation");
                         invocation.finish(end, &invoke.request_id).await;
                     }
                     // The environment may be frozen as soon as the extension
                     // asks for the next event: send this invocation's spans now.
-                    crate::telemetry::flush().await;
+                    // Bounded by the invocation's end: a collector that does not
+                    // answer must not hold the invocation past it.
+                    crate::telemetry::flush_until(flush_by).await;
                 }
                 Ok::<(), lambda_extension::Error>(())
             }

@@ -628,8 +628,14 @@ async fn webhook(
         webhook.id = tracing::field::Empty,
         http.response.status_code = tracing::field::Empty,
     );
-    crate::telemetry::adopt_remote_parent(&span, &headers);
-    let response = span.in_scope(|| deliver(&state, &name, &headers, &body, &span));
+    // The signature first: only a delivery that verifies may place its span
+    // in the sender's trace (an unsigned flood must not choose trace ids, nor
+    // force sampling with a `…-01` flag). The span is not entered before.
+    let verdict = judge(&state, &name, &headers, &body);
+    if matches!(verdict, Verdict::Work(..)) {
+        crate::telemetry::adopt_remote_parent(&span, &headers);
+    }
+    let response = span.in_scope(|| deliver(&state, &name, &headers, verdict, &span));
     span.record("http.response.status_code", response.status().as_u16());
     response
 }
@@ -638,10 +644,10 @@ fn deliver(
     state: &AppState,
     name: &str,
     headers: &HeaderMap,
-    body: &[u8],
+    verdict: Verdict,
     span: &tracing::Span,
 ) -> Response {
-    match judge(state, name, headers, body) {
+    match verdict {
         Verdict::Respond(r) => r,
         Verdict::Work(endpoint, r) => {
             if let Some(id) = WebhookHeaders::from_http(headers).id {
