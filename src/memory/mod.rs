@@ -17,6 +17,7 @@
 //! never pushed from nor deleted from.
 
 pub(crate) mod flush;
+pub(crate) mod feed;
 pub(crate) mod folder;
 pub(crate) mod journal;
 pub mod options;

@@ -5,8 +5,8 @@
 use futures::future::BoxFuture;
 
 use crate::api::types::{
-    CreateMemory, ListMemories, Memory, MemoryIndexEntry, MemoryListItem, Page, Precondition,
-    UpdateMemory, View,
+    CreateMemory, ListMemories, ListMemoryVersions, Memory, MemoryIndexEntry, MemoryListItem,
+    MemoryVersion, Page, Precondition, UpdateMemory, View,
 };
 use crate::api::{Client, Error};
 
@@ -36,6 +36,25 @@ pub trait MemoryApi: Send + Sync {
                 data: got.data.into_iter().map(MemoryIndexEntry::from).collect(),
                 next_page: got.next_page,
             })
+        })
+    }
+
+    /// One page of the store's version history (`basic` view), newest
+    /// first, created at or after `since_micros` (microseconds since the
+    /// epoch; no filter when `None`). The default refuses, so a client
+    /// without it always lists the whole store (see `super::feed`).
+    fn versions<'a>(
+        &'a self,
+        store_id: &'a str,
+        since_micros: Option<i64>,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryVersion>, Error>> {
+        let _ = (store_id, since_micros, limit, page);
+        Box::pin(async {
+            Err(Error::Config(
+                "this client cannot read the memory version history".into(),
+            ))
         })
     }
 
@@ -101,6 +120,32 @@ impl MemoryApi for Client {
         Box::pin(async move {
             self.memories(store_id)
                 .list_index(limit, page.as_deref())
+                .await
+        })
+    }
+
+    fn versions<'a>(
+        &'a self,
+        store_id: &'a str,
+        since_micros: Option<i64>,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryVersion>, Error>> {
+        Box::pin(async move {
+            let created_at_gte = match since_micros {
+                None => None,
+                Some(t) => Some(chrono::DateTime::from_timestamp_micros(t).ok_or_else(|| {
+                    Error::Config(format!("{t} µs is not a representable time"))
+                })?),
+            };
+            self.memory_versions(store_id)
+                .list(&ListMemoryVersions {
+                    created_at_gte,
+                    view: Some(View::Basic),
+                    limit: Some(limit),
+                    page,
+                    ..Default::default()
+                })
                 .await
         })
     }

@@ -22,8 +22,9 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
+use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryListItem, MemoryVersion, View};
 
+use super::feed::{FEED_PAGE, FULL_LISTING_EVERY, MAX_FEED_PAGES, RemoteIndex};
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
 use super::journal::{Journal, Snapshot};
 use super::options::DeleteMode;
@@ -143,6 +144,10 @@ pub struct AttachedStore {
     pub(crate) read_only: bool,
     pub(crate) folder: Arc<Folder>,
     state: Mutex<State>,
+    /// The remote index the version feed advances between full listings
+    /// (see `super::feed`); `None` until a full listing seeds it, and
+    /// after a doubt.
+    remote: Mutex<Option<RemoteIndex>>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -179,6 +184,7 @@ impl AttachedStore {
             read_only,
             folder: Arc::new(folder),
             state: Mutex::new(State::new(journal, state)),
+            remote: Mutex::new(None),
         }
     }
 
@@ -274,9 +280,96 @@ impl AttachedStore {
 
     /// Every memory of the store as (id, hash) by relative path (the entry's
     /// own `path` is moved into the key); prefixes, unknown item types and
-    /// the marker path are skipped. Uses the `basic`
-    /// view: a sync compares hashes and never needs the content here.
+    /// the marker path are skipped.
+    ///
+    /// Between full listings the index is advanced from the version feed
+    /// (see `super::feed`): one request when nothing changed. `full` (the
+    /// final sync, the flush) lists the whole store, as do the safety
+    /// cadence and any doubt about the feed.
     pub(super) async fn index(
+        &self,
+        api: &dyn MemoryApi,
+        full: bool,
+    ) -> Result<BTreeMap<String, MemoryIndexEntry>, PassError> {
+        if !full && let Some(remote) = self.follow(api).await {
+            self.remember_ids(&remote);
+            return Ok(remote);
+        }
+        // The feed's high-water is read before the listing, so a change
+        // committed while it runs is replayed by the next poll.
+        let newest = self.newest_versions(api).await;
+        let remote = self.list_index(api).await?;
+        self.remember_ids(&remote);
+        *self.remote_index() = newest.map(|v| RemoteIndex::seeded(remote.clone(), &v, Instant::now()));
+        Ok(remote)
+    }
+
+    fn remote_index(&self) -> std::sync::MutexGuard<'_, Option<RemoteIndex>> {
+        self.remote.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember_ids(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
+        let mut state = self.state();
+        state.ids.clear();
+        state
+            .ids
+            .extend(remote.iter().map(|(rel, m)| (rel.clone(), m.id.clone())));
+    }
+
+    /// The first page of the version history (newest first), to seed the
+    /// feed; `None` when it cannot be read (the feed is then off until the
+    /// next full listing).
+    async fn newest_versions(&self, api: &dyn MemoryApi) -> Option<Vec<MemoryVersion>> {
+        match api.versions(&self.id, None, FEED_PAGE, None).await {
+            Ok(page) => Some(page.data),
+            Err(e) => {
+                debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store each sync");
+                None
+            }
+        }
+    }
+
+    /// The index advanced by the versions created since the last poll, or
+    /// `None` when a full listing is due or the feed is in doubt.
+    async fn follow(&self, api: &dyn MemoryApi) -> Option<BTreeMap<String, MemoryIndexEntry>> {
+        let mut index = self.remote_index().take()?;
+        let now = Instant::now();
+        if now.saturating_duration_since(index.listed_at) >= FULL_LISTING_EVERY {
+            debug!(memory_store.id = %self.id, "listing the memory store in full (safety cadence)");
+            return None;
+        }
+        let since = index.floor();
+        let mut versions = Vec::new();
+        let mut page = None;
+        for _ in 0..MAX_FEED_PAGES {
+            let got = match api.versions(&self.id, since, FEED_PAGE, page.take()).await {
+                Ok(got) => got,
+                Err(e) => {
+                    debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store");
+                    return None;
+                }
+            };
+            let next = got.next_cursor().map(str::to_string);
+            versions.extend(got.data);
+            match next {
+                Some(n) => page = Some(n),
+                None => {
+                    if let Err(doubt) = index.advance(&versions, now) {
+                        debug!(memory_store.id = %self.id, reason = %doubt, "the memory version feed is in doubt; listing the store");
+                        return None;
+                    }
+                    let remote = index.map.clone();
+                    *self.remote_index() = Some(index);
+                    return Some(remote);
+                }
+            }
+        }
+        debug!(memory_store.id = %self.id, pages = MAX_FEED_PAGES, "too many memory versions since the last sync; listing the store");
+        None
+    }
+
+    /// The whole store's `basic` listing, page after page.
+    async fn list_index(
         &self,
         api: &dyn MemoryApi,
     ) -> Result<BTreeMap<String, MemoryIndexEntry>, PassError> {
@@ -306,16 +399,8 @@ impl AttachedStore {
             }
             match next {
                 Some(n) => page = Some(n),
-                None => {
-                    // A path listed twice keeps its last entry, as an insert would.
-                    let remote = BTreeMap::from_iter(out);
-                    let mut state = self.state();
-                    state.ids.clear();
-                    state
-                        .ids
-                        .extend(remote.iter().map(|(rel, m)| (rel.clone(), m.id.clone())));
-                    return Ok(remote);
-                }
+                // A path listed twice keeps its last entry, as an insert would.
+                None => return Ok(BTreeMap::from_iter(out)),
             }
         }
     }
@@ -359,9 +444,12 @@ impl AttachedStore {
         let folder = self.folder.clone();
         let marker = marker_content(&self.id);
         blocking(move || put(&folder, MARKER_PATH, marker.as_bytes(), private)).await??;
+        // The feed's high-water, read before the listing (see `index`).
+        let newest = self.newest_versions(api).await;
         let mut page = None;
         let mut written = 0;
         let mut listed = HashSet::new();
+        let mut seen = BTreeMap::new();
         loop {
             let got = api
                 .list(&self.id, View::Full, FULL_PAGE, page.take())
@@ -396,6 +484,15 @@ impl AttachedStore {
             crate::killpoint::hit("memory.pull.written");
             let mut state = self.state();
             for (rel, id, sha, result) in results {
+                seen.insert(
+                    rel.clone(),
+                    MemoryIndexEntry {
+                        kind: IndexKind::Memory,
+                        id: id.clone(),
+                        path: String::new(),
+                        content_sha256: sha.clone(),
+                    },
+                );
                 state.ids.insert(rel.clone(), id);
                 match result {
                     Ok(()) => {
@@ -414,6 +511,8 @@ impl AttachedStore {
                 None => {
                     // The whole store was listed: what it no longer holds is no concern.
                     self.state().tentative.retain(|rel, _| listed.contains(rel));
+                    *self.remote_index() =
+                        newest.map(|v| RemoteIndex::seeded(seen, &v, Instant::now()));
                     return Ok(written);
                 }
             }
@@ -470,7 +569,7 @@ impl AttachedStore {
         self.state()
             .pending
             .retain(|rel, _| !scan.files.contains_key(rel));
-        let remote = self.index(api).await?;
+        let remote = self.index(api, final_sync).await?;
         self.settle_sent(&remote);
         // Asked again with the baseline the listing settled: is this a wipe?
         folder.baseline = Some(self.state().baseline.len());
