@@ -72,8 +72,12 @@ pub(crate) struct RemoteIndex {
     high: Option<i64>,
     /// When (this machine's monotonic clock) `high` was first seen.
     high_seen_at: Instant,
-    /// Every version at or before this is known to be visible and seen.
+    /// Every version at or before this is known to be visible and seen
+    /// (the monotonic-clock rule, when the server sends no `Date`).
     settled: Option<i64>,
+    /// Every version before this is seen: the server's clock (its `Date`)
+    /// at the last complete poll, less [`OVERLAP`]. Preferred when known.
+    dated: Option<i64>,
     /// Versions seen at or after the floor: id → created_at.
     seen: HashMap<String, i64>,
     /// Per memory, the `created_at` of the version the index reflects
@@ -96,9 +100,12 @@ impl RemoteIndex {
     /// An index seeded by a full listing. `newest`: the first versions page
     /// read just before the listing (newest first): its versions are
     /// reflected by the listing, so they count as seen.
+    /// `server`: the server's clock when it answered that page (its `Date`,
+    /// microseconds).
     pub(crate) fn seeded(
         map: BTreeMap<String, MemoryIndexEntry>,
         newest: &[MemoryVersion],
+        server: Option<i64>,
         now: Instant,
     ) -> RemoteIndex {
         let by_id = map
@@ -112,6 +119,7 @@ impl RemoteIndex {
             high,
             high_seen_at: now,
             settled: None,
+            dated: server.map(|d| d - OVERLAP.as_micros() as i64),
             seen: HashMap::new(),
             applied: HashMap::new(),
             listed_at: now,
@@ -131,6 +139,9 @@ impl RemoteIndex {
     /// The `created_at[gte]` of the next poll (microseconds), `None` for no
     /// filter (a store without any version yet).
     pub(crate) fn floor(&self) -> Option<i64> {
+        if self.dated.is_some() {
+            return self.dated;
+        }
         let high = self.high?;
         let window = high - OVERLAP.as_micros() as i64;
         Some(self.settled.map_or(window, |s| s.max(window)))
@@ -138,8 +149,15 @@ impl RemoteIndex {
 
     /// Apply one poll's versions (every version created at or after
     /// [`Self::floor`], newest first as the server lists them), made at
-    /// `now`. On a doubt the index is left as it was.
-    pub(crate) fn advance(&mut self, versions: &[MemoryVersion], now: Instant) -> Result<(), Doubt> {
+    /// `now`, the server's clock reading `server` (its `Date`, microseconds,
+    /// of the poll's first page) when it sent one. On a doubt the index is
+    /// left as it was.
+    pub(crate) fn advance(
+        &mut self,
+        versions: &[MemoryVersion],
+        now: Instant,
+        server: Option<i64>,
+    ) -> Result<(), Doubt> {
         let floor = self.floor();
         // Unseen versions, oldest first (the server lists newest first; a
         // tie keeps the server's order, reversed).
@@ -148,7 +166,10 @@ impl RemoteIndex {
             .rev()
             .filter(|v| !self.seen.contains_key(&v.id))
             .collect();
-        if fresh.iter().any(|v| v.redacted_at.is_some() || v.path.is_none()) {
+        if fresh
+            .iter()
+            .any(|v| v.redacted_at.is_some() || v.path.is_none())
+        {
             return Err(Doubt::Redacted);
         }
         // Per memory: its newest unseen version, and whether one of them
@@ -237,6 +258,12 @@ impl RemoteIndex {
         {
             self.settled = Some(h);
         }
+        // Every version created before the server's clock less OVERLAP was
+        // visible when this poll began, and the poll read all from the floor.
+        if let Some(d) = server {
+            let cut = d - OVERLAP.as_micros() as i64;
+            self.dated = Some(self.dated.map_or(cut, |f| f.max(cut)));
+        }
         if let Some(f) = self.floor() {
             self.seen.retain(|_, at| *at >= f);
             self.applied.retain(|_, at| *at >= f);
@@ -273,12 +300,26 @@ mod tests {
     use MemoryOperation::*;
 
     fn listed() -> RemoteIndex {
-        let map = BTreeMap::from([("a.md".into(), entry("m1", "x")), ("b.md".into(), entry("m2", "y"))]);
-        RemoteIndex::seeded(map, &[v("v2", "m2", Created, Some("/b.md"), 100 * S), v("v1", "m1", Created, Some("/a.md"), 99 * S)], Instant::now())
+        let map = BTreeMap::from([
+            ("a.md".into(), entry("m1", "x")),
+            ("b.md".into(), entry("m2", "y")),
+        ]);
+        RemoteIndex::seeded(
+            map,
+            &[
+                v("v2", "m2", Created, Some("/b.md"), 100 * S),
+                v("v1", "m1", Created, Some("/a.md"), 99 * S),
+            ],
+            None,
+            Instant::now(),
+        )
     }
 
     fn paths(i: &RemoteIndex) -> Vec<(String, String, String)> {
-        i.map.iter().map(|(p, m)| (p.clone(), m.id.clone(), m.content_sha256.clone())).collect()
+        i.map
+            .iter()
+            .map(|(p, m)| (p.clone(), m.id.clone(), m.content_sha256.clone()))
+            .collect()
     }
 
     #[test]
@@ -294,13 +335,16 @@ mod tests {
             v("v3", "m2", Deleted, Some("/b.md"), 101 * S),
             v("v2", "m2", Created, Some("/b.md"), 100 * S),
         ];
-        i.advance(&feed, now).unwrap();
+        i.advance(&feed, now, None).unwrap();
         assert_eq!(
             paths(&i),
-            [("c.md".into(), "m3".into(), "sha-v5".into()), ("dir/a2.md".into(), "m1".into(), "sha-v6".into())]
+            [
+                ("c.md".into(), "m3".into(), "sha-v5".into()),
+                ("dir/a2.md".into(), "m1".into(), "sha-v6".into())
+            ]
         );
         // Replayed again: nothing changes.
-        i.advance(&feed, now).unwrap();
+        i.advance(&feed, now, None).unwrap();
         assert_eq!(paths(&i).len(), 2);
     }
 
@@ -308,14 +352,34 @@ mod tests {
     fn a_late_version_inside_the_window_is_applied_once_and_never_undoes_a_newer_one() {
         let mut i = listed();
         let now = Instant::now();
-        i.advance(&[v("v3", "m1", Modified, Some("/a.md"), 110 * S)], now).unwrap();
+        i.advance(
+            &[v("v3", "m1", Modified, Some("/a.md"), 110 * S)],
+            now,
+            None,
+        )
+        .unwrap();
         assert_eq!(i.floor(), Some(105 * S));
         // Committed late: created before the high-water, visible only now.
         let late_b = v("v4", "m2", Modified, Some("/b.md"), 108 * S);
         let late_a = v("v5", "m1", Modified, Some("/a.md"), 107 * S);
-        i.advance(&[v("v3", "m1", Modified, Some("/a.md"), 110 * S), late_b, late_a], now).unwrap();
-        assert_eq!(i.map["b.md"].content_sha256, "sha-v4", "the late version is seen");
-        assert_eq!(i.map["a.md"].content_sha256, "sha-v3", "an older late version does not undo v3");
+        i.advance(
+            &[
+                v("v3", "m1", Modified, Some("/a.md"), 110 * S),
+                late_b,
+                late_a,
+            ],
+            now,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            i.map["b.md"].content_sha256, "sha-v4",
+            "the late version is seen"
+        );
+        assert_eq!(
+            i.map["a.md"].content_sha256, "sha-v3",
+            "an older late version does not undo v3"
+        );
     }
 
     #[test]
@@ -323,25 +387,68 @@ mod tests {
         let now = Instant::now();
         let cases: [(&[MemoryVersion], Doubt); 3] = [
             (&[v("v9", "m1", Modified, None, 101 * S)], Doubt::Redacted),
-            (&[v("v9", "m7", Modified, Some("/z.md"), 101 * S)], Doubt::UnknownMemory),
-            (&[v("v9", "m1", Modified, Some("/b.md"), 101 * S)], Doubt::PathTaken),
+            (
+                &[v("v9", "m7", Modified, Some("/z.md"), 101 * S)],
+                Doubt::UnknownMemory,
+            ),
+            (
+                &[v("v9", "m1", Modified, Some("/b.md"), 101 * S)],
+                Doubt::PathTaken,
+            ),
         ];
         for (feed, doubt) in cases {
             let mut i = listed();
             let before = paths(&i);
-            assert_eq!(i.advance(feed, now), Err(doubt));
+            assert_eq!(i.advance(feed, now, None), Err(doubt));
             assert_eq!(paths(&i), before);
         }
         // A deletion of a memory the index never held is no doubt.
         let mut i = listed();
-        i.advance(&[v("v9", "m7", Deleted, Some("/z.md"), 101 * S)], now).unwrap();
+        i.advance(&[v("v9", "m7", Deleted, Some("/z.md"), 101 * S)], now, None)
+            .unwrap();
     }
 
     #[test]
     fn an_idle_window_settles_to_the_high_water() {
         let mut i = listed();
         let later = Instant::now() + OVERLAP;
-        i.advance(&[], later).unwrap();
-        assert_eq!(i.floor(), Some(100 * S), "after OVERLAP the window starts at the high-water");
+        i.advance(&[], later, None).unwrap();
+        assert_eq!(
+            i.floor(),
+            Some(100 * S),
+            "after OVERLAP the window starts at the high-water"
+        );
+    }
+
+    #[test]
+    fn with_the_servers_clock_the_window_is_the_last_overlap_of_server_time() {
+        let now = Instant::now();
+        let map = BTreeMap::from([("a.md".into(), entry("m1", "x"))]);
+        // A burst long ago: the window starts at the server's clock less OVERLAP.
+        let mut i = RemoteIndex::seeded(
+            map,
+            &[v("v1", "m1", Created, Some("/a.md"), 100 * S)],
+            Some(500 * S),
+            now,
+        );
+        assert_eq!(i.floor(), Some(495 * S));
+        // A version stamped before the last poll's clock but committed late,
+        // inside the window: seen.
+        i.advance(
+            &[v("v2", "m1", Modified, Some("/a.md"), 497 * S)],
+            now,
+            Some(503 * S),
+        )
+        .unwrap();
+        assert_eq!(i.map["a.md"].content_sha256, "sha-v2");
+        assert_eq!(i.floor(), Some(498 * S));
+        // Replayed in the next window: applied once, nothing changes.
+        i.advance(
+            &[v("v2", "m1", Modified, Some("/a.md"), 497 * S)],
+            now,
+            Some(503 * S),
+        )
+        .unwrap();
+        assert_eq!(i.map["a.md"].content_sha256, "sha-v2");
     }
 }

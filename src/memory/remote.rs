@@ -41,15 +41,17 @@ pub trait MemoryApi: Send + Sync {
 
     /// One page of the store's version history (`basic` view), newest
     /// first, created at or after `since_micros` (microseconds since the
-    /// epoch; no filter when `None`). The default refuses, so a client
-    /// without it always lists the whole store (see `super::feed`).
+    /// epoch; no filter when `None`), with the server's clock when the
+    /// answer gave it (its `Date`, in microseconds). The default refuses,
+    /// so a client without it always lists the whole store (see
+    /// `super::feed`).
     fn versions<'a>(
         &'a self,
         store_id: &'a str,
         since_micros: Option<i64>,
         limit: u32,
         page: Option<String>,
-    ) -> BoxFuture<'a, Result<Page<MemoryVersion>, Error>> {
+    ) -> BoxFuture<'a, Result<(Page<MemoryVersion>, Option<i64>), Error>> {
         let _ = (store_id, since_micros, limit, page);
         Box::pin(async {
             Err(Error::Config(
@@ -130,23 +132,27 @@ impl MemoryApi for Client {
         since_micros: Option<i64>,
         limit: u32,
         page: Option<String>,
-    ) -> BoxFuture<'a, Result<Page<MemoryVersion>, Error>> {
+    ) -> BoxFuture<'a, Result<(Page<MemoryVersion>, Option<i64>), Error>> {
         Box::pin(async move {
             let created_at_gte = match since_micros {
                 None => None,
-                Some(t) => Some(chrono::DateTime::from_timestamp_micros(t).ok_or_else(|| {
-                    Error::Config(format!("{t} µs is not a representable time"))
-                })?),
+                Some(t) => {
+                    Some(chrono::DateTime::from_timestamp_micros(t).ok_or_else(|| {
+                        Error::Config(format!("{t} µs is not a representable time"))
+                    })?)
+                }
             };
-            self.memory_versions(store_id)
-                .list(&ListMemoryVersions {
+            let (got, date) = self
+                .memory_versions(store_id)
+                .list_dated(&ListMemoryVersions {
                     created_at_gte,
                     view: Some(View::Basic),
                     limit: Some(limit),
                     page,
                     ..Default::default()
                 })
-                .await
+                .await?;
+            Ok((got, date.map(|d| d.timestamp_micros())))
         })
     }
 

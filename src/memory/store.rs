@@ -300,7 +300,8 @@ impl AttachedStore {
         let newest = self.newest_versions(api).await;
         let remote = self.list_index(api).await?;
         self.remember_ids(&remote);
-        *self.remote_index() = newest.map(|v| RemoteIndex::seeded(remote.clone(), &v, Instant::now()));
+        *self.remote_index() = newest
+            .map(|(v, server)| RemoteIndex::seeded(remote.clone(), &v, server, Instant::now()));
         Ok(remote)
     }
 
@@ -319,9 +320,12 @@ impl AttachedStore {
     /// The first page of the version history (newest first), to seed the
     /// feed; `None` when it cannot be read (the feed is then off until the
     /// next full listing).
-    async fn newest_versions(&self, api: &dyn MemoryApi) -> Option<Vec<MemoryVersion>> {
+    async fn newest_versions(
+        &self,
+        api: &dyn MemoryApi,
+    ) -> Option<(Vec<MemoryVersion>, Option<i64>)> {
         match api.versions(&self.id, None, FEED_PAGE, None).await {
-            Ok(page) => Some(page.data),
+            Ok((page, server)) => Some((page.data, server)),
             Err(e) => {
                 debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store each sync");
                 None
@@ -341,9 +345,14 @@ impl AttachedStore {
         let since = index.floor();
         let mut versions = Vec::new();
         let mut page = None;
+        let mut server: Option<i64> = None;
         for _ in 0..MAX_FEED_PAGES {
             let got = match api.versions(&self.id, since, FEED_PAGE, page.take()).await {
-                Ok(got) => got,
+                Ok((got, date)) => {
+                    // The first page's clock: the earliest, so the safest.
+                    server = server.or(date);
+                    got
+                }
                 Err(e) => {
                     debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store");
                     return None;
@@ -354,7 +363,7 @@ impl AttachedStore {
             match next {
                 Some(n) => page = Some(n),
                 None => {
-                    if let Err(doubt) = index.advance(&versions, now) {
+                    if let Err(doubt) = index.advance(&versions, now, server) {
                         debug!(memory_store.id = %self.id, reason = %doubt, "the memory version feed is in doubt; listing the store");
                         return None;
                     }
@@ -511,8 +520,8 @@ impl AttachedStore {
                 None => {
                     // The whole store was listed: what it no longer holds is no concern.
                     self.state().tentative.retain(|rel, _| listed.contains(rel));
-                    *self.remote_index() =
-                        newest.map(|v| RemoteIndex::seeded(seen, &v, Instant::now()));
+                    *self.remote_index() = newest
+                        .map(|(v, server)| RemoteIndex::seeded(seen, &v, server, Instant::now()));
                     return Ok(written);
                 }
             }
