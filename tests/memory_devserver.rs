@@ -341,3 +341,31 @@ async fn a_redacted_version_in_the_window_falls_back_to_the_listing() {
         t.s.store_memories(store).await
     );
 }
+
+/// Issue 16: the mount lists the top level with `depth=1`, then each prefix
+/// on its own, concurrently; what lands must be exactly the store, on a
+/// layout with a memory at the top, nested prefixes, a prefix holding only
+/// a prefix, and over 100 memories (six `full` pages) in one prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_parallel_mount_equals_the_store() {
+    let mut memories = serde_json::Map::new();
+    memories.insert("/top.md".into(), json!("top"));
+    memories.insert("/a/x.md".into(), json!("ax"));
+    memories.insert("/a/b/c/deep.md".into(), json!("deep"));
+    memories.insert("/only/inner/leaf.md".into(), json!("leaf"));
+    for i in 0..130 {
+        memories.insert(format!("/big/n{i:03}.md"), json!(format!("n{i}")));
+    }
+    let t = served_with(json!([{"key": "notes", "name": "Notes", "memories": memories}])).await;
+    let server = t.s.store_memories(&t.ids[0]).await;
+    assert_eq!(server.len(), 134);
+    assert_eq!(folder_contents(&t.mounts[0]), server);
+    // Listed by prefix: the top level, then /a/, /big/ (7 pages of 20) and
+    // /only/, each its own listing.
+    let (listings, _, _) = t.calls.split();
+    assert_eq!(listings, 1 + 1 + 7 + 1, "{:?}", t.calls.split());
+    // And the feed seeded from it serves the next sync.
+    t.stores.sync_now().await;
+    assert_eq!(t.calls.split().0, listings);
+    assert_eq!(folder_contents(&t.mounts[0]), server);
+}

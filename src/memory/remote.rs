@@ -21,6 +21,26 @@ pub trait MemoryApi: Send + Sync {
         page: Option<String>,
     ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>>;
 
+    /// One page of the listing of the memories under `prefix` (ending in
+    /// `/`; the whole store when `None`), to `depth` (`Some(1)`: immediate
+    /// children and `memory_prefix` rollups; `None`: recursive). The
+    /// default serves only the whole store's recursive listing and refuses
+    /// the rest, so a client without it mounts with one sequential listing.
+    fn list_under<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        prefix: Option<&'a str>,
+        depth: Option<u32>,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        if prefix.is_none() && depth.is_none() {
+            return self.list(store_id, view, limit, page);
+        }
+        Box::pin(async { Err(Error::Config("this client cannot list by prefix".into())) })
+    }
+
     /// One page of a store's `basic` listing, as an index (id, path, hash).
     /// The default goes through [`MemoryApi::list`]; a client that can decode
     /// the index directly overrides it to skip the fields a sync never reads.
@@ -108,6 +128,28 @@ impl MemoryApi for Client {
                     limit: Some(limit),
                     page,
                     ..Default::default()
+                })
+                .await
+        })
+    }
+
+    fn list_under<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        prefix: Option<&'a str>,
+        depth: Option<u32>,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        Box::pin(async move {
+            self.memories(store_id)
+                .list(&ListMemories {
+                    path_prefix: prefix.map(str::to_string),
+                    depth,
+                    view: Some(view),
+                    limit: Some(limit),
+                    page,
                 })
                 .await
         })

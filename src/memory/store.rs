@@ -14,7 +14,7 @@
 //! tentative one a re-download left), and when it cannot list the store it
 //! still pushes each edit, guarded by the hash it was last synced at.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
@@ -42,6 +42,8 @@ const MARKER_VERSION: u32 = 1;
 pub(crate) const FETCH_CONCURRENCY: usize = 16;
 /// Uploads in flight at once in one store's flush (and sync).
 pub const UPLOAD_CONCURRENCY: usize = 32;
+/// Prefixes listed at once by the mount.
+pub(crate) const LIST_CONCURRENCY: usize = 8;
 const BASIC_PAGE: u32 = 100;
 const FULL_PAGE: u32 = 20;
 
@@ -455,29 +457,87 @@ impl AttachedStore {
         blocking(move || put(&folder, MARKER_PATH, marker.as_bytes(), private)).await??;
         // The feed's high-water, read before the listing (see `index`).
         let newest = self.newest_versions(api).await;
+        // The top level with its prefixes rolled up, then each prefix
+        // listed on its own, `LIST_CONCURRENCY` at once: the cursor makes
+        // one listing's pages sequential, so under latency the mount costs
+        // the longest prefix's pages, not the whole store's. A server that
+        // refuses `depth` gets the one sequential listing.
+        let (mut pulled, prefixes) = match self.pull_pages(api, private, None, Some(1)).await {
+            Ok(got) => got,
+            Err(PassError::Api(e))
+                if matches!(e.status(), Some(400 | 404))
+                    || matches!(e, crate::api::Error::Config(_)) =>
+            {
+                debug!(memory_store.id = %self.id, error = %e, "the memory store cannot be listed by prefix; listing it in one go");
+                self.pull_pages(api, private, None, None).await?
+            }
+            Err(e) => return Err(e),
+        };
+        let parts: Vec<Result<(Pulled, Vec<String>), PassError>> = stream::iter(prefixes)
+            .map(|prefix| self.pull_pages(api, private, Some(prefix), None))
+            .buffer_unordered(LIST_CONCURRENCY)
+            .collect()
+            .await;
+        for part in parts {
+            let (part, _) = part?;
+            pulled.written += part.written;
+            pulled.listed.extend(part.listed);
+        }
+        let Pulled { written, listed } = pulled;
+        // The whole store was listed: what it no longer holds is no concern.
+        self.state()
+            .tentative
+            .retain(|rel, _| listed.contains_key(rel));
+        *self.remote_index() =
+            newest.map(|(v, server)| RemoteIndex::seeded(listed, &v, server, Instant::now()));
+        Ok(written)
+    }
+
+    /// Every page of one listing (`view=full`; the whole store, or the
+    /// memories under `prefix`, to `depth`), each written as it arrives.
+    /// Returns what was listed and written, and the prefixes rolled up.
+    async fn pull_pages(
+        &self,
+        api: &dyn MemoryApi,
+        private: bool,
+        prefix: Option<String>,
+        depth: Option<u32>,
+    ) -> Result<(Pulled, Vec<String>), PassError> {
+        let mut pulled = Pulled::default();
+        let mut prefixes = Vec::new();
+        // This listing's own cursor: never another prefix's.
         let mut page = None;
-        let mut written = 0;
-        let mut listed = HashSet::new();
-        let mut seen = BTreeMap::new();
         loop {
             let got = api
-                .list(&self.id, View::Full, FULL_PAGE, page.take())
+                .list_under(
+                    &self.id,
+                    View::Full,
+                    FULL_PAGE,
+                    prefix.as_deref(),
+                    depth,
+                    page.take(),
+                )
                 .await?;
             let next = got.next_cursor().map(str::to_string);
-            let items: Vec<(String, String, String, String)> = got
-                .data
-                .into_iter()
-                .filter_map(MemoryListItem::into_memory)
-                .filter_map(|m| {
-                    let rel = m.path.trim_start_matches('/').to_string();
-                    if rel == MARKER_PATH {
-                        warn!(memory_store.id = %self.id, memory.path = %m.path, "the server listed the reserved marker path; skipping");
-                        return None;
+            let mut items: Vec<(String, String, String, String)> = Vec::new();
+            for item in got.data {
+                let m = match item {
+                    MemoryListItem::Prefix(p) => {
+                        prefixes.push(p.path);
+                        continue;
                     }
-                    Some((rel, m.id, m.content.unwrap_or_default(), m.content_sha256))
-                })
-                .collect();
-            listed.extend(items.iter().map(|(rel, _, _, _)| rel.clone()));
+                    other => match other.into_memory() {
+                        Some(m) => m,
+                        None => continue,
+                    },
+                };
+                let rel = m.path.trim_start_matches('/').to_string();
+                if rel == MARKER_PATH {
+                    warn!(memory_store.id = %self.id, memory.path = %m.path, "the server listed the reserved marker path; skipping");
+                    continue;
+                }
+                items.push((rel, m.id, m.content.unwrap_or_default(), m.content_sha256));
+            }
             // One blocking hop per page.
             let folder = self.folder.clone();
             let results = blocking(move || {
@@ -493,7 +553,7 @@ impl AttachedStore {
             crate::killpoint::hit("memory.pull.written");
             let mut state = self.state();
             for (rel, id, sha, result) in results {
-                seen.insert(
+                pulled.listed.insert(
                     rel.clone(),
                     MemoryIndexEntry {
                         kind: IndexKind::Memory,
@@ -507,7 +567,7 @@ impl AttachedStore {
                     Ok(()) => {
                         state.tentative.remove(&rel);
                         state.baseline.insert(rel, sha);
-                        written += 1;
+                        pulled.written += 1;
                     }
                     Err(e) => {
                         warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to write memory")
@@ -517,13 +577,7 @@ impl AttachedStore {
             drop(state);
             match next {
                 Some(n) => page = Some(n),
-                None => {
-                    // The whole store was listed: what it no longer holds is no concern.
-                    self.state().tentative.retain(|rel, _| listed.contains(rel));
-                    *self.remote_index() = newest
-                        .map(|(v, server)| RemoteIndex::seeded(seen, &v, server, Instant::now()));
-                    return Ok(written);
-                }
+                None => return Ok((pulled, prefixes)),
             }
         }
     }
@@ -1147,6 +1201,13 @@ impl AttachedStore {
             }
         }
     }
+}
+
+/// What a mount's listing wrote, and every memory it listed.
+#[derive(Default)]
+struct Pulled {
+    written: usize,
+    listed: BTreeMap<String, MemoryIndexEntry>,
 }
 
 /// An upload a pass plans: the path, the file's hash, the update (memory

@@ -87,6 +87,20 @@ impl MemoryApi for Counting {
         self.client.list(store_id, view, limit, page)
     }
 
+    fn list_under<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        prefix: Option<&'a str>,
+        depth: Option<u32>,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        self.listings.fetch_add(1, Ordering::SeqCst);
+        self.client
+            .list_under(store_id, view, limit, prefix, depth, page)
+    }
+
     fn list_index<'a>(
         &'a self,
         store_id: &'a str,
