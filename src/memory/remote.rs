@@ -10,6 +10,10 @@ use crate::api::types::{
 };
 use crate::api::{Client, Error};
 
+/// A page of the version history and the server's clock when it answered
+/// (its `Date`, microseconds since the epoch), when it said.
+pub type VersionsPage = (Page<MemoryVersion>, Option<i64>);
+
 /// The memory endpoints the sync uses.
 pub trait MemoryApi: Send + Sync {
     /// One page of a store's listing.
@@ -71,7 +75,7 @@ pub trait MemoryApi: Send + Sync {
         since_micros: Option<i64>,
         limit: u32,
         page: Option<String>,
-    ) -> BoxFuture<'a, Result<(Page<MemoryVersion>, Option<i64>), Error>> {
+    ) -> BoxFuture<'a, Result<VersionsPage, Error>> {
         let _ = (store_id, since_micros, limit, page);
         Box::pin(async {
             Err(Error::Config(
@@ -174,7 +178,7 @@ impl MemoryApi for Client {
         since_micros: Option<i64>,
         limit: u32,
         page: Option<String>,
-    ) -> BoxFuture<'a, Result<(Page<MemoryVersion>, Option<i64>), Error>> {
+    ) -> BoxFuture<'a, Result<VersionsPage, Error>> {
         Box::pin(async move {
             let created_at_gte = match since_micros {
                 None => None,

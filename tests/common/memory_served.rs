@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use envworker::api::Error;
-use envworker::api::types::{Memory, MemoryIndexEntry, MemoryListItem, MemoryVersion, Page, View};
-use envworker::memory::remote::MemoryApi;
+use envworker::api::types::{Memory, MemoryIndexEntry, MemoryListItem, Page, View};
+use envworker::memory::remote::{MemoryApi, VersionsPage};
 use futures::future::BoxFuture;
 
 use base64::Engine;
@@ -117,7 +117,7 @@ impl MemoryApi for Counting {
         since_micros: Option<i64>,
         limit: u32,
         page: Option<String>,
-    ) -> BoxFuture<'a, Result<(Page<MemoryVersion>, Option<i64>), Error>> {
+    ) -> BoxFuture<'a, Result<VersionsPage, Error>> {
         self.versions.fetch_add(1, Ordering::SeqCst);
         self.client.versions(store_id, since_micros, limit, page)
     }
