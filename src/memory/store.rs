@@ -522,8 +522,13 @@ impl AttachedStore {
             let mut items: Vec<(String, String, String, String)> = Vec::new();
             for item in got.data {
                 let m = match item {
+                    // A rollup to list on its own only where this listing
+                    // asked for rollups; a recursive listing has none to
+                    // follow (and its memories are all here).
                     MemoryListItem::Prefix(p) => {
-                        prefixes.push(p.path);
+                        if depth == Some(1) {
+                            prefixes.push(p.path);
+                        }
                         continue;
                     }
                     other => match other.into_memory() {
