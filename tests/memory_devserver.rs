@@ -369,3 +369,50 @@ async fn the_parallel_mount_equals_the_store() {
     assert_eq!(t.calls.split().0, listings);
     assert_eq!(folder_contents(&t.mounts[0]), server);
 }
+
+/// Issue 16: a version committed late — stamped before a version the feed
+/// has already applied, visible only at the next poll — is still picked up
+/// (the overlap window re-reads the last 5 s of versions; the version id
+/// set keeps the others from applying twice). The late commit is made by
+/// hiding the version from the first poll's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_committed_late_is_seen_through_the_overlap_window() {
+    let t = served().await;
+    let store = &t.ids[0];
+    let base = format!("/v1/memory_stores/{store}/memories");
+    let b = memory_id(&t.s, store, "/dir/b.md").await.unwrap();
+    let a = memory_id(&t.s, store, "/a.md").await.unwrap();
+    let late =
+        t.s.memory(
+            Method::POST,
+            &format!("{base}/{b}"),
+            Some(json!({"content": "b late"})),
+        )
+        .await
+        .ok();
+    t.calls
+        .hidden
+        .lock()
+        .unwrap()
+        .insert(late["memory_version_id"].as_str().unwrap().to_string());
+    t.s.memory(
+        Method::POST,
+        &format!("{base}/{a}"),
+        Some(json!({"content": "a newer"})),
+    )
+    .await
+    .ok();
+    t.stores.sync_now().await;
+    let folder = folder_contents(&t.mounts[0]);
+    assert_eq!(folder["/a.md"], "a newer");
+    assert_eq!(folder["/dir/b.md"], "b1", "not visible yet");
+    // Committed now, with a created_at before the high-water.
+    t.calls.hidden.lock().unwrap().clear();
+    let (listings, _, _) = t.calls.split();
+    t.stores.sync_now().await;
+    assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(store).await
+    );
+}
