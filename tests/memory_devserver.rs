@@ -4,10 +4,14 @@
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use common::TestServer;
 use common::harness::Logs;
-use common::memory_served::served;
+use common::memory_served::{Served, served, served_with};
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn download_sync_and_finish_over_http_with_a_sessions_token() {
@@ -130,4 +134,285 @@ async fn the_devservers_refusals_are_remembered_and_warned_once() {
     let rejected = "the server rejected this memory file";
     assert_eq!(warned("huge.md", rejected), 0, "{}", logs.text());
     assert_eq!(warned("name.md", rejected), 1, "{}", logs.text());
+}
+
+/// Every file under a mounted store but the marker, as the server keys it.
+fn folder_contents(root: &Path) -> BTreeMap<String, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let rel = path
+                    .strip_prefix(root)
+                    .unwrap()
+                    .to_str()
+                    .unwrap()
+                    .to_string();
+                if rel != ".anthropic-memory-store" {
+                    out.insert(format!("/{rel}"), std::fs::read_to_string(&path).unwrap());
+                }
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(root, root, &mut out);
+    out
+}
+
+/// One store of `n` memories (three listing pages at 250).
+async fn one_store_of(n: usize) -> Served {
+    let memories: serde_json::Map<String, Value> = (0..n)
+        .map(|i| {
+            (
+                format!("/t{}/m{i:03}.md", i % 7),
+                json!(format!("body {i}")),
+            )
+        })
+        .collect();
+    served_with(json!([{"key": "notes", "name": "Notes", "memories": memories}])).await
+}
+
+async fn memory_id(s: &TestServer, store: &str, path: &str) -> Option<String> {
+    let (all, _) = s
+        .list_all(&format!("/v1/memory_stores/{store}/memories"))
+        .await;
+    all.iter()
+        .find(|m| m["path"] == path)
+        .map(|m| m["id"].as_str().unwrap().to_string())
+}
+
+/// Another writer (the admin key) modifies `/dir/b.md`, renames `/a.md`
+/// (or the memory an earlier call moved), deletes `/gone.md` (or the
+/// memory an earlier call created) and creates `/new-{tag}.md`.
+async fn change_remotely(s: &TestServer, store: &str, tag: &str, earlier: Option<&str>) {
+    let (moving, deleting) = match earlier {
+        None => ("/a.md".to_string(), "/gone.md".to_string()),
+        Some(e) => (format!("/moved/{e}.md"), format!("/new-{e}.md")),
+    };
+    let a = memory_id(s, store, &moving).await.unwrap();
+    let b = memory_id(s, store, "/dir/b.md").await.unwrap();
+    let gone = memory_id(s, store, &deleting).await.unwrap();
+    let base = format!("/v1/memory_stores/{store}/memories");
+    s.memory(
+        Method::POST,
+        &format!("{base}/{b}"),
+        Some(json!({"content": format!("b {tag}")})),
+    )
+    .await
+    .ok();
+    s.memory(
+        Method::POST,
+        &format!("{base}/{a}"),
+        Some(json!({"path": format!("/moved/{tag}.md")})),
+    )
+    .await
+    .ok();
+    s.memory(Method::DELETE, &format!("{base}/{gone}"), None)
+        .await
+        .ok();
+    s.create_memory(store, &format!("/new-{tag}.md"), "new")
+        .await;
+}
+
+/// Issue 16: an idle sync reads one page of the version history instead of
+/// the whole listing (before the feed: 3 listing pages for 250 memories).
+/// The store was written just before the mount, and each poll re-reads the
+/// versions of the last 5 s of the server's clock before the previous poll
+/// (the overlap window, `memory::feed`): the first sync once that burst is
+/// older than the window (plus the `Date` header's one-second resolution)
+/// reads it one last time; every idle sync after costs one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_sync_after_the_mount_costs_one_request() {
+    let t = one_store_of(250).await;
+    tokio::time::sleep(std::time::Duration::from_millis(6_500)).await;
+    t.stores.sync_now().await;
+    for _ in 0..3 {
+        let before = t.calls.total();
+        t.stores.sync_now().await;
+        let cost = t.calls.total() - before;
+        eprintln!("idle sync: {cost} requests, {:?}", t.calls.split());
+        assert!(
+            cost <= 2,
+            "an idle sync made {cost} requests: {:?}",
+            t.calls.split()
+        );
+    }
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(&t.ids[0]).await
+    );
+}
+
+/// Issue 16: a create, a modification, a deletion and a rename by another
+/// key arrive through the feed (no listing) and leave the folder as the
+/// full listing would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_changes_arrive_through_the_version_feed() {
+    let t = served().await;
+    change_remotely(&t.s, &t.ids[0], "one", None).await;
+    let (listings, _, _) = t.calls.split();
+    t.stores.sync_now().await;
+    assert_eq!(
+        t.calls.split().0,
+        listings,
+        "no listing: the feed carried the changes"
+    );
+    let server = t.s.store_memories(&t.ids[0]).await;
+    assert!(server.contains_key("/moved/one.md") && !server.contains_key("/gone.md"));
+    assert_eq!(folder_contents(&t.mounts[0]), server);
+    // The agent's own edit goes out and comes back through the feed as a
+    // version already in the index: nothing is pulled over it.
+    std::fs::write(t.mounts[0].join("new-one.md"), "edited by the agent").unwrap();
+    t.stores.sync_now().await;
+    t.stores.sync_now().await;
+    assert_eq!(t.calls.split().0, listings);
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(&t.ids[0]).await
+    );
+    t.stores.finish().await.unwrap();
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(&t.ids[0]).await
+    );
+}
+
+/// Issue 16: a versions request the server refuses (a 400 on the filter, a
+/// 404 from a server without it) falls back to the full listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_version_feed_falls_back_to_the_listing() {
+    for status in [400, 404] {
+        let t = served().await;
+        t.s.add_faults(vec![json!({"method": "GET", "path": "/v1/memory_stores/*/memory_versions", "status": status})])
+            .await;
+        change_remotely(&t.s, &t.ids[0], "two", None).await;
+        let (listings, _, _) = t.calls.split();
+        t.stores.sync_now().await;
+        assert!(
+            t.calls.split().0 > listings,
+            "{status}: the store was listed"
+        );
+        assert_eq!(
+            folder_contents(&t.mounts[0]),
+            t.s.store_memories(&t.ids[0]).await,
+            "{status}"
+        );
+        // Still refused: each sync lists, and stays right.
+        change_remotely(&t.s, &t.ids[0], "three", Some("two")).await;
+        t.stores.sync_now().await;
+        assert_eq!(
+            folder_contents(&t.mounts[0]),
+            t.s.store_memories(&t.ids[0]).await,
+            "{status}"
+        );
+    }
+}
+
+/// Issue 16: a redacted version in the window (its path is gone, so its
+/// effect cannot be known from the feed) falls back to the full listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redacted_version_in_the_window_falls_back_to_the_listing() {
+    let t = served().await;
+    let store = &t.ids[0];
+    let made = t.s.create_memory(store, "/secret.md", "oops").await;
+    let id = made["id"].as_str().unwrap();
+    let first = made["memory_version_id"].as_str().unwrap().to_string();
+    t.s.memory(
+        Method::POST,
+        &format!("/v1/memory_stores/{store}/memories/{id}"),
+        Some(json!({"content": "redacted below"})),
+    )
+    .await
+    .ok();
+    t.s.memory(
+        Method::POST,
+        &format!("/v1/memory_stores/{store}/memory_versions/{first}/redact"),
+        None,
+    )
+    .await
+    .ok();
+    let (listings, _, _) = t.calls.split();
+    t.stores.sync_now().await;
+    assert!(t.calls.split().0 > listings, "the store was listed");
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(store).await
+    );
+}
+
+/// Issue 16: the mount lists the top level with `depth=1`, then each prefix
+/// on its own, concurrently; what lands must be exactly the store, on a
+/// layout with a memory at the top, nested prefixes, a prefix holding only
+/// a prefix, and over 100 memories (six `full` pages) in one prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_parallel_mount_equals_the_store() {
+    let mut memories = serde_json::Map::new();
+    memories.insert("/top.md".into(), json!("top"));
+    memories.insert("/a/x.md".into(), json!("ax"));
+    memories.insert("/a/b/c/deep.md".into(), json!("deep"));
+    memories.insert("/only/inner/leaf.md".into(), json!("leaf"));
+    for i in 0..130 {
+        memories.insert(format!("/big/n{i:03}.md"), json!(format!("n{i}")));
+    }
+    let t = served_with(json!([{"key": "notes", "name": "Notes", "memories": memories}])).await;
+    let server = t.s.store_memories(&t.ids[0]).await;
+    assert_eq!(server.len(), 134);
+    assert_eq!(folder_contents(&t.mounts[0]), server);
+    // Listed by prefix: the top level, then /a/, /big/ (7 pages of 20) and
+    // /only/, each its own listing.
+    let (listings, _, _) = t.calls.split();
+    assert_eq!(listings, 1 + 1 + 7 + 1, "{:?}", t.calls.split());
+    // And the feed seeded from it serves the next sync.
+    t.stores.sync_now().await;
+    assert_eq!(t.calls.split().0, listings);
+    assert_eq!(folder_contents(&t.mounts[0]), server);
+}
+
+/// Issue 16: a version committed late — stamped before a version the feed
+/// has already applied, visible only at the next poll — is still picked up
+/// (the overlap window re-reads the last 5 s of versions; the version id
+/// set keeps the others from applying twice). The late commit is made by
+/// hiding the version from the first poll's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_committed_late_is_seen_through_the_overlap_window() {
+    let t = served().await;
+    let store = &t.ids[0];
+    let base = format!("/v1/memory_stores/{store}/memories");
+    let b = memory_id(&t.s, store, "/dir/b.md").await.unwrap();
+    let a = memory_id(&t.s, store, "/a.md").await.unwrap();
+    let late =
+        t.s.memory(
+            Method::POST,
+            &format!("{base}/{b}"),
+            Some(json!({"content": "b late"})),
+        )
+        .await
+        .ok();
+    t.calls
+        .hidden
+        .lock()
+        .unwrap()
+        .insert(late["memory_version_id"].as_str().unwrap().to_string());
+    t.s.memory(
+        Method::POST,
+        &format!("{base}/{a}"),
+        Some(json!({"content": "a newer"})),
+    )
+    .await
+    .ok();
+    t.stores.sync_now().await;
+    let folder = folder_contents(&t.mounts[0]);
+    assert_eq!(folder["/a.md"], "a newer");
+    assert_eq!(folder["/dir/b.md"], "b1", "not visible yet");
+    // Committed now, with a created_at before the high-water.
+    t.calls.hidden.lock().unwrap().clear();
+    let (listings, _, _) = t.calls.split();
+    t.stores.sync_now().await;
+    assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(store).await
+    );
 }

@@ -1640,8 +1640,9 @@ async fn a_periodic_sync_is_bounded_so_a_slow_memory_api_does_not_hold_the_next_
     });
     let drained = tokio::spawn(async move { drain(&worker).await });
     wait_for_results(&env, &started, 1).await;
-    // The periodic sync after the second call finds a listing that hangs 5 s.
-    env.fault(json!({"method": "GET", "path": "/v1/memory_stores/*/memories", "latency_ms": 5000, "times": 1}))
+    // The periodic sync after the second call finds its first read (the
+    // version feed, or a listing) hanging 5 s.
+    env.fault(json!({"method": "GET", "path": "/v1/memory_stores/*/memor*", "latency_ms": 5000, "times": 1}))
         .await;
     let items = tokio::time::timeout(Duration::from_secs(60), drained)
         .await

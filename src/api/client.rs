@@ -354,8 +354,20 @@ impl Client {
         &self,
         rb: RequestBuilder,
     ) -> Result<T, Error> {
-        let body = self.send_retrying(rb, &self.inner.memory_retry).await?;
+        let (body, _) = self.send_retrying(rb, &self.inner.memory_retry).await?;
         serde_json::from_str(utf8(&body)?).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// [`Self::memory_json`], with the answer's `Date` header: the server's
+    /// clock (to the second), which the memory version feed measures its
+    /// window by (see `crate::memory::feed`).
+    pub(crate) async fn memory_json_dated<T: DeserializeOwned>(
+        &self,
+        rb: RequestBuilder,
+    ) -> Result<(T, Option<super::types::Timestamp>), Error> {
+        let (body, date) = self.send_retrying(rb, &self.inner.memory_retry).await?;
+        let value = serde_json::from_str(utf8(&body)?).map_err(|e| Error::Decode(e.to_string()))?;
+        Ok((value, date))
     }
 
     /// Send until a success, a failure not worth retrying, or the policy's
@@ -365,7 +377,7 @@ impl Client {
         &self,
         rb: RequestBuilder,
         policy: &RetryPolicy,
-    ) -> Result<Bytes, Error> {
+    ) -> Result<(Bytes, Option<super::types::Timestamp>), Error> {
         let mut retries = 0u32;
         loop {
             // The last attempt sends the original; so does a streamed body,
@@ -405,18 +417,28 @@ impl Client {
     }
 }
 
-/// One attempt, body included; a failure comes with what its answer said
-/// about retrying.
-async fn attempt(rb: RequestBuilder, retries: u32) -> Result<Bytes, (Error, RetryHints)> {
+/// One attempt, body included, with the answer's `Date` (when it has a
+/// readable one); a failure comes with what its answer said about retrying.
+async fn attempt(
+    rb: RequestBuilder,
+    retries: u32,
+) -> Result<(Bytes, Option<super::types::Timestamp>), (Error, RetryHints)> {
     let response = rb
         .header("x-stainless-retry-count", retries)
         .send()
         .await
         .map_err(|e| (Error::Transport(e), RetryHints::default()))?;
     if response.status().is_success() {
+        let date = response
+            .headers()
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| chrono::DateTime::parse_from_rfc2822(v).ok())
+            .map(|d| d.to_utc());
         return response
             .bytes()
             .await
+            .map(|body| (body, date))
             .map_err(|e| (Error::Transport(e), RetryHints::default()));
     }
     let hints = RetryHints::from_headers(response.headers());

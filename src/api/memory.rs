@@ -236,6 +236,14 @@ impl MemoryVersions<'_> {
     }
 
     pub async fn list(&self, params: &ListMemoryVersions) -> Result<Page<MemoryVersion>, Error> {
+        Ok(self.list_dated(params).await?.0)
+    }
+
+    /// [`Self::list`] with the server's clock from the answer's `Date`.
+    pub(crate) async fn list_dated(
+        &self,
+        params: &ListMemoryVersions,
+    ) -> Result<(Page<MemoryVersion>, Option<Timestamp>), Error> {
         let query = Query::default()
             .opt("memory_id", params.memory_id.as_deref())
             .opt("session_id", params.session_id.as_deref())
@@ -251,7 +259,7 @@ impl MemoryVersions<'_> {
             .client
             .request(Method::GET, ApiFamily::Memory, &self.base())
             .query(query.pairs());
-        self.client.memory_json(rb).await
+        self.client.memory_json_dated(rb).await
     }
 
     /// Every version matching `params`, newest first, page after page.

@@ -95,7 +95,7 @@ impl AttachedStore {
         // that may have failed the final sync), each edit still goes out,
         // guarded by the hash it was last synced at: the server refuses it
         // (409) only if another writer changed the memory since.
-        let remote = match self.index(api).await {
+        let remote = match self.index(api, true).await {
             Ok(remote) => {
                 self.settle_sent(&remote);
                 Some(remote)

@@ -16,6 +16,7 @@
 //! that cannot be trusted (its marker gone or foreign while files remain) is
 //! never pushed from nor deleted from.
 
+pub(crate) mod feed;
 pub(crate) mod flush;
 pub(crate) mod folder;
 pub(crate) mod journal;

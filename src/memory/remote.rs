@@ -5,10 +5,14 @@
 use futures::future::BoxFuture;
 
 use crate::api::types::{
-    CreateMemory, ListMemories, Memory, MemoryIndexEntry, MemoryListItem, Page, Precondition,
-    UpdateMemory, View,
+    CreateMemory, ListMemories, ListMemoryVersions, Memory, MemoryIndexEntry, MemoryListItem,
+    MemoryVersion, Page, Precondition, UpdateMemory, View,
 };
 use crate::api::{Client, Error};
+
+/// A page of the version history and the server's clock when it answered
+/// (its `Date`, microseconds since the epoch), when it said.
+pub type VersionsPage = (Page<MemoryVersion>, Option<i64>);
 
 /// The memory endpoints the sync uses.
 pub trait MemoryApi: Send + Sync {
@@ -20,6 +24,26 @@ pub trait MemoryApi: Send + Sync {
         limit: u32,
         page: Option<String>,
     ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>>;
+
+    /// One page of the listing of the memories under `prefix` (ending in
+    /// `/`; the whole store when `None`), to `depth` (`Some(1)`: immediate
+    /// children and `memory_prefix` rollups; `None`: recursive). The
+    /// default serves only the whole store's recursive listing and refuses
+    /// the rest, so a client without it mounts with one sequential listing.
+    fn list_under<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        prefix: Option<&'a str>,
+        depth: Option<u32>,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        if prefix.is_none() && depth.is_none() {
+            return self.list(store_id, view, limit, page);
+        }
+        Box::pin(async { Err(Error::Config("this client cannot list by prefix".into())) })
+    }
 
     /// One page of a store's `basic` listing, as an index (id, path, hash).
     /// The default goes through [`MemoryApi::list`]; a client that can decode
@@ -36,6 +60,27 @@ pub trait MemoryApi: Send + Sync {
                 data: got.data.into_iter().map(MemoryIndexEntry::from).collect(),
                 next_page: got.next_page,
             })
+        })
+    }
+
+    /// One page of the store's version history (`basic` view), newest
+    /// first, created at or after `since_micros` (microseconds since the
+    /// epoch; no filter when `None`), with the server's clock when the
+    /// answer gave it (its `Date`, in microseconds). The default refuses,
+    /// so a client without it always lists the whole store (see
+    /// `super::feed`).
+    fn versions<'a>(
+        &'a self,
+        store_id: &'a str,
+        since_micros: Option<i64>,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<VersionsPage, Error>> {
+        let _ = (store_id, since_micros, limit, page);
+        Box::pin(async {
+            Err(Error::Config(
+                "this client cannot read the memory version history".into(),
+            ))
         })
     }
 
@@ -92,6 +137,28 @@ impl MemoryApi for Client {
         })
     }
 
+    fn list_under<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        prefix: Option<&'a str>,
+        depth: Option<u32>,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        Box::pin(async move {
+            self.memories(store_id)
+                .list(&ListMemories {
+                    path_prefix: prefix.map(str::to_string),
+                    depth,
+                    view: Some(view),
+                    limit: Some(limit),
+                    page,
+                })
+                .await
+        })
+    }
+
     fn list_index<'a>(
         &'a self,
         store_id: &'a str,
@@ -102,6 +169,36 @@ impl MemoryApi for Client {
             self.memories(store_id)
                 .list_index(limit, page.as_deref())
                 .await
+        })
+    }
+
+    fn versions<'a>(
+        &'a self,
+        store_id: &'a str,
+        since_micros: Option<i64>,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<VersionsPage, Error>> {
+        Box::pin(async move {
+            let created_at_gte = match since_micros {
+                None => None,
+                Some(t) => {
+                    Some(chrono::DateTime::from_timestamp_micros(t).ok_or_else(|| {
+                        Error::Config(format!("{t} µs is not a representable time"))
+                    })?)
+                }
+            };
+            let (got, date) = self
+                .memory_versions(store_id)
+                .list_dated(&ListMemoryVersions {
+                    created_at_gte,
+                    view: Some(View::Basic),
+                    limit: Some(limit),
+                    page,
+                    ..Default::default()
+                })
+                .await?;
+            Ok((got, date.map(|d| d.timestamp_micros())))
         })
     }
 

@@ -14,7 +14,7 @@
 //! tentative one a re-download left), and when it cannot list the store it
 //! still pushes each edit, guarded by the hash it was last synced at.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
@@ -22,8 +22,9 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 use tracing::{Instrument, debug, info, warn};
 
-use crate::api::types::{MemoryIndexEntry, MemoryListItem, View};
+use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryListItem, MemoryVersion, View};
 
+use super::feed::{FEED_PAGE, FULL_LISTING_EVERY, MAX_FEED_PAGES, RemoteIndex};
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
 use super::journal::{Journal, Snapshot};
 use super::options::DeleteMode;
@@ -42,6 +43,8 @@ const MARKER_VERSION: u32 = 1;
 pub(crate) const FETCH_CONCURRENCY: usize = 16;
 /// Uploads in flight at once in one store's flush (and sync).
 pub const UPLOAD_CONCURRENCY: usize = 32;
+/// Prefixes listed at once by the mount.
+pub(crate) const LIST_CONCURRENCY: usize = 8;
 const BASIC_PAGE: u32 = 100;
 const FULL_PAGE: u32 = 20;
 
@@ -156,6 +159,10 @@ pub struct AttachedStore {
     observer: Arc<Mutex<Observer>>,
     /// Held for a whole pass (sync, flush, push): passes never interleave.
     pub(super) pass: tokio::sync::Mutex<()>,
+    /// The remote index the version feed advances between full listings
+    /// (see `super::feed`); `None` until a full listing seeds it, and
+    /// after a doubt.
+    remote: Mutex<Option<RemoteIndex>>,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -194,6 +201,7 @@ impl AttachedStore {
             state: Mutex::new(State::new(journal, state)),
             observer: Arc::new(Mutex::new(Observer::default())),
             pass: tokio::sync::Mutex::new(()),
+            remote: Mutex::new(None),
         }
     }
 
@@ -364,9 +372,105 @@ impl AttachedStore {
 
     /// Every memory of the store as (id, hash) by relative path (the entry's
     /// own `path` is moved into the key); prefixes, unknown item types and
-    /// the marker path are skipped. Uses the `basic`
-    /// view: a sync compares hashes and never needs the content here.
+    /// the marker path are skipped.
+    ///
+    /// Between full listings the index is advanced from the version feed
+    /// (see `super::feed`): one request when nothing changed. `full` (the
+    /// final sync, the flush) lists the whole store, as do the safety
+    /// cadence and any doubt about the feed.
     pub(super) async fn index(
+        &self,
+        api: &dyn MemoryApi,
+        full: bool,
+    ) -> Result<BTreeMap<String, MemoryIndexEntry>, PassError> {
+        if !full && let Some(remote) = self.follow(api).await {
+            self.remember_ids(&remote);
+            return Ok(remote);
+        }
+        // The feed's high-water is read before the listing, so a change
+        // committed while it runs is replayed by the next poll.
+        let newest = self.newest_versions(api).await;
+        let remote = self.list_index(api).await?;
+        self.remember_ids(&remote);
+        *self.remote_index() = newest
+            .map(|(v, server)| RemoteIndex::seeded(remote.clone(), &v, server, Instant::now()));
+        Ok(remote)
+    }
+
+    fn remote_index(&self) -> std::sync::MutexGuard<'_, Option<RemoteIndex>> {
+        self.remote.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn remember_ids(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
+        let mut state = self.state();
+        state.ids.clear();
+        state
+            .ids
+            .extend(remote.iter().map(|(rel, m)| (rel.clone(), m.id.clone())));
+    }
+
+    /// The first page of the version history (newest first), to seed the
+    /// feed; `None` when it cannot be read (the feed is then off until the
+    /// next full listing).
+    async fn newest_versions(
+        &self,
+        api: &dyn MemoryApi,
+    ) -> Option<(Vec<MemoryVersion>, Option<i64>)> {
+        match api.versions(&self.id, None, FEED_PAGE, None).await {
+            Ok((page, server)) => Some((page.data, server)),
+            Err(e) => {
+                debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store each sync");
+                None
+            }
+        }
+    }
+
+    /// The index advanced by the versions created since the last poll, or
+    /// `None` when a full listing is due or the feed is in doubt.
+    async fn follow(&self, api: &dyn MemoryApi) -> Option<BTreeMap<String, MemoryIndexEntry>> {
+        let mut index = self.remote_index().take()?;
+        let now = Instant::now();
+        if now.saturating_duration_since(index.listed_at) >= FULL_LISTING_EVERY {
+            debug!(memory_store.id = %self.id, "listing the memory store in full (safety cadence)");
+            return None;
+        }
+        let since = index.floor();
+        let mut versions = Vec::new();
+        let mut page = None;
+        let mut server: Option<i64> = None;
+        for _ in 0..MAX_FEED_PAGES {
+            let got = match api.versions(&self.id, since, FEED_PAGE, page.take()).await {
+                Ok((got, date)) => {
+                    // The first page's clock: the earliest, so the safest.
+                    server = server.or(date);
+                    got
+                }
+                Err(e) => {
+                    debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store");
+                    return None;
+                }
+            };
+            let next = got.next_cursor().map(str::to_string);
+            versions.extend(got.data);
+            match next {
+                Some(n) => page = Some(n),
+                None => {
+                    if let Err(doubt) = index.advance(&versions, now, server) {
+                        debug!(memory_store.id = %self.id, reason = %doubt, "the memory version feed is in doubt; listing the store");
+                        return None;
+                    }
+                    let remote = index.map.clone();
+                    *self.remote_index() = Some(index);
+                    return Some(remote);
+                }
+            }
+        }
+        debug!(memory_store.id = %self.id, pages = MAX_FEED_PAGES, "too many memory versions since the last sync; listing the store");
+        None
+    }
+
+    /// The whole store's `basic` listing, page after page.
+    async fn list_index(
         &self,
         api: &dyn MemoryApi,
     ) -> Result<BTreeMap<String, MemoryIndexEntry>, PassError> {
@@ -396,16 +500,8 @@ impl AttachedStore {
             }
             match next {
                 Some(n) => page = Some(n),
-                None => {
-                    // A path listed twice keeps its last entry, as an insert would.
-                    let remote = BTreeMap::from_iter(out);
-                    let mut state = self.state();
-                    state.ids.clear();
-                    state
-                        .ids
-                        .extend(remote.iter().map(|(rel, m)| (rel.clone(), m.id.clone())));
-                    return Ok(remote);
-                }
+                // A path listed twice keeps its last entry, as an insert would.
+                None => return Ok(BTreeMap::from_iter(out)),
             }
         }
     }
@@ -455,28 +551,94 @@ impl AttachedStore {
         let folder = self.folder.clone();
         let marker = marker_content(&self.id);
         blocking(move || put(&folder, MARKER_PATH, marker.as_bytes(), private)).await??;
+        // The feed's high-water, read before the listing (see `index`).
+        let newest = self.newest_versions(api).await;
+        // The top level with its prefixes rolled up, then each prefix
+        // listed on its own, `LIST_CONCURRENCY` at once: the cursor makes
+        // one listing's pages sequential, so under latency the mount costs
+        // the longest prefix's pages, not the whole store's. A server that
+        // refuses `depth` gets the one sequential listing.
+        let (mut pulled, prefixes) = match self.pull_pages(api, private, None, Some(1)).await {
+            Ok(got) => got,
+            Err(PassError::Api(e))
+                if matches!(e.status(), Some(400 | 404))
+                    || matches!(e, crate::api::Error::Config(_)) =>
+            {
+                debug!(memory_store.id = %self.id, error = %e, "the memory store cannot be listed by prefix; listing it in one go");
+                self.pull_pages(api, private, None, None).await?
+            }
+            Err(e) => return Err(e),
+        };
+        let parts: Vec<Result<(Pulled, Vec<String>), PassError>> = stream::iter(prefixes)
+            .map(|prefix| self.pull_pages(api, private, Some(prefix), None))
+            .buffer_unordered(LIST_CONCURRENCY)
+            .collect()
+            .await;
+        for part in parts {
+            let (part, _) = part?;
+            pulled.written += part.written;
+            pulled.listed.extend(part.listed);
+        }
+        let Pulled { written, listed } = pulled;
+        // The whole store was listed: what it no longer holds is no concern.
+        self.state()
+            .tentative
+            .retain(|rel, _| listed.contains_key(rel));
+        *self.remote_index() =
+            newest.map(|(v, server)| RemoteIndex::seeded(listed, &v, server, Instant::now()));
+        Ok(written)
+    }
+
+    /// Every page of one listing (`view=full`; the whole store, or the
+    /// memories under `prefix`, to `depth`), each written as it arrives.
+    /// Returns what was listed and written, and the prefixes rolled up.
+    async fn pull_pages(
+        &self,
+        api: &dyn MemoryApi,
+        private: bool,
+        prefix: Option<String>,
+        depth: Option<u32>,
+    ) -> Result<(Pulled, Vec<String>), PassError> {
+        let mut pulled = Pulled::default();
+        let mut prefixes = Vec::new();
+        // This listing's own cursor: never another prefix's.
         let mut page = None;
-        let mut written = 0;
-        let mut listed = HashSet::new();
         loop {
             let got = api
-                .list(&self.id, View::Full, FULL_PAGE, page.take())
+                .list_under(
+                    &self.id,
+                    View::Full,
+                    FULL_PAGE,
+                    prefix.as_deref(),
+                    depth,
+                    page.take(),
+                )
                 .await?;
             let next = got.next_cursor().map(str::to_string);
-            let items: Vec<(String, String, String, String)> = got
-                .data
-                .into_iter()
-                .filter_map(MemoryListItem::into_memory)
-                .filter_map(|m| {
-                    let rel = m.path.trim_start_matches('/').to_string();
-                    if rel == MARKER_PATH {
-                        warn!(memory_store.id = %self.id, memory.path = %m.path, "the server listed the reserved marker path; skipping");
-                        return None;
+            let mut items: Vec<(String, String, String, String)> = Vec::new();
+            for item in got.data {
+                let m = match item {
+                    // A rollup to list on its own only where this listing
+                    // asked for rollups; a recursive listing has none to
+                    // follow (and its memories are all here).
+                    MemoryListItem::Prefix(p) => {
+                        if depth == Some(1) {
+                            prefixes.push(p.path);
+                        }
+                        continue;
                     }
-                    Some((rel, m.id, m.content.unwrap_or_default(), m.content_sha256))
-                })
-                .collect();
-            listed.extend(items.iter().map(|(rel, _, _, _)| rel.clone()));
+                    other => match other.into_memory() {
+                        Some(m) => m,
+                        None => continue,
+                    },
+                };
+                let rel = m.path.trim_start_matches('/').to_string();
+                if rel == MARKER_PATH {
+                    warn!(memory_store.id = %self.id, memory.path = %m.path, "the server listed the reserved marker path; skipping");
+                    continue;
+                }
+                items.push((rel, m.id, m.content.unwrap_or_default(), m.content_sha256));
+            }
             // One blocking hop per page.
             let folder = self.folder.clone();
             let results = blocking(move || {
@@ -492,12 +654,21 @@ impl AttachedStore {
             crate::killpoint::hit("memory.pull.written");
             let mut state = self.state();
             for (rel, id, sha, result) in results {
+                pulled.listed.insert(
+                    rel.clone(),
+                    MemoryIndexEntry {
+                        kind: IndexKind::Memory,
+                        id: id.clone(),
+                        path: String::new(),
+                        content_sha256: sha.clone(),
+                    },
+                );
                 state.ids.insert(rel.clone(), id);
                 match result {
                     Ok(()) => {
                         state.tentative.remove(&rel);
                         state.baseline.insert(rel, sha);
-                        written += 1;
+                        pulled.written += 1;
                     }
                     Err(e) => {
                         warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to write memory")
@@ -507,11 +678,7 @@ impl AttachedStore {
             drop(state);
             match next {
                 Some(n) => page = Some(n),
-                None => {
-                    // The whole store was listed: what it no longer holds is no concern.
-                    self.state().tentative.retain(|rel, _| listed.contains(rel));
-                    return Ok(written);
-                }
+                None => return Ok((pulled, prefixes)),
             }
         }
     }
@@ -584,7 +751,7 @@ impl AttachedStore {
         self.state()
             .pending
             .retain(|rel, _| !scan.files.contains_key(rel));
-        let remote = self.index(api).await?;
+        let remote = self.index(api, final_sync).await?;
         self.settle_sent(&remote);
         // Asked again with the baseline the listing settled: is this a wipe?
         folder.baseline = Some(self.state().baseline.len());
@@ -1153,6 +1320,13 @@ impl AttachedStore {
             }
         }
     }
+}
+
+/// What a mount's listing wrote, and every memory it listed.
+#[derive(Default)]
+struct Pulled {
+    written: usize,
+    listed: BTreeMap<String, MemoryIndexEntry>,
 }
 
 /// An upload a pass plans: the path, the file's hash, the update (memory

@@ -4,6 +4,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use envworker::api::Error;
+use envworker::api::types::{Memory, MemoryIndexEntry, MemoryListItem, Page, View};
+use envworker::memory::remote::{MemoryApi, VersionsPage};
+use futures::future::BoxFuture;
 
 use base64::Engine;
 use envworker::api::types::{PollWork, Session, SessionResource};
@@ -29,6 +35,145 @@ pub struct Served {
     pub session_resource: Session,
     /// Where the stores' sync state is journaled, when it is.
     pub state_dir: Option<PathBuf>,
+    /// The memory API calls `stores` made (each one HTTP request).
+    pub calls: Arc<Counting>,
+}
+
+/// The client, counting the memory API calls made through it, by kind.
+pub struct Counting {
+    client: Client,
+    pub listings: AtomicUsize,
+    pub versions: AtomicUsize,
+    pub others: AtomicUsize,
+    /// Version ids left out of `memory_versions` pages: a write committed
+    /// late, not yet visible (take an id out to make it visible).
+    pub hidden: std::sync::Mutex<std::collections::HashSet<String>>,
+}
+
+impl Counting {
+    pub fn new(client: Client) -> Counting {
+        Counting {
+            client,
+            listings: AtomicUsize::new(0),
+            versions: AtomicUsize::new(0),
+            others: AtomicUsize::new(0),
+            hidden: Default::default(),
+        }
+    }
+
+    /// Every call so far.
+    pub fn total(&self) -> usize {
+        [&self.listings, &self.versions, &self.others]
+            .iter()
+            .map(|c| c.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// Calls of each kind so far: (listing pages, versions pages, others).
+    pub fn split(&self) -> (usize, usize, usize) {
+        (
+            self.listings.load(Ordering::SeqCst),
+            self.versions.load(Ordering::SeqCst),
+            self.others.load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl MemoryApi for Counting {
+    fn list<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        self.listings.fetch_add(1, Ordering::SeqCst);
+        self.client.list(store_id, view, limit, page)
+    }
+
+    fn list_under<'a>(
+        &'a self,
+        store_id: &'a str,
+        view: View,
+        limit: u32,
+        prefix: Option<&'a str>,
+        depth: Option<u32>,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        self.listings.fetch_add(1, Ordering::SeqCst);
+        self.client
+            .list_under(store_id, view, limit, prefix, depth, page)
+    }
+
+    fn list_index<'a>(
+        &'a self,
+        store_id: &'a str,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryIndexEntry>, Error>> {
+        self.listings.fetch_add(1, Ordering::SeqCst);
+        self.client.list_index(store_id, limit, page)
+    }
+
+    fn versions<'a>(
+        &'a self,
+        store_id: &'a str,
+        since_micros: Option<i64>,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<VersionsPage, Error>> {
+        self.versions.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move {
+            let (mut got, date) = self
+                .client
+                .versions(store_id, since_micros, limit, page)
+                .await?;
+            let hidden = self.hidden.lock().unwrap().clone();
+            got.data.retain(|v| !hidden.contains(&v.id));
+            Ok((got, date))
+        })
+    }
+
+    fn retrieve<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>> {
+        self.others.fetch_add(1, Ordering::SeqCst);
+        self.client.retrieve(store_id, memory_id)
+    }
+
+    fn create<'a>(
+        &'a self,
+        store_id: &'a str,
+        path: &'a str,
+        content: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>> {
+        self.others.fetch_add(1, Ordering::SeqCst);
+        self.client.create(store_id, path, content)
+    }
+
+    fn update<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+        content: &'a str,
+        expected_sha256: &'a str,
+    ) -> BoxFuture<'a, Result<Memory, Error>> {
+        self.others.fetch_add(1, Ordering::SeqCst);
+        self.client
+            .update(store_id, memory_id, content, expected_sha256)
+    }
+
+    fn delete<'a>(
+        &'a self,
+        store_id: &'a str,
+        memory_id: &'a str,
+        expected_sha256: &'a str,
+    ) -> BoxFuture<'a, Result<(), Error>> {
+        self.others.fetch_add(1, Ordering::SeqCst);
+        self.client.delete(store_id, memory_id, expected_sha256)
+    }
 }
 
 /// A scenario-made session with a writable and a read-only store, claimed
@@ -105,9 +250,10 @@ pub async fn served_opts(
         .memory_stores()
         .map(|m| PathBuf::from(m.mount_path.clone().unwrap()))
         .collect();
+    let calls = Arc::new(Counting::new(client.clone()));
     let mut stores = shape(
         SessionMemoryStores::new(
-            Arc::new(client.clone()),
+            calls.clone(),
             mnt.path(),
             SyncInterval::default(),
             DeleteMode::Enabled,
@@ -125,6 +271,7 @@ pub async fn served_opts(
         client,
         session_resource: session,
         state_dir: state_dir.map(Path::to_path_buf),
+        calls,
     }
 }
 

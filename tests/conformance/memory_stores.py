@@ -240,6 +240,42 @@ def check_versions_and_redaction():
     assert after[0].operation == "deleted" and after[0].content_sha256 is None, after[0]
 
 
+def check_versions_since_a_time_newest_first_paginated():
+    """What the worker's version feed relies on (issue 16): created_at[gte]
+    with pagination and a small limit, newest first, basic view, a deleted
+    op's null hash, a redacted version still listed with its path gone."""
+    store = stores.create(name="feed")
+    made = [memories.create(store.id, path=f"/f{i}.md", content=f"c{i}") for i in range(3)]
+    first = list(versions.list(store.id))
+    since = min(v.created_at for v in first)
+    memories.update(made[0].id, memory_store_id=store.id, content="c0 again")
+    memories.update(made[1].id, memory_store_id=store.id, path="/moved.md")
+    memories.delete(made[2].id, memory_store_id=store.id)
+    page = versions.list(store.id, created_at_gte=since, limit=2)
+    pages = pages_of(page)
+    assert len(pages) == 3, [len(p.data) for p in pages]
+    listed = [v for p in pages for v in p.data]
+    assert len(listed) == 6 and len({v.id for v in listed}) == 6, listed
+    stamps = [v.created_at for v in listed]
+    assert stamps == sorted(stamps, reverse=True), stamps
+    assert all(t >= since for t in stamps)
+    assert [v.operation for v in listed[:3]] == ["deleted", "modified", "modified"], listed
+    assert listed[0].content_sha256 is None and listed[0].path == "/f2.md", listed[0]
+    assert listed[1].path == "/moved.md" and listed[1].memory_id == made[1].id
+    assert all(v.content is None for v in listed), "basic view: no content"
+    # Only what is at or after the time: the three writes after `since` at most.
+    late = listed[2].created_at
+    assert {v.id for v in versions.list(store.id, created_at_gte=late)} == {v.id for v in listed[:3]}
+    # A redacted version stays listed in its window, its path gone.
+    old = [v for v in listed if v.memory_id == made[0].id and v.operation == "created"][0]
+    versions.redact(old.id, memory_store_id=store.id)
+    again = list(versions.list(store.id, created_at_gte=since))
+    red = [v for v in again if v.id == old.id][0]
+    assert red.redacted_at is not None and red.path is None and red.content_sha256 is None, red
+    expect_status(anthropic.BadRequestError, 400, "invalid_request_error",
+                  versions.list, store.id, extra_query={"created_at[gte]": "not a time"})
+
+
 def check_auth_and_betas():
     bad = anthropic.Anthropic(api_key="wrong", base_url=os.environ["ENVWORKER_URL"], max_retries=0)
     expect_status(anthropic.AuthenticationError, 401, "authentication_error", bad.beta.memory_stores.list)

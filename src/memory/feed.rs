@@ -1,0 +1,445 @@
+//! The remote index between full listings: advanced from the store's
+//! version history (`GET …/memory_versions?created_at[gte]=…`, newest
+//! first) instead of re-listing every memory each sync.
+//!
+//! A full listing (the mount's, a fallback's, the safety cadence's) seeds a
+//! [`RemoteIndex`]: path → (id, hash) and the newest version's `created_at`
+//! (the high-water, read from the first versions page *before* the listing,
+//! so nothing committed during the listing is skipped). Each later sync asks
+//! for the versions created at or after `high-water − OVERLAP` and applies
+//! the ones it has not seen ([`RemoteIndex::advance`]).
+//!
+//! Why an overlap: a version's `created_at` is stamped when its write
+//! starts, but it becomes visible when the write commits, so a version can
+//! appear with a `created_at` older than one already seen. [`OVERLAP`]
+//! (5 s) is far above a write's commit latency (milliseconds; a request
+//! that takes longer than this has also outlived the clients' timeouts) and
+//! above clock differences between the API's own servers under NTP. Only
+//! the server's timestamps are compared, never this machine's clock. Once a
+//! poll made at least `OVERLAP` (of this machine's monotonic time) after the
+//! high-water was first seen has answered, every version at or before the
+//! high-water is visible: the window then starts at the high-water itself
+//! (see [`RemoteIndex::floor`]), so an idle store costs one small page, not
+//! the last five seconds of a burst again and again.
+//!
+//! Any doubt makes [`RemoteIndex::advance`] refuse, and the caller lists
+//! the whole store: see [`Doubt`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryOperation, MemoryVersion};
+
+use super::store::MARKER_PATH;
+
+/// How far before the high-water each poll starts (see the module docs).
+pub(crate) const OVERLAP: Duration = Duration::from_secs(5);
+/// Versions per page of the feed.
+pub(crate) const FEED_PAGE: u32 = 100;
+/// Pages one poll may read before it gives up and lists the store (at 100
+/// versions a page, a burst of over 1,000 changes: a full listing of a
+/// store at the 2,000-memory limit is 20 pages, so not much dearer).
+pub(crate) const MAX_FEED_PAGES: usize = 10;
+/// The safety cadence: the whole store is listed again at least this often
+/// even when the feed has answered every sync (the final sync and the flush
+/// always list it).
+pub(crate) const FULL_LISTING_EVERY: Duration = Duration::from_secs(300);
+
+/// Why the feed cannot be trusted this time; the sync lists the store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Doubt {
+    #[error("a version in the window is redacted")]
+    Redacted,
+    #[error("a version changes a memory the index does not hold")]
+    UnknownMemory,
+    #[error("a version moves a memory onto a path the index gives another memory")]
+    PathTaken,
+    #[error("a version of a live memory carries no path or hash")]
+    Incomplete,
+}
+
+/// The store's memories as last known, and where the feed stands.
+#[derive(Debug, Clone)]
+pub(crate) struct RemoteIndex {
+    /// By relative path (no leading `/`), as the full listing keys it.
+    pub(crate) map: BTreeMap<String, MemoryIndexEntry>,
+    /// Memory id → its relative path in `map`.
+    by_id: HashMap<String, String>,
+    /// The newest `created_at` seen (server time, microseconds); `None`
+    /// when the store had no version at all.
+    high: Option<i64>,
+    /// When (this machine's monotonic clock) `high` was first seen.
+    high_seen_at: Instant,
+    /// Every version at or before this is known to be visible and seen
+    /// (the monotonic-clock rule, when the server sends no `Date`).
+    settled: Option<i64>,
+    /// Every version before this is seen: the server's clock (its `Date`)
+    /// at the last complete poll, less [`OVERLAP`]. Preferred when known.
+    dated: Option<i64>,
+    /// Versions seen at or after the floor: id → created_at.
+    seen: HashMap<String, i64>,
+    /// Per memory, the `created_at` of the version the index reflects
+    /// (when known and at or after the floor): an older version that shows
+    /// up late must not undo a newer one.
+    applied: HashMap<String, i64>,
+    /// When the store was last listed in full.
+    pub(crate) listed_at: Instant,
+}
+
+fn micros(v: &MemoryVersion) -> i64 {
+    v.created_at.timestamp_micros()
+}
+
+fn rel_of(path: &str) -> &str {
+    path.trim_start_matches('/')
+}
+
+impl RemoteIndex {
+    /// An index seeded by a full listing. `newest`: the first versions page
+    /// read just before the listing (newest first): its versions are
+    /// reflected by the listing, so they count as seen.
+    /// `server`: the server's clock when it answered that page (its `Date`,
+    /// microseconds).
+    pub(crate) fn seeded(
+        map: BTreeMap<String, MemoryIndexEntry>,
+        newest: &[MemoryVersion],
+        server: Option<i64>,
+        now: Instant,
+    ) -> RemoteIndex {
+        let by_id = map
+            .iter()
+            .map(|(rel, m)| (m.id.clone(), rel.clone()))
+            .collect();
+        let high = newest.iter().map(micros).max();
+        let mut index = RemoteIndex {
+            map,
+            by_id,
+            high,
+            high_seen_at: now,
+            settled: None,
+            dated: server.map(|d| d - OVERLAP.as_micros() as i64),
+            seen: HashMap::new(),
+            applied: HashMap::new(),
+            listed_at: now,
+        };
+        let floor = index.floor();
+        for v in newest {
+            let at = micros(v);
+            if floor.is_none_or(|f| at >= f) {
+                index.seen.insert(v.id.clone(), at);
+                let e = index.applied.entry(v.memory_id.clone()).or_insert(at);
+                *e = (*e).max(at);
+            }
+        }
+        index
+    }
+
+    /// The `created_at[gte]` of the next poll (microseconds), `None` for no
+    /// filter (a store without any version yet).
+    pub(crate) fn floor(&self) -> Option<i64> {
+        if self.dated.is_some() {
+            return self.dated;
+        }
+        let high = self.high?;
+        let window = high - OVERLAP.as_micros() as i64;
+        Some(self.settled.map_or(window, |s| s.max(window)))
+    }
+
+    /// Apply one poll's versions (every version created at or after
+    /// [`Self::floor`], newest first as the server lists them), made at
+    /// `now`, the server's clock reading `server` (its `Date`, microseconds,
+    /// of the poll's first page) when it sent one. On a doubt the index is
+    /// left as it was.
+    pub(crate) fn advance(
+        &mut self,
+        versions: &[MemoryVersion],
+        now: Instant,
+        server: Option<i64>,
+    ) -> Result<(), Doubt> {
+        let floor = self.floor();
+        // Unseen versions, oldest first (the server lists newest first; a
+        // tie keeps the server's order, reversed).
+        let fresh: Vec<&MemoryVersion> = versions
+            .iter()
+            .rev()
+            .filter(|v| !self.seen.contains_key(&v.id))
+            .collect();
+        if fresh
+            .iter()
+            .any(|v| v.redacted_at.is_some() || v.path.is_none())
+        {
+            return Err(Doubt::Redacted);
+        }
+        // Per memory: its newest unseen version, and whether one of them
+        // created it.
+        let mut newest: BTreeMap<&str, &MemoryVersion> = BTreeMap::new();
+        let mut created: HashSet<&str> = HashSet::new();
+        for v in &fresh {
+            if v.operation == MemoryOperation::Created {
+                created.insert(&v.memory_id);
+            }
+            let slot = newest.entry(&v.memory_id).or_insert(v);
+            if micros(v) >= micros(slot) {
+                *slot = v;
+            }
+        }
+        let mut map = self.map.clone();
+        let mut by_id = self.by_id.clone();
+        let mut applied = self.applied.clone();
+        let mut placed: Vec<(&str, String, MemoryIndexEntry)> = Vec::new();
+        for (&memory_id, v) in &newest {
+            let at = micros(v);
+            if applied.get(memory_id).is_some_and(|&known| known > at) {
+                // Late, and older than what the index already reflects.
+                continue;
+            }
+            applied.insert(memory_id.to_string(), at);
+            // Leave the old path (if the index still gives it to this memory).
+            if let Some(old) = by_id.remove(memory_id)
+                && map.get(&old).is_some_and(|m| m.id == memory_id)
+            {
+                map.remove(&old);
+            }
+            if v.operation == MemoryOperation::Deleted {
+                continue;
+            }
+            if !self.by_id.contains_key(memory_id) && !created.contains(memory_id) {
+                return Err(Doubt::UnknownMemory);
+            }
+            let (Some(path), Some(sha)) = (v.path.as_deref(), v.content_sha256.as_deref()) else {
+                return Err(Doubt::Incomplete);
+            };
+            let rel = rel_of(path).to_string();
+            placed.push((
+                memory_id,
+                rel,
+                MemoryIndexEntry {
+                    kind: IndexKind::Memory,
+                    id: memory_id.to_string(),
+                    path: String::new(),
+                    content_sha256: sha.to_string(),
+                },
+            ));
+        }
+        for (memory_id, rel, entry) in placed {
+            if rel == MARKER_PATH {
+                continue;
+            }
+            // Every memory this poll moves has left its old path by now:
+            // an occupant is a memory the feed says nothing of.
+            if map.get(&rel).is_some_and(|other| other.id != memory_id) {
+                return Err(Doubt::PathTaken);
+            }
+            if let Some(other) = map.insert(rel.clone(), entry) {
+                by_id.remove(&other.id);
+            }
+            by_id.insert(memory_id.to_string(), rel);
+        }
+        self.map = map;
+        self.by_id = by_id;
+        self.applied = applied;
+        for v in &fresh {
+            self.seen.insert(v.id.clone(), micros(v));
+        }
+        if let Some(top) = versions.iter().map(micros).max()
+            && self.high.is_none_or(|h| top > h)
+        {
+            self.high = Some(top);
+            self.high_seen_at = now;
+        }
+        // This poll covered the window from `floor`: if it came at least
+        // OVERLAP after the high-water was first seen, everything up to
+        // the high-water that was ever going to show has shown.
+        if floor.is_some()
+            && now.saturating_duration_since(self.high_seen_at) >= OVERLAP
+            && let Some(h) = self.high
+        {
+            self.settled = Some(h);
+        }
+        // Every version created before the server's clock less OVERLAP was
+        // visible when this poll began, and the poll read all from the floor.
+        if let Some(d) = server {
+            let cut = d - OVERLAP.as_micros() as i64;
+            self.dated = Some(self.dated.map_or(cut, |f| f.max(cut)));
+        }
+        if let Some(f) = self.floor() {
+            self.seen.retain(|_, at| *at >= f);
+            self.applied.retain(|_, at| *at >= f);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(id: &str, mem: &str, op: MemoryOperation, path: Option<&str>, at: i64) -> MemoryVersion {
+        serde_json::from_value(serde_json::json!({
+            "id": id, "type": "memory_version", "memory_id": mem, "memory_store_id": "s",
+            "operation": match op { MemoryOperation::Created => "created", MemoryOperation::Modified => "modified", MemoryOperation::Deleted => "deleted" },
+            "path": path,
+            "content_sha256": if op == MemoryOperation::Deleted { None } else { Some(format!("sha-{id}")) },
+            "created_at": chrono::DateTime::from_timestamp_micros(at).unwrap().to_rfc3339(),
+        }))
+        .unwrap()
+    }
+
+    fn entry(id: &str, sha: &str) -> MemoryIndexEntry {
+        MemoryIndexEntry {
+            kind: IndexKind::Memory,
+            id: id.into(),
+            path: String::new(),
+            content_sha256: sha.into(),
+        }
+    }
+
+    const S: i64 = 1_000_000;
+    use MemoryOperation::*;
+
+    fn listed() -> RemoteIndex {
+        let map = BTreeMap::from([
+            ("a.md".into(), entry("m1", "x")),
+            ("b.md".into(), entry("m2", "y")),
+        ]);
+        RemoteIndex::seeded(
+            map,
+            &[
+                v("v2", "m2", Created, Some("/b.md"), 100 * S),
+                v("v1", "m1", Created, Some("/a.md"), 99 * S),
+            ],
+            None,
+            Instant::now(),
+        )
+    }
+
+    fn paths(i: &RemoteIndex) -> Vec<(String, String, String)> {
+        i.map
+            .iter()
+            .map(|(p, m)| (p.clone(), m.id.clone(), m.content_sha256.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn create_modify_delete_and_rename_apply_in_order() {
+        let mut i = listed();
+        assert_eq!(i.floor(), Some(95 * S));
+        let now = Instant::now();
+        // Newest first, with the seeded versions replayed (already seen).
+        let feed = [
+            v("v6", "m1", Modified, Some("/dir/a2.md"), 104 * S),
+            v("v5", "m3", Modified, Some("/c.md"), 103 * S),
+            v("v4", "m3", Created, Some("/c.md"), 102 * S),
+            v("v3", "m2", Deleted, Some("/b.md"), 101 * S),
+            v("v2", "m2", Created, Some("/b.md"), 100 * S),
+        ];
+        i.advance(&feed, now, None).unwrap();
+        assert_eq!(
+            paths(&i),
+            [
+                ("c.md".into(), "m3".into(), "sha-v5".into()),
+                ("dir/a2.md".into(), "m1".into(), "sha-v6".into())
+            ]
+        );
+        // Replayed again: nothing changes.
+        i.advance(&feed, now, None).unwrap();
+        assert_eq!(paths(&i).len(), 2);
+    }
+
+    #[test]
+    fn a_late_version_inside_the_window_is_applied_once_and_never_undoes_a_newer_one() {
+        let mut i = listed();
+        let now = Instant::now();
+        i.advance(
+            &[v("v3", "m1", Modified, Some("/a.md"), 110 * S)],
+            now,
+            None,
+        )
+        .unwrap();
+        assert_eq!(i.floor(), Some(105 * S));
+        // Committed late: created before the high-water, visible only now.
+        let late_b = v("v4", "m2", Modified, Some("/b.md"), 108 * S);
+        let late_a = v("v5", "m1", Modified, Some("/a.md"), 107 * S);
+        i.advance(
+            &[
+                v("v3", "m1", Modified, Some("/a.md"), 110 * S),
+                late_b,
+                late_a,
+            ],
+            now,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            i.map["b.md"].content_sha256, "sha-v4",
+            "the late version is seen"
+        );
+        assert_eq!(
+            i.map["a.md"].content_sha256, "sha-v3",
+            "an older late version does not undo v3"
+        );
+    }
+
+    #[test]
+    fn doubts_leave_the_index_untouched() {
+        let now = Instant::now();
+        let cases: [(&[MemoryVersion], Doubt); 3] = [
+            (&[v("v9", "m1", Modified, None, 101 * S)], Doubt::Redacted),
+            (
+                &[v("v9", "m7", Modified, Some("/z.md"), 101 * S)],
+                Doubt::UnknownMemory,
+            ),
+            (
+                &[v("v9", "m1", Modified, Some("/b.md"), 101 * S)],
+                Doubt::PathTaken,
+            ),
+        ];
+        for (feed, doubt) in cases {
+            let mut i = listed();
+            let before = paths(&i);
+            assert_eq!(i.advance(feed, now, None), Err(doubt));
+            assert_eq!(paths(&i), before);
+        }
+        // A deletion of a memory the index never held is no doubt.
+        let mut i = listed();
+        i.advance(&[v("v9", "m7", Deleted, Some("/z.md"), 101 * S)], now, None)
+            .unwrap();
+    }
+
+    #[test]
+    fn an_idle_window_settles_to_the_high_water() {
+        let mut i = listed();
+        let later = Instant::now() + OVERLAP;
+        i.advance(&[], later, None).unwrap();
+        assert_eq!(
+            i.floor(),
+            Some(100 * S),
+            "after OVERLAP the window starts at the high-water"
+        );
+    }
+
+    #[test]
+    fn with_the_servers_clock_the_window_is_the_last_overlap_of_server_time() {
+        let now = Instant::now();
+        let map = BTreeMap::from([("a.md".into(), entry("m1", "x"))]);
+        // A burst long ago: the window starts at the server's clock less OVERLAP.
+        let mut i = RemoteIndex::seeded(
+            map,
+            &[v("v1", "m1", Created, Some("/a.md"), 100 * S)],
+            Some(500 * S),
+            now,
+        );
+        assert_eq!(i.floor(), Some(495 * S));
+        // A version stamped before the last poll's clock but committed late,
+        // inside the window: seen; replayed in the next window: applied
+        // once, nothing changes.
+        let late = [v("v2", "m1", Modified, Some("/a.md"), 497 * S)];
+        for _ in 0..2 {
+            i.advance(&late, now, Some(503 * S)).unwrap();
+            assert_eq!(i.map["a.md"].content_sha256, "sha-v2");
+            assert_eq!(i.floor(), Some(498 * S));
+        }
+    }
+}
