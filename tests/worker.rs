@@ -353,7 +353,10 @@ async fn the_worker_flushes_writes_when_the_control_plane_stops_the_item_mid_ses
             {"wait_ms": 60000}
         ])))
         .await;
-    let worker = env.worker(&started, |_| {});
+    let worker = env.worker(&started, |o| {
+        // The flush is what is tested: no change-driven push ahead of it.
+        o.memory_push = false;
+    });
     let drained = tokio::spawn(async move { drain(&worker).await });
     // Once the write happened, the control plane asks for the item back.
     loop {
@@ -976,6 +979,8 @@ async fn the_worker_flushes_after_a_clean_final_sync_that_failed() {
         .await;
     let logs = Logs::capture();
     let worker = env.worker(&started, |o| {
+        // The teardown path is what is tested: no change-driven push ahead of it.
+        o.memory_push = false;
         o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap()
     });
     let drained = tokio::spawn(async move { drain(&worker).await });
@@ -1081,6 +1086,8 @@ async fn the_workers_final_sync_is_bounded_and_the_flush_still_runs() {
         .await;
     let logs = Logs::capture();
     let worker = env.worker(&started, |o| {
+        // The teardown path is what is tested: no change-driven push ahead of it.
+        o.memory_push = false;
         o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
         o.memory_teardown_bound = Duration::from_secs(1);
     });
@@ -1228,6 +1235,8 @@ async fn the_last_sync_runs_after_the_skill_teardown_and_after_the_tools_are_clo
         }))
         .await;
     let items = drain(&env.worker(&started, |o| {
+        // The teardown path is what is tested: no change-driven push ahead of it.
+        o.memory_push = false;
         o.base_url = recorder.url.clone();
         // No sync on cadence: every listing after the job started is the teardown's.
         o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
@@ -1292,6 +1301,8 @@ async fn the_lease_is_heartbeated_until_the_memory_teardown_is_done() {
     )
     .await;
     let items = drain(&env.worker(&started, |o| {
+        // The teardown path is what is tested: no change-driven push ahead of it.
+        o.memory_push = false;
         o.base_url = recorder.url.clone();
         o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
     }))

@@ -476,6 +476,9 @@ impl<'w> ItemRun<'w> {
             )
             .with_remap(opts.mount_remap.clone())
             .with_state_dir(opts.state_dir.as_deref());
+            if !opts.memory_push {
+                stores = stores.without_push();
+            }
             let downloaded = tokio::select! {
                 _ = self.ending() => Err(None),
                 d = stores.download(session) => d.map_err(Some),

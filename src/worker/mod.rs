@@ -113,6 +113,10 @@ pub struct WorkerOptions {
     pub max_idle: Option<Duration>,
     pub memory_sync_interval: SyncInterval,
     pub memory_sync_deletions: DeleteMode,
+    /// Push what the agent writes within about a second (the change-driven
+    /// push, `memory::push`); off, edits leave with the periodic syncs, the
+    /// final sync and the flush only.
+    pub memory_push: bool,
     /// Sent as `Anthropic-Worker-ID` on polls.
     pub worker_id: String,
     /// Added to every request (tracing ids, routing).
@@ -152,6 +156,7 @@ impl std::fmt::Debug for WorkerOptions {
             .field("max_idle", &self.max_idle)
             .field("memory_sync_interval", &self.memory_sync_interval)
             .field("memory_sync_deletions", &self.memory_sync_deletions)
+            .field("memory_push", &self.memory_push)
             .field("worker_id", &self.worker_id)
             .finish_non_exhaustive()
     }
@@ -184,6 +189,7 @@ impl WorkerOptions {
             max_idle: Some(DEFAULT_MAX_IDLE),
             memory_sync_interval: SyncInterval::default(),
             memory_sync_deletions: DeleteMode::default(),
+            memory_push: true,
             worker_id: default_worker_id(),
             extra_headers: Vec::new(),
             tool_timeout: DEFAULT_TOOL_TIMEOUT,
