@@ -142,6 +142,13 @@ impl AttachedStore {
         if plan_folder(scan.folder_facts(FolderOp::Flush)) != FolderVerdict::Proceed {
             return 0;
         }
+        // A file the push saw is not missing: it breaks a pending delete's
+        // streak as a sync's scan does, so an absence is corroborated only
+        // by scans that all saw it (a file re-created, pushed and removed
+        // again starts a fresh 30 s window).
+        self.state()
+            .pending
+            .retain(|rel, _| !scan.files.contains_key(rel));
         let reported: BTreeMap<String, String> = scan
             .files
             .iter()

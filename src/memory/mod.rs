@@ -67,7 +67,12 @@ pub struct SessionMemoryStores {
     stores: Vec<Arc<AttachedStore>>,
     /// The change-driven push ([`push::run`]), from the download to the
     /// final sync, the flush or dispose (dropped with the stores).
-    pushers: std::sync::Mutex<Option<tokio::task::JoinSet<()>>>,
+    pushers: std::sync::Mutex<
+        Option<(
+            tokio::task::JoinSet<()>,
+            tokio_util::sync::CancellationToken,
+        )>,
+    >,
     last_sync: std::sync::Mutex<Instant>,
     finished: AtomicBool,
     remap: Option<crate::remap::MountRemap>,
@@ -388,23 +393,31 @@ impl SessionMemoryStores {
             return;
         }
         let mut set = tokio::task::JoinSet::new();
+        let stop = tokio_util::sync::CancellationToken::new();
         for store in self.stores.iter().filter(|s| !s.read_only) {
-            set.spawn(push::run(Arc::downgrade(store), self.api.clone()));
+            set.spawn(push::run(
+                Arc::downgrade(store),
+                self.api.clone(),
+                stop.clone(),
+            ));
         }
-        *self.pushers.lock().unwrap_or_else(|e| e.into_inner()) = Some(set);
+        *self.pushers.lock().unwrap_or_else(|e| e.into_inner()) = Some((set, stop));
     }
 
-    /// Stop the change-driven push (a push in flight is cut off, as a
-    /// dying worker would cut it; its journal and sent records hold), so
-    /// the final sync and the flush run exactly as they always did.
+    /// Stop the change-driven push, so the final sync and the flush run
+    /// exactly as they always did. A push in flight finishes first (its
+    /// requests are bounded by the client's timeouts, and the caller's own
+    /// bound still applies): cut off, its update could commit after the
+    /// final sync's listing and win over the agent's newer edit.
     async fn stop_pushes(&self) {
-        let set = self
+        let pushers = self
             .pushers
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        if let Some(mut set) = set {
-            set.shutdown().await;
+        if let Some((mut set, stop)) = pushers {
+            stop.cancel();
+            while set.join_next().await.is_some() {}
         }
     }
 

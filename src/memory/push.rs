@@ -33,13 +33,25 @@ pub(crate) const MIN_GAP: Duration = Duration::from_millis(500);
 
 /// Run until the store is gone or the task is cancelled. Holds the store
 /// only while it pushes, so dropping the stores lets it go.
-pub(super) async fn run(store: Weak<AttachedStore>, api: Arc<dyn MemoryApi>) {
+///
+/// `stop` ends it between passes, never inside one: a push cut off with its
+/// update in flight could commit after the final sync's listing, which would
+/// then guard the agent's newer edit by the older base and lose it to our own
+/// late upload. The teardown waits for the pass in flight instead.
+pub(super) async fn run(
+    store: Weak<AttachedStore>,
+    api: Arc<dyn MemoryApi>,
+    stop: tokio_util::sync::CancellationToken,
+) {
     let mut seen = 0usize;
     let mut first: Option<Instant> = None;
     let mut last_change = Instant::now();
     let mut last_push: Option<Instant> = None;
     loop {
-        tokio::time::sleep(TICK).await;
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(TICK) => {}
+        }
         let Some(held) = store.upgrade() else { return };
         let now = Instant::now();
         let pending = held.pending_changes();

@@ -345,12 +345,16 @@ impl Observer {
         for rel in &dirty {
             forget_below(known, rel);
         }
-        let (seen, examined) = folder.examine(&dirty, watch).ok()??;
-        // The root swapped while the paths were read: they are from
-        // another directory than the rest.
-        if folder.current_identity() != self.root {
+        // The root swapped while the paths were read (they are from another
+        // directory than the rest), or a path could not be examined: the
+        // view has lost those paths, so it is dropped — the next pass scans
+        // whole, and no forgotten path is ever read as deleted.
+        let examined = folder.examine(&dirty, watch).ok().flatten();
+        let Some((seen, examined)) = examined.filter(|_| folder.current_identity() == self.root)
+        else {
+            self.known = None;
             return None;
-        }
+        };
         known.files.extend(seen.files);
         known.unreadable.extend(seen.unreadable);
         known.unrepresentable.extend(seen.unrepresentable);
