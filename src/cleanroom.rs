@@ -24,10 +24,16 @@
 //!   worker stays a normal process, so tokio keeps the exit statuses of its
 //!   own children (a `waitpid(-1)` inside the worker would steal them).
 //!
-//! Limits: a process that escapes the tree — one started by another user
-//! (setuid), one that kills its own supervisor first (it then re-parents to
-//! init), or one the agent hands to a daemon outside (`at`, `systemd-run`,
-//! a container runtime socket) — is not found by the tree walk.
+//! - [`become_subreaper`] / [`sweep_orphans`] — the worker itself is a
+//!   child subreaper, so a process whose supervisor the agent killed
+//!   (`kill -9 $PPID`) re-parents to the worker, not init; each session's
+//!   teardown kills and reaps every child of the worker it did not start
+//!   itself ([`spawn_tracked`] records those). Such an orphan may come from
+//!   a session still running beside it: that session broke its own room.
+//!
+//! Limits: a process started by another user (setuid), or one the agent
+//! hands to a daemon outside (`at`, `systemd-run`, a container runtime
+//! socket), is not found.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -117,10 +123,12 @@ pub fn descendants(root: Pid) -> Vec<Pid> {
 
 /// Kill every descendant of `root` (and `root` itself when `with_root`):
 /// freeze them all first, then `SIGKILL` until a scan finds none alive,
-/// reaping our own children as we go when `reap` (the supervisor). Gives up
-/// after `bound`. Returns how many processes were signalled.
+/// reaping our own children as we go when `reap` (the supervisor). The
+/// freeze and the kill each get `bound`, separately, and each runs at least
+/// one full round however little time is left: a tree is never left frozen
+/// without a `SIGKILL` (a stopped process would stay stopped forever).
+/// Returns how many processes were signalled.
 pub fn kill_tree(root: Pid, with_root: bool, reap: bool, bound: Duration) -> usize {
-    let deadline = Instant::now() + bound;
     if with_root {
         // A frozen root cannot exit, so its orphans keep landing on it.
         let _ = rustix::process::kill_process(root, Signal::STOP);
@@ -129,31 +137,43 @@ pub fn kill_tree(root: Pid, with_root: bool, reap: bool, bound: Duration) -> usi
     // Freeze until a whole scan finds nothing new: a process forking as
     // fast as it can is stopped before its children are, and they are
     // found by the next scan.
+    let freeze_until = Instant::now() + bound;
     loop {
         let fresh: Vec<Pid> = descendants(root)
             .into_iter()
             .filter(|p| !frozen.contains(p))
             .collect();
-        if fresh.is_empty() || Instant::now() >= deadline {
+        if fresh.is_empty() {
             break;
         }
         for pid in fresh {
             let _ = rustix::process::kill_process(pid, Signal::STOP);
             frozen.insert(pid);
         }
+        if Instant::now() >= freeze_until {
+            break;
+        }
+    }
+    // Everything frozen gets its SIGKILL, whatever the scans find next.
+    for &pid in &frozen {
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
     }
     let mut signalled: HashSet<Pid> = frozen;
+    let kill_until = Instant::now() + bound;
     loop {
         if reap {
             while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
         }
         let alive = descendants(root);
-        if alive.is_empty() || Instant::now() >= deadline {
+        if alive.is_empty() {
             break;
         }
         for pid in alive {
             let _ = rustix::process::kill_process(pid, Signal::KILL);
             signalled.insert(pid);
+        }
+        if Instant::now() >= kill_until {
+            break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -161,6 +181,93 @@ pub fn kill_tree(root: Pid, with_root: bool, reap: bool, bound: Duration) -> usi
         let _ = rustix::process::kill_process(root, Signal::KILL);
     }
     signalled.len()
+}
+
+/// The pids this process started itself (session supervisors, `--on-work`
+/// commands): its children that [`sweep_orphans`] leaves alone. Anything
+/// else that is a child of the worker is an orphan it adopted as a child
+/// subreaper ([`become_subreaper`]).
+static SPAWNED: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+fn spawned() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    SPAWNED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Make the worker a child subreaper, once at startup before any spawn: a
+/// process whose supervisor was killed (`kill -9 $PPID` from the agent's
+/// shell) re-parents to the worker instead of init, where
+/// [`sweep_orphans`] finds it. `false` when refused (a seccomp profile).
+pub fn become_subreaper() -> bool {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).is_ok()
+}
+
+/// Spawn `command` and record its pid as the worker's own, atomically with
+/// respect to [`sweep_orphans`] (which would otherwise take a child spawned
+/// between its scan and its kill for an orphan).
+pub(crate) fn spawn_tracked(
+    command: &mut tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    let mut own = spawned();
+    let child = command.spawn()?;
+    if let Some(pid) = child.id() {
+        own.push(pid as i32);
+    }
+    Ok(child)
+}
+
+/// Kill and reap every child of this process that it did not start itself
+/// ([`spawn_tracked`]): orphans adopted as a subreaper, with their whole
+/// trees; zombies among them are reaped too. Each is waited for by its own
+/// pid, never `waitpid(-1)`, so tokio's children keep their statuses (tokio
+/// waits per pid too, so adopted orphans do not confuse it). Blocking, up
+/// to a few [`KILL_BOUND`]s; run it off the runtime. Returns how many
+/// orphans were found.
+pub fn sweep_orphans() -> usize {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let until = Instant::now() + KILL_BOUND * 2;
+    let mut found = 0;
+    loop {
+        let strays: Vec<(i32, u8)> = {
+            // Scanned under the lock: a child spawned meanwhile is recorded
+            // before the scan or seen after it.
+            let mut own = spawned();
+            let procs = processes();
+            // Forget the pids tokio has reaped (no longer our children).
+            own.retain(|p| procs.iter().any(|&(pid, _, ppid)| pid == *p && ppid == me));
+            procs
+                .into_iter()
+                .filter(|&(pid, _, ppid)| ppid == me && !own.contains(&pid))
+                .map(|(pid, state, _)| (pid, state))
+                .collect()
+        };
+        if strays.is_empty() {
+            break;
+        }
+        for (pid, state) in strays {
+            let Some(pid) = Pid::from_raw(pid) else {
+                continue;
+            };
+            found += 1;
+            // Our unreaped child: its pid cannot be reused until we wait.
+            if state != b'Z' {
+                kill_tree(pid, true, false, KILL_BOUND);
+            }
+            let reap_until = Instant::now() + KILL_BOUND;
+            loop {
+                match rustix::process::waitpid(Some(pid), WaitOptions::NOHANG) {
+                    Ok(None) if Instant::now() < reap_until => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(Errno::INTR) => {}
+                    _ => break,
+                }
+            }
+        }
+        if Instant::now() >= until {
+            break;
+        }
+    }
+    found
 }
 
 /// `envworker __supervise PROGRAM ARGS…`: become a child subreaper, run

@@ -108,3 +108,14 @@ pub async fn shutdown_signal() {
         _ = term.recv() => {}
     }
 }
+
+/// Make this process a child subreaper before it spawns anything (see
+/// [`crate::cleanroom::sweep_orphans`]); refused, the supervisors still
+/// catch what the agent detaches without killing them.
+pub(crate) fn become_subreaper() {
+    if !crate::cleanroom::become_subreaper() {
+        tracing::warn!(
+            "cannot become a child subreaper: a process whose supervisor is killed escapes its session's teardown"
+        );
+    }
+}

@@ -21,6 +21,7 @@ fn required(value: &Option<String>, what: &str, var: &str) -> anyhow::Result<Str
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    super::become_subreaper();
     let work_id = required(&args.work_id, "work_id", "ANTHROPIC_WORK_ID")?;
     let environment_id = required(
         &args.environment_id,

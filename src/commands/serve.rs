@@ -114,6 +114,7 @@ pub fn endpoints_with_metrics(
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    super::become_subreaper();
     let metrics = Arc::new(Metrics::new());
     let endpoints = endpoints_with_metrics(&args, &metrics)?;
     if lambda::in_lambda() {

@@ -110,7 +110,7 @@ impl BashSession {
                 command.pre_exec(move || crate::fdlimit::restore_in_child(&original));
             }
         }
-        let mut child = command
+        command
             .current_dir(workdir)
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -121,9 +121,8 @@ impl BashSession {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(BashError::Spawn)?;
+            .kill_on_drop(true);
+        let mut child = crate::cleanroom::spawn_tracked(&mut command).map_err(BashError::Spawn)?;
         let root = child
             .id()
             .and_then(|id| rustix::process::Pid::from_raw(id as i32));

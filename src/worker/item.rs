@@ -576,6 +576,13 @@ impl<'w> ItemRun<'w> {
     /// tools, which killed the shell's whole tree). By fd, never through a
     /// symlink the agent planted.
     async fn clear_room(&mut self) {
+        // Orphans adopted by the worker (a process whose supervisor the
+        // agent killed) are children of no session: kill them now.
+        match tokio::task::spawn_blocking(crate::cleanroom::sweep_orphans).await {
+            Ok(0) => {}
+            Ok(n) => info!(processes = n, "killed processes that escaped their session"),
+            Err(e) => warn!(error = %e, "cannot sweep orphaned processes"),
+        }
         let Some(room) = self.room.take() else { return };
         let shown = room.display().to_string();
         match tokio::task::spawn_blocking(move || crate::cleanroom::remove_session_dir(&room)).await
