@@ -458,6 +458,7 @@ fn kill_tree_kills_even_with_no_time_to_freeze() {
         .arg(format!(
             "for i in 1 2 3 4; do (exec -a {m} sleep 1000) & done; wait"
         ))
+        .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let root = rustix::process::Pid::from_raw(parent.id() as i32).unwrap();
