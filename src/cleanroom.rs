@@ -1,11 +1,14 @@
 //! A clean room per session: a fresh private working directory, and every
 //! process the agent started killed and reaped when the session ends.
 //!
-//! - [`create_session_dir`] / [`remove_session_dir`] — each work item gets
-//!   `<workdir>/session-<random>` (mode `0700`), the shell's cwd and the file
-//!   tools' base; it is removed at teardown by fd ([`crate::fsx::remove_tree_at`]:
-//!   symlinks unlinked, never followed; `chmod 000` directories opened back
-//!   up through their own fd; FIFOs unlinked, never opened).
+//! - [`create_session_dir`] / [`discard_session_dir`] — each work item gets
+//!   `<workdir>/session-<random>` (mode `0700`, `flock`ed by the worker), the
+//!   shell's cwd and the file tools' base; at teardown it is renamed to
+//!   `trash-<random>` at once and removed in the background after the
+//!   release, by fd ([`crate::fsx::remove_tree_at`]: symlinks unlinked,
+//!   never followed; `chmod 000` directories opened back up through their
+//!   own fd; FIFOs unlinked, never opened). [`sweep_left_rooms`] removes
+//!   what a dead worker left.
 //! - [`supervise`] — the hidden `__supervise` subcommand: a tiny process,
 //!   started with the agent's (scrubbed) environment only, that makes itself
 //!   a child subreaper (`PR_SET_CHILD_SUBREAPER`) and runs the session's
@@ -51,30 +54,118 @@ pub const SUPERVISE: &str = "__supervise";
 /// uninterruptible sleep cannot be killed sooner).
 pub(crate) const KILL_BOUND: Duration = Duration::from_secs(3);
 
-/// Create `<root>/session-<random>`, owner-only, creating `root` first.
-pub(crate) fn create_session_dir(root: &Path) -> std::io::Result<PathBuf> {
+/// An item's session directory, locked (`flock`) by this process for as
+/// long as it lives: a worker starting beside it on the same root
+/// ([`sweep_left_rooms`]) knows it is in use; once the worker dies the
+/// kernel drops the lock and the next worker removes it.
+#[derive(Debug)]
+pub(crate) struct SessionDir {
+    pub(crate) path: PathBuf,
+    lock: std::os::fd::OwnedFd,
+}
+
+/// Create `<root>/session-<random>`, owner-only, creating `root` first, and
+/// lock it.
+pub(crate) fn create_session_dir(root: &Path) -> std::io::Result<SessionDir> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(root)?;
     let dir = tempfile::Builder::new()
         .prefix("session-")
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir_in(root)?;
-    Ok(dir.keep())
+    let path = dir.keep();
+    let lock = rustix::fs::open(&path, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty())?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+    Ok(SessionDir { path, lock })
 }
 
-/// Remove a directory made by [`create_session_dir`] and everything the
-/// agent left in it, by fd, never through a symlink. `Ok` when it is gone.
-pub(crate) fn remove_session_dir(dir: &Path) -> Result<(), Errno> {
-    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
-    else {
+/// Rename `<root>/<name>` to `<root>/trash-<random>` (one syscall, however
+/// many files the agent made) when it is still the directory `expected`
+/// refers to. Returns the new name.
+fn to_trash(
+    root: &std::os::fd::OwnedFd,
+    name: &str,
+    expected: &std::os::fd::OwnedFd,
+) -> Result<String, Errno> {
+    let want = rustix::fs::fstat(expected)?;
+    let now = rustix::fs::statat(root, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    if (now.st_dev, now.st_ino) != (want.st_dev, want.st_ino) {
+        return Err(Errno::STALE);
+    }
+    let trash = format!("trash-{:016x}", rand::random::<u64>());
+    rustix::fs::renameat(root, name, root, trash.as_str())?;
+    Ok(trash)
+}
+
+/// Move a session directory out of the way at once (see [`to_trash`]) and
+/// return what removes it: the caller runs that in the background, after
+/// the item is released — an agent that made millions of files must not
+/// hold the release past its deadline. What a dead worker did not finish
+/// the next one's [`sweep_left_rooms`] does.
+pub(crate) fn discard_session_dir(
+    dir: SessionDir,
+) -> Result<impl FnOnce() -> Result<(), Errno> + Send + 'static, Errno> {
+    let (Some(parent), Some(name)) = (
+        dir.path.parent(),
+        dir.path.file_name().and_then(|n| n.to_str()),
+    ) else {
         return Err(Errno::INVAL);
     };
-    let parent = match rustix::fs::open(parent, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty()) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(e),
+    let root = rustix::fs::open(parent, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty())?;
+    let trash = to_trash(&root, name, &dir.lock)?;
+    drop(dir);
+    Ok(move || crate::fsx::remove_tree_at(&root, &trash))
+}
+
+/// Once per process at startup: remove from the work root every
+/// `trash-*` directory and every `session-*` one no live worker holds the
+/// lock of (left by a worker that died). A session directory another
+/// worker sharing the root is using stays. Returns how many were removed.
+pub fn sweep_left_rooms(root: &Path) -> usize {
+    let Ok(root_fd) = rustix::fs::open(root, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty())
+    else {
+        return 0;
     };
-    crate::fsx::remove_tree_at(&parent, name)
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for name in entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+    {
+        let trash = if name.starts_with("trash-") {
+            name
+        } else if name.starts_with("session-") {
+            let Ok(dir) = rustix::fs::openat(
+                &root_fd,
+                name.as_str(),
+                crate::fsx::DIR_FLAGS,
+                rustix::fs::Mode::empty(),
+            ) else {
+                continue;
+            };
+            // Held: a live worker's session.
+            if rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                .is_err()
+            {
+                continue;
+            }
+            match to_trash(&root_fd, &name, &dir) {
+                Ok(trash) => trash,
+                Err(_) => continue,
+            }
+        } else {
+            continue;
+        };
+        match crate::fsx::remove_tree_at(&root_fd, &trash) {
+            Ok(()) => removed += 1,
+            Err(e) => {
+                tracing::warn!(workdir.path = %root.join(&trash).display(), error = %e, "cannot remove a left session directory")
+            }
+        }
+    }
+    removed
 }
 
 /// Every process in `/proc`, with its state letter (`Z`: zombie) and its

@@ -475,3 +475,63 @@ fn kill_tree_kills_even_with_no_time_to_freeze() {
     let _ = parent.wait();
     assert!(gone, "kill_tree left the tree frozen, not killed");
 }
+
+/// Review item 5: the session directories a SIGKILLed worker left (its
+/// lock gone with it), and `trash-*` ones whose background removal it did
+/// not finish, are removed when the next worker on the same root starts;
+/// a session directory another live worker holds stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_rooms_are_removed_at_the_next_start_and_a_live_one_kept() {
+    let s = stack(&[]).await;
+    let root = s._dirs.1.path().to_path_buf();
+    let plant = |name: &str| {
+        let dir = root.join(name);
+        std::fs::create_dir_all(dir.join("deep/er")).unwrap();
+        std::fs::write(dir.join("deep/er/f"), "x").unwrap();
+        dir
+    };
+    let (dead, trash, live) = (
+        plant("session-deadworker"),
+        plant("trash-unfinished"),
+        plant("session-liveworker"),
+    );
+    // A worker holds its session directory's lock while it lives: `flock`
+    // stands in for it; the dead one is SIGKILLed.
+    let hold = |dir: &Path| {
+        // The lock's holder is the very process spawned (`exec`).
+        Command::new("bash")
+            .arg("-c")
+            .arg(r#"exec 9<"$0" && flock -n 9 && exec sleep 1000"#)
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut dead_holder = hold(&dead);
+    let mut live_holder = hold(&live);
+    let _sweep = Sweep(
+        Vec::new(),
+        vec![dead_holder.id() as i32, live_holder.id() as i32],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    dead_holder.kill().unwrap();
+    dead_holder.wait().unwrap();
+    let (mut poller, _stderr) = s.poller(&[]);
+    let removed = eventually(Duration::from_secs(10), || {
+        !dead.exists() && !trash.exists()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let kept = live.join("deep/er/f").exists();
+    eprintln!(
+        "after the next worker started: dead worker's room left: {}, trash left: {}, live room kept: {kept}",
+        dead.exists(),
+        trash.exists()
+    );
+    let _ = poller.kill();
+    let _ = poller.wait();
+    let _ = live_holder.kill();
+    let _ = live_holder.wait();
+    assert!(removed, "a dead worker's session directory was left");
+    assert!(kept, "a live worker's session directory was removed");
+}

@@ -39,6 +39,7 @@ pub async fn run(args: PollArgs) -> anyhow::Result<()> {
         Some(&args.environment_key),
     )?;
     super::recover_left_folders(&options);
+    super::sweep_left_rooms(&options);
     let worker = EnvironmentWorker::new(options)?;
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
