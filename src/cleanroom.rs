@@ -289,8 +289,15 @@ fn spawned() -> std::sync::MutexGuard<'static, Vec<i32>> {
 /// shell) re-parents to the worker instead of init, where
 /// [`sweep_orphans`] finds it. `false` when refused (a seccomp profile).
 pub fn become_subreaper() -> bool {
-    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).is_ok()
+    let ok = rustix::process::set_child_subreaper(Some(rustix::process::getpid())).is_ok();
+    SUBREAPER.store(ok, std::sync::atomic::Ordering::SeqCst);
+    ok
 }
+
+/// Set by [`become_subreaper`]: only then are this process's unknown
+/// children orphans it adopted. A program embedding the library has
+/// children of its own, which [`sweep_orphans`] must not touch.
+static SUBREAPER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Spawn `command` and record its pid as the worker's own, atomically with
 /// respect to [`sweep_orphans`] (which would otherwise take a child spawned
@@ -311,9 +318,12 @@ pub(crate) fn spawn_tracked(
 /// trees; zombies among them are reaped too. Each is waited for by its own
 /// pid, never `waitpid(-1)`, so tokio's children keep their statuses (tokio
 /// waits per pid too, so adopted orphans do not confuse it). Blocking, up
-/// to a few [`KILL_BOUND`]s; run it off the runtime. Returns how many
-/// orphans were found.
+/// to a few [`KILL_BOUND`]s; run it off the runtime. Does nothing unless
+/// [`become_subreaper`] succeeded. Returns how many orphans were found.
 pub fn sweep_orphans() -> usize {
+    if !SUBREAPER.load(std::sync::atomic::Ordering::SeqCst) {
+        return 0;
+    }
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let until = Instant::now() + KILL_BOUND * 2;
     let mut found = 0;
