@@ -1,11 +1,14 @@
 //! A clean room per session: a fresh private working directory, and every
 //! process the agent started killed and reaped when the session ends.
 //!
-//! - [`create_session_dir`] / [`remove_session_dir`] — each work item gets
-//!   `<workdir>/session-<random>` (mode `0700`), the shell's cwd and the file
-//!   tools' base; it is removed at teardown by fd ([`crate::fsx::remove_tree_at`]:
-//!   symlinks unlinked, never followed; `chmod 000` directories opened back
-//!   up through their own fd; FIFOs unlinked, never opened).
+//! - [`create_session_dir`] / [`discard_session_dir`] — each work item gets
+//!   `<workdir>/session-<random>` (mode `0700`, `flock`ed by the worker), the
+//!   shell's cwd and the file tools' base; at teardown it is renamed to
+//!   `trash-<random>` at once and removed in the background after the
+//!   release, by fd ([`crate::fsx::remove_tree_at`]: symlinks unlinked,
+//!   never followed; `chmod 000` directories opened back up through their
+//!   own fd; FIFOs unlinked, never opened). [`sweep_left_rooms`] removes
+//!   what a dead worker left.
 //! - [`supervise`] — the hidden `__supervise` subcommand: a tiny process,
 //!   started with the agent's (scrubbed) environment only, that makes itself
 //!   a child subreaper (`PR_SET_CHILD_SUBREAPER`) and runs the session's
@@ -24,10 +27,16 @@
 //!   worker stays a normal process, so tokio keeps the exit statuses of its
 //!   own children (a `waitpid(-1)` inside the worker would steal them).
 //!
-//! Limits: a process that escapes the tree — one started by another user
-//! (setuid), one that kills its own supervisor first (it then re-parents to
-//! init), or one the agent hands to a daemon outside (`at`, `systemd-run`,
-//! a container runtime socket) — is not found by the tree walk.
+//! - [`become_subreaper`] / [`sweep_orphans`] — the worker itself is a
+//!   child subreaper, so a process whose supervisor the agent killed
+//!   (`kill -9 $PPID`) re-parents to the worker, not init; each session's
+//!   teardown kills and reaps every child of the worker it did not start
+//!   itself ([`spawn_tracked`] records those). Such an orphan may come from
+//!   a session still running beside it: that session broke its own room.
+//!
+//! Limits: a process started by another user (setuid), or one the agent
+//! hands to a daemon outside (`at`, `systemd-run`, a container runtime
+//! socket), is not found.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
@@ -45,30 +54,118 @@ pub const SUPERVISE: &str = "__supervise";
 /// uninterruptible sleep cannot be killed sooner).
 pub(crate) const KILL_BOUND: Duration = Duration::from_secs(3);
 
-/// Create `<root>/session-<random>`, owner-only, creating `root` first.
-pub(crate) fn create_session_dir(root: &Path) -> std::io::Result<PathBuf> {
+/// An item's session directory, locked (`flock`) by this process for as
+/// long as it lives: a worker starting beside it on the same root
+/// ([`sweep_left_rooms`]) knows it is in use; once the worker dies the
+/// kernel drops the lock and the next worker removes it.
+#[derive(Debug)]
+pub(crate) struct SessionDir {
+    pub(crate) path: PathBuf,
+    lock: std::os::fd::OwnedFd,
+}
+
+/// Create `<root>/session-<random>`, owner-only, creating `root` first, and
+/// lock it.
+pub(crate) fn create_session_dir(root: &Path) -> std::io::Result<SessionDir> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(root)?;
     let dir = tempfile::Builder::new()
         .prefix("session-")
         .permissions(std::fs::Permissions::from_mode(0o700))
         .tempdir_in(root)?;
-    Ok(dir.keep())
+    let path = dir.keep();
+    let lock = rustix::fs::open(&path, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty())?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)?;
+    Ok(SessionDir { path, lock })
 }
 
-/// Remove a directory made by [`create_session_dir`] and everything the
-/// agent left in it, by fd, never through a symlink. `Ok` when it is gone.
-pub(crate) fn remove_session_dir(dir: &Path) -> Result<(), Errno> {
-    let (Some(parent), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str()))
-    else {
+/// Rename `<root>/<name>` to `<root>/trash-<random>` (one syscall, however
+/// many files the agent made) when it is still the directory `expected`
+/// refers to. Returns the new name.
+fn to_trash(
+    root: &std::os::fd::OwnedFd,
+    name: &str,
+    expected: &std::os::fd::OwnedFd,
+) -> Result<String, Errno> {
+    let want = rustix::fs::fstat(expected)?;
+    let now = rustix::fs::statat(root, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
+    if (now.st_dev, now.st_ino) != (want.st_dev, want.st_ino) {
+        return Err(Errno::STALE);
+    }
+    let trash = format!("trash-{:016x}", rand::random::<u64>());
+    rustix::fs::renameat(root, name, root, trash.as_str())?;
+    Ok(trash)
+}
+
+/// Move a session directory out of the way at once (see [`to_trash`]) and
+/// return what removes it: the caller runs that in the background, after
+/// the item is released — an agent that made millions of files must not
+/// hold the release past its deadline. What a dead worker did not finish
+/// the next one's [`sweep_left_rooms`] does.
+pub(crate) fn discard_session_dir(
+    dir: SessionDir,
+) -> Result<impl FnOnce() -> Result<(), Errno> + Send + 'static, Errno> {
+    let (Some(parent), Some(name)) = (
+        dir.path.parent(),
+        dir.path.file_name().and_then(|n| n.to_str()),
+    ) else {
         return Err(Errno::INVAL);
     };
-    let parent = match rustix::fs::open(parent, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty()) {
-        Ok(fd) => fd,
-        Err(Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(e),
+    let root = rustix::fs::open(parent, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty())?;
+    let trash = to_trash(&root, name, &dir.lock)?;
+    drop(dir);
+    Ok(move || crate::fsx::remove_tree_at(&root, &trash))
+}
+
+/// Once per process at startup: remove from the work root every
+/// `trash-*` directory and every `session-*` one no live worker holds the
+/// lock of (left by a worker that died). A session directory another
+/// worker sharing the root is using stays. Returns how many were removed.
+pub fn sweep_left_rooms(root: &Path) -> usize {
+    let Ok(root_fd) = rustix::fs::open(root, crate::fsx::DIR_FLAGS, rustix::fs::Mode::empty())
+    else {
+        return 0;
     };
-    crate::fsx::remove_tree_at(&parent, name)
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for name in entries
+        .flatten()
+        .filter_map(|e| e.file_name().into_string().ok())
+    {
+        let trash = if name.starts_with("trash-") {
+            name
+        } else if name.starts_with("session-") {
+            let Ok(dir) = rustix::fs::openat(
+                &root_fd,
+                name.as_str(),
+                crate::fsx::DIR_FLAGS,
+                rustix::fs::Mode::empty(),
+            ) else {
+                continue;
+            };
+            // Held: a live worker's session.
+            if rustix::fs::flock(&dir, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+                .is_err()
+            {
+                continue;
+            }
+            match to_trash(&root_fd, &name, &dir) {
+                Ok(trash) => trash,
+                Err(_) => continue,
+            }
+        } else {
+            continue;
+        };
+        match crate::fsx::remove_tree_at(&root_fd, &trash) {
+            Ok(()) => removed += 1,
+            Err(e) => {
+                tracing::warn!(workdir.path = %root.join(&trash).display(), error = %e, "cannot remove a left session directory")
+            }
+        }
+    }
+    removed
 }
 
 /// Every process in `/proc`, with its state letter (`Z`: zombie) and its
@@ -117,10 +214,12 @@ pub fn descendants(root: Pid) -> Vec<Pid> {
 
 /// Kill every descendant of `root` (and `root` itself when `with_root`):
 /// freeze them all first, then `SIGKILL` until a scan finds none alive,
-/// reaping our own children as we go when `reap` (the supervisor). Gives up
-/// after `bound`. Returns how many processes were signalled.
+/// reaping our own children as we go when `reap` (the supervisor). The
+/// freeze and the kill each get `bound`, separately, and each runs at least
+/// one full round however little time is left: a tree is never left frozen
+/// without a `SIGKILL` (a stopped process would stay stopped forever).
+/// Returns how many processes were signalled.
 pub fn kill_tree(root: Pid, with_root: bool, reap: bool, bound: Duration) -> usize {
-    let deadline = Instant::now() + bound;
     if with_root {
         // A frozen root cannot exit, so its orphans keep landing on it.
         let _ = rustix::process::kill_process(root, Signal::STOP);
@@ -129,31 +228,43 @@ pub fn kill_tree(root: Pid, with_root: bool, reap: bool, bound: Duration) -> usi
     // Freeze until a whole scan finds nothing new: a process forking as
     // fast as it can is stopped before its children are, and they are
     // found by the next scan.
+    let freeze_until = Instant::now() + bound;
     loop {
         let fresh: Vec<Pid> = descendants(root)
             .into_iter()
             .filter(|p| !frozen.contains(p))
             .collect();
-        if fresh.is_empty() || Instant::now() >= deadline {
+        if fresh.is_empty() {
             break;
         }
         for pid in fresh {
             let _ = rustix::process::kill_process(pid, Signal::STOP);
             frozen.insert(pid);
         }
+        if Instant::now() >= freeze_until {
+            break;
+        }
+    }
+    // Everything frozen gets its SIGKILL, whatever the scans find next.
+    for &pid in &frozen {
+        let _ = rustix::process::kill_process(pid, Signal::KILL);
     }
     let mut signalled: HashSet<Pid> = frozen;
+    let kill_until = Instant::now() + bound;
     loop {
         if reap {
             while let Ok(Some(_)) = rustix::process::wait(WaitOptions::NOHANG) {}
         }
         let alive = descendants(root);
-        if alive.is_empty() || Instant::now() >= deadline {
+        if alive.is_empty() {
             break;
         }
         for pid in alive {
             let _ = rustix::process::kill_process(pid, Signal::KILL);
             signalled.insert(pid);
+        }
+        if Instant::now() >= kill_until {
+            break;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -161,6 +272,103 @@ pub fn kill_tree(root: Pid, with_root: bool, reap: bool, bound: Duration) -> usi
         let _ = rustix::process::kill_process(root, Signal::KILL);
     }
     signalled.len()
+}
+
+/// The pids this process started itself (session supervisors, `--on-work`
+/// commands): its children that [`sweep_orphans`] leaves alone. Anything
+/// else that is a child of the worker is an orphan it adopted as a child
+/// subreaper ([`become_subreaper`]).
+static SPAWNED: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+
+fn spawned() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    SPAWNED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Make the worker a child subreaper, once at startup before any spawn: a
+/// process whose supervisor was killed (`kill -9 $PPID` from the agent's
+/// shell) re-parents to the worker instead of init, where
+/// [`sweep_orphans`] finds it. `false` when refused (a seccomp profile).
+pub fn become_subreaper() -> bool {
+    let ok = rustix::process::set_child_subreaper(Some(rustix::process::getpid())).is_ok();
+    SUBREAPER.store(ok, std::sync::atomic::Ordering::SeqCst);
+    ok
+}
+
+/// Set by [`become_subreaper`]: only then are this process's unknown
+/// children orphans it adopted. A program embedding the library has
+/// children of its own, which [`sweep_orphans`] must not touch.
+static SUBREAPER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Spawn `command` and record its pid as the worker's own, atomically with
+/// respect to [`sweep_orphans`] (which would otherwise take a child spawned
+/// between its scan and its kill for an orphan).
+pub(crate) fn spawn_tracked(
+    command: &mut tokio::process::Command,
+) -> std::io::Result<tokio::process::Child> {
+    let mut own = spawned();
+    let child = command.spawn()?;
+    if let Some(pid) = child.id() {
+        own.push(pid as i32);
+    }
+    Ok(child)
+}
+
+/// Kill and reap every child of this process that it did not start itself
+/// ([`spawn_tracked`]): orphans adopted as a subreaper, with their whole
+/// trees; zombies among them are reaped too. Each is waited for by its own
+/// pid, never `waitpid(-1)`, so tokio's children keep their statuses (tokio
+/// waits per pid too, so adopted orphans do not confuse it). Blocking, up
+/// to a few [`KILL_BOUND`]s; run it off the runtime. Does nothing unless
+/// [`become_subreaper`] succeeded. Returns how many orphans were found.
+pub fn sweep_orphans() -> usize {
+    if !SUBREAPER.load(std::sync::atomic::Ordering::SeqCst) {
+        return 0;
+    }
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let until = Instant::now() + KILL_BOUND * 2;
+    let mut found = 0;
+    loop {
+        let strays: Vec<(i32, u8)> = {
+            // Scanned under the lock: a child spawned meanwhile is recorded
+            // before the scan or seen after it.
+            let mut own = spawned();
+            let procs = processes();
+            // Forget the pids tokio has reaped (no longer our children).
+            own.retain(|p| procs.iter().any(|&(pid, _, ppid)| pid == *p && ppid == me));
+            procs
+                .into_iter()
+                .filter(|&(pid, _, ppid)| ppid == me && !own.contains(&pid))
+                .map(|(pid, state, _)| (pid, state))
+                .collect()
+        };
+        if strays.is_empty() {
+            break;
+        }
+        for (pid, state) in strays {
+            let Some(pid) = Pid::from_raw(pid) else {
+                continue;
+            };
+            found += 1;
+            // Our unreaped child: its pid cannot be reused until we wait.
+            if state != b'Z' {
+                kill_tree(pid, true, false, KILL_BOUND);
+            }
+            let reap_until = Instant::now() + KILL_BOUND;
+            loop {
+                match rustix::process::waitpid(Some(pid), WaitOptions::NOHANG) {
+                    Ok(None) if Instant::now() < reap_until => {
+                        std::thread::sleep(Duration::from_millis(1))
+                    }
+                    Err(Errno::INTR) => {}
+                    _ => break,
+                }
+            }
+        }
+        if Instant::now() >= until {
+            break;
+        }
+    }
+    found
 }
 
 /// `envworker __supervise PROGRAM ARGS…`: become a child subreaper, run

@@ -93,7 +93,9 @@ pub struct WorkerArgs {
     #[arg(long, env = "ANTHROPIC_BASE_URL", default_value = crate::api::DEFAULT_BASE_URL)]
     pub(crate) base_url: String,
 
-    /// Where tools run, and where stores without a mount path land (default: the current directory).
+    /// The work root: each item runs in its own fresh `session-<random>` directory under it,
+    /// removed at the item's end; stores without a mount path land in its `memory/` (default: the
+    /// current directory).
     #[arg(long, env = "ENVWORKER_WORKDIR")]
     pub workdir: Option<PathBuf>,
 

@@ -150,10 +150,12 @@ async fn a_sessions_files_and_processes_are_gone_before_the_next_session_starts(
                           chmod 000 locked/in locked; mkfifo fifo; mkdir -p d/e; ln -s / d/e/root; \
                           ln -s {o} d/e/out; chmod 000 d; echo planted"),
                  json!({"contains": "planted"})),
+            // `PATH=` proves each read succeeded (a failed read would pass
+            // `not_contains` vacuously).
             bash("{ tr '\\0' '\\n' < /proc/self/environ; tr '\\0' '\\n' < /proc/$PPID/environ; } 2>&1".into(),
-                 json!({"not_contains": key})),
+                 json!({"not_contains": key, "contains": "PATH="})),
             bash("tr '\\0' '\\n' < /proc/$PPID/environ 2>&1".into(),
-                 json!({"not_contains": signing})),
+                 json!({"not_contains": signing, "contains": "PATH="})),
         ]}))
         .await;
     s.passed_report(&a.session_id).await;
@@ -268,10 +270,12 @@ async fn tearing_down_one_session_leaves_a_concurrent_sessions_processes_alone()
     assert!(processes_with(&ma).is_empty());
 }
 
-/// (5): as PID 1 (`unshare --pid --fork --mount-proc`), the binary is init:
-/// orphans re-parented to it are reaped (no zombie stays), and SIGTERM
-/// reaches the worker, which exits. The orphans come from the `--on-work`
-/// command, whose grandchildren lose their parent at once.
+/// (5): as PID 1 (`unshare --pid --fork --mount-proc`), the binary is init
+/// for the worker: no zombie stays, and SIGTERM reaches the worker, which
+/// exits cleanly. The orphans come from the `--on-work` command, whose
+/// grandchildren lose their parent at once: they re-parent to the worker
+/// (a child subreaper), which kills and reaps them once the command exits.
+/// Fails where `unshare` is refused, unless `ENVWORKER_SKIP_UNSHARE=1`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn as_pid_1_the_binary_reaps_orphans_and_forwards_sigterm() {
     if !Command::new("unshare")
@@ -280,6 +284,10 @@ async fn as_pid_1_the_binary_reaps_orphans_and_forwards_sigterm() {
         .status()
         .is_ok_and(|s| s.success())
     {
+        assert!(
+            std::env::var_os("ENVWORKER_SKIP_UNSHARE").is_some(),
+            "`unshare --pid --fork --mount-proc` is refused here; set ENVWORKER_SKIP_UNSHARE=1 to skip"
+        );
         eprintln!("skipped: `unshare --pid --fork --mount-proc` is not allowed here");
         return;
     }
@@ -294,7 +302,7 @@ async fn as_pid_1_the_binary_reaps_orphans_and_forwards_sigterm() {
     let script = work.path().join("orphans.sh");
     std::fs::write(
         &script,
-        format!("(exec -a {m}-1 sleep 2 &)\n(exec -a {m}-2 sleep 2 &)\nexit 0\n"),
+        format!("(exec -a {m}-1 sleep 1000 &)\n(exec -a {m}-2 sleep 1000 &)\nsleep 2\nexit 0\n"),
     )
     .unwrap();
     let on_work = format!("bash {} </dev/null >/dev/null 2>&1", script.display());
@@ -319,46 +327,56 @@ async fn as_pid_1_the_binary_reaps_orphans_and_forwards_sigterm() {
         .unwrap();
     let unshare_pid = unshare.id() as i32;
     let mut sweep = Sweep(vec![m.clone()], vec![unshare_pid]);
-    let mut init = None;
+    let child_of = |parent: i32| {
+        processes()
+            .into_iter()
+            .find(|&(_, _, ppid)| ppid == parent)
+            .map(|(pid, _, _)| pid)
+    };
+    let (mut init, mut worker) = (None, None);
     assert!(
         eventually(Duration::from_secs(10), || {
-            init = processes()
-                .into_iter()
-                .find(|&(_, _, ppid)| ppid == unshare_pid)
-                .map(|(pid, _, _)| pid);
-            init.is_some()
+            init = child_of(unshare_pid);
+            worker = init.and_then(child_of);
+            worker.is_some()
         }),
-        "no PID 1 under unshare"
+        "no PID 1 and worker under unshare"
     );
-    let init = init.unwrap();
+    let (init, worker) = (init.unwrap(), worker.unwrap());
     sweep.1.push(init);
-    // The orphans land on PID 1 …
+    // The orphans land on the worker …
     assert!(
         eventually(Duration::from_secs(20), || {
             let p = processes_with(&m);
-            p.len() == 2 && p.iter().all(|&(_, ppid)| ppid == init)
+            p.len() == 2 && p.iter().all(|&(_, ppid)| ppid == worker)
         }),
-        "the orphans never reached PID 1: {:?}",
+        "the orphans never reached the worker: {:?}",
         processes_with(&m)
     );
-    // … and once they exit, no zombie stays under it.
+    // … which kills them once the command exits, and no zombie stays.
+    assert!(
+        eventually(Duration::from_secs(15), || processes_with(&m).is_empty()),
+        "the orphans outlived the --on-work command: {:?}",
+        processes_with(&m)
+    );
     let zombies = || {
         processes()
             .into_iter()
-            .filter(|&(_, state, ppid)| ppid == init && state == b'Z')
+            .filter(|&(_, state, ppid)| (ppid == init || ppid == worker) && state == b'Z')
             .count()
     };
-    assert!(eventually(Duration::from_secs(10), || processes_with(&m).is_empty()));
     let reaped = eventually(Duration::from_secs(5), || zombies() == 0);
     eprintln!(
-        "zombies under PID 1 after the orphans exited: {}",
+        "zombies under PID 1 and the worker after the sweep: {}",
         zombies()
     );
     let _ = Command::new("kill")
         .args(["-TERM", &init.to_string()])
         .status();
+    let mut status = None;
     let exited = eventually(Duration::from_secs(15), || {
-        unshare.try_wait().unwrap().is_some()
+        status = unshare.try_wait().unwrap();
+        status.is_some()
     });
     if !exited {
         let _ = Command::new("kill")
@@ -367,8 +385,13 @@ async fn as_pid_1_the_binary_reaps_orphans_and_forwards_sigterm() {
         let _ = unshare.kill();
     }
     let _ = unshare.wait();
-    assert!(reaped, "zombies stayed under PID 1");
+    assert!(reaped, "zombies stayed under PID 1 or the worker");
     assert!(exited, "SIGTERM to PID 1 did not end the worker");
+    eprintln!("exit status after SIGTERM: {status:?}");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "the worker did not exit cleanly on SIGTERM: {status:?}"
+    );
 }
 
 /// Without the supervisor binary (the library embedded in another
@@ -395,4 +418,120 @@ async fn without_a_supervisor_the_shell_is_the_subreaper() {
         "left: {:?}",
         processes_with(&m)
     );
+}
+
+/// Review item 1: the agent kills its own supervisor (`kill -9 $PPID`)
+/// after detaching a process, so the process would re-parent to init and
+/// outlive every teardown. The worker is a child subreaper: the orphan
+/// lands on it, and the session's teardown kills it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_its_own_supervisor_does_not_let_a_process_escape() {
+    let s = stack(&[]).await;
+    let m = marker("escape");
+    let _sweep = Sweep(vec![m.clone()], Vec::new());
+    let a = s
+        .start(json!({"name": "kills-its-supervisor", "steps": [
+            bash(format!("setsid bash -c 'exec -a {m} sleep 1e9' </dev/null >/dev/null 2>&1 & disown; \
+                          sleep 0.2; kill -9 $PPID; sleep 0.2; echo ok"),
+                 json!({"contains": "ok"})),
+        ]}))
+        .await;
+    s.passed_report(&a.session_id).await;
+    let gone = eventually(Duration::from_secs(10), || processes_with(&m).is_empty());
+    eprintln!(
+        "escaped processes alive after the teardown: {:?}",
+        processes_with(&m)
+    );
+    assert!(gone, "the detached process escaped the teardown");
+}
+
+/// Review item 2: with no time left for the freeze, [`kill_tree`] still
+/// sends every process one `SIGKILL` (it used to end with the whole tree
+/// frozen and never killed).
+#[test]
+fn kill_tree_kills_even_with_no_time_to_freeze() {
+    use envworker::cleanroom::{descendants, kill_tree};
+    let m = marker("nobudget");
+    let _sweep = Sweep(vec![m.clone()], Vec::new());
+    let mut parent = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "for i in 1 2 3 4; do (exec -a {m} sleep 1000) & done; wait"
+        ))
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let root = rustix::process::Pid::from_raw(parent.id() as i32).unwrap();
+    assert!(eventually(Duration::from_secs(5), || descendants(root)
+        .len()
+        == 4));
+    kill_tree(root, false, false, Duration::ZERO);
+    let gone = eventually(Duration::from_secs(5), || descendants(root).is_empty());
+    eprintln!(
+        "left after kill_tree with a zero bound: {:?}",
+        descendants(root)
+    );
+    let _ = parent.kill();
+    let _ = parent.wait();
+    assert!(gone, "kill_tree left the tree frozen, not killed");
+}
+
+/// Review item 5: the session directories a SIGKILLed worker left (its
+/// lock gone with it), and `trash-*` ones whose background removal it did
+/// not finish, are removed when the next worker on the same root starts;
+/// a session directory another live worker holds stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_rooms_are_removed_at_the_next_start_and_a_live_one_kept() {
+    let s = stack(&[]).await;
+    let root = s._dirs.1.path().to_path_buf();
+    let plant = |name: &str| {
+        let dir = root.join(name);
+        std::fs::create_dir_all(dir.join("deep/er")).unwrap();
+        std::fs::write(dir.join("deep/er/f"), "x").unwrap();
+        dir
+    };
+    let (dead, trash, live) = (
+        plant("session-deadworker"),
+        plant("trash-unfinished"),
+        plant("session-liveworker"),
+    );
+    // A worker holds its session directory's lock while it lives: `flock`
+    // stands in for it; the dead one is SIGKILLed.
+    let hold = |dir: &Path| {
+        // The lock's holder is the very process spawned (`exec`).
+        Command::new("bash")
+            .arg("-c")
+            .arg(r#"exec 9<"$0" && flock -n 9 && exec sleep 1000"#)
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut dead_holder = hold(&dead);
+    let mut live_holder = hold(&live);
+    let _sweep = Sweep(
+        Vec::new(),
+        vec![dead_holder.id() as i32, live_holder.id() as i32],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    dead_holder.kill().unwrap();
+    dead_holder.wait().unwrap();
+    let (mut poller, _stderr) = s.poller(&[]);
+    let removed = eventually(Duration::from_secs(10), || {
+        !dead.exists() && !trash.exists()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let kept = live.join("deep/er/f").exists();
+    eprintln!(
+        "after the next worker started: dead worker's room left: {}, trash left: {}, live room kept: {kept}",
+        dead.exists(),
+        trash.exists()
+    );
+    let _ = poller.kill();
+    let _ = poller.wait();
+    let _ = live_holder.kill();
+    let _ = live_holder.wait();
+    assert!(removed, "a dead worker's session directory was left");
+    assert!(kept, "a live worker's session directory was removed");
 }

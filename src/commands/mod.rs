@@ -70,6 +70,25 @@ pub fn recover_left_folders(options: &WorkerOptions) {
     }
 }
 
+/// At start: remove the session directories a dead worker left in the work
+/// root (and unfinished `trash-*` ones); a live worker's stay (see
+/// [`crate::cleanroom::sweep_left_rooms`]). Once per process.
+pub fn sweep_left_rooms(options: &WorkerOptions) {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        let root = options.workdir.clone();
+        // In the background: a left tree may be huge, and nothing waits on it.
+        let _ = std::thread::Builder::new()
+            .name("sweep-rooms".into())
+            .spawn(move || {
+                let n = crate::cleanroom::sweep_left_rooms(&root);
+                if n > 0 {
+                    tracing::info!(directories = n, workdir.path = %root.display(), "removed session directories left by a dead worker");
+                }
+            });
+    });
+}
+
 /// On Lambda only `/tmp` is writable: stores advertised under `/mnt/memory`
 /// live under `/tmp/mnt/memory`, unless `/mnt/memory` is writable after all.
 fn lambda_default_remap() -> Option<crate::remap::MountRemap> {
@@ -106,5 +125,16 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = term.recv() => {}
+    }
+}
+
+/// Make this process a child subreaper before it spawns anything (see
+/// [`crate::cleanroom::sweep_orphans`]); refused, the supervisors still
+/// catch what the agent detaches without killing them.
+pub(crate) fn become_subreaper() {
+    if !crate::cleanroom::become_subreaper() {
+        tracing::warn!(
+            "cannot become a child subreaper: a process whose supervisor is killed escapes its session's teardown"
+        );
     }
 }

@@ -32,12 +32,14 @@ fn child_stop_grace(worker: &EnvironmentWorker) -> Duration {
 }
 
 pub async fn run(args: PollArgs) -> anyhow::Result<()> {
+    super::become_subreaper();
     let options = super::worker_options(
         &args.worker,
         &args.environment_id,
         Some(&args.environment_key),
     )?;
     super::recover_left_folders(&options);
+    super::sweep_left_rooms(&options);
     let worker = EnvironmentWorker::new(options)?;
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
@@ -121,8 +123,7 @@ async fn hand_off(
             sh.pre_exec(move || crate::fdlimit::restore_in_child(&original));
         }
     }
-    let spawned = sh
-        .arg("-c")
+    sh.arg("-c")
         .arg(command)
         .env("ANTHROPIC_WORK_ID", &work.id)
         .env("ANTHROPIC_ENVIRONMENT_ID", &work.environment_id)
@@ -143,8 +144,8 @@ async fn hand_off(
         .stdin(Stdio::piped())
         .stdout(std::io::stderr())
         .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn();
+        .kill_on_drop(true);
+    let spawned = crate::cleanroom::spawn_tracked(&mut sh);
     let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
@@ -179,6 +180,13 @@ async fn hand_off(
             }
         }
     };
+    // What the command left behind re-parented to us (a child subreaper).
+    let orphans = tokio::task::spawn_blocking(crate::cleanroom::sweep_orphans)
+        .await
+        .unwrap_or(0);
+    if orphans > 0 {
+        info!(work_id = %work.id, processes = orphans, "killed what the --on-work command left running");
+    }
     match status {
         Ok(s) if s.success() => info!(work_id = %work.id, "the --on-work command finished"),
         // The shell could not find or execute the command: no item will ever be served.

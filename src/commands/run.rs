@@ -21,6 +21,7 @@ fn required(value: &Option<String>, what: &str, var: &str) -> anyhow::Result<Str
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    super::become_subreaper();
     let work_id = required(&args.work_id, "work_id", "ANTHROPIC_WORK_ID")?;
     let environment_id = required(
         &args.environment_id,
@@ -40,6 +41,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.environment_key.as_deref(),
     )?;
     super::recover_left_folders(&options);
+    super::sweep_left_rooms(&options);
     let worker = EnvironmentWorker::new(options)?;
     let item = WorkItem {
         id: work_id,

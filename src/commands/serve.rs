@@ -49,6 +49,7 @@ pub fn endpoints_with_metrics(
             super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
         options.observers.push(metrics.for_endpoint("default"));
         super::recover_left_folders(&options);
+        super::sweep_left_rooms(&options);
         let worker = EnvironmentWorker::new(options)?;
         out.push(Endpoint::new(
             "default",
@@ -97,6 +98,7 @@ pub fn endpoints_with_metrics(
         options.secret_env_vars = all_secret_vars.clone();
         options.observers.push(metrics.for_endpoint(&endpoint.name));
         super::recover_left_folders(&options);
+        super::sweep_left_rooms(&options);
         let worker = EnvironmentWorker::new(options)
             .with_context(|| format!("endpoint {:?}", endpoint.name))?;
         out.push(Endpoint::new(
@@ -114,6 +116,7 @@ pub fn endpoints_with_metrics(
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    super::become_subreaper();
     let metrics = Arc::new(Metrics::new());
     let endpoints = endpoints_with_metrics(&args, &metrics)?;
     if lambda::in_lambda() {

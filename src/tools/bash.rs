@@ -110,7 +110,7 @@ impl BashSession {
                 command.pre_exec(move || crate::fdlimit::restore_in_child(&original));
             }
         }
-        let mut child = command
+        command
             .current_dir(workdir)
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -121,9 +121,8 @@ impl BashSession {
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .process_group(0)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(BashError::Spawn)?;
+            .kill_on_drop(true);
+        let mut child = crate::cleanroom::spawn_tracked(&mut command).map_err(BashError::Spawn)?;
         let root = child
             .id()
             .and_then(|id| rustix::process::Pid::from_raw(id as i32));
@@ -240,6 +239,18 @@ impl BashSession {
     }
 }
 
+/// Kill `shell`'s tree on the blocking pool ([`crate::cleanroom::kill_tree`]
+/// sleeps, for up to its bound, and must not hold a runtime thread), and
+/// wait for it: the caller's teardown goes on only once the tree is dead.
+/// (A shell dropped by a cancelled call is killed in place by `Drop`.)
+async fn end(shell: Option<BashSession>) {
+    if let Some(shell) = shell
+        && let Err(e) = tokio::task::spawn_blocking(move || drop(shell)).await
+    {
+        tracing::warn!(error = %e, "cannot kill the shell's processes");
+    }
+}
+
 impl Drop for BashSession {
     fn drop(&mut self) {
         self.kill();
@@ -292,7 +303,7 @@ impl BashTool {
         let input: BashInput = super::parse_input("bash", input)?;
         let mut slot = self.shell.lock().await;
         if input.restart.unwrap_or(false) {
-            *slot = None; // dropping kills the old shell
+            end(slot.take()).await;
             *slot = Some(self.start().await?);
             return Ok(ToolOutput::Text("bash session restarted".into()));
         }
@@ -324,7 +335,11 @@ impl BashTool {
                 }
                 Ok(ToolOutput::Text(result.output))
             }
-            Err(e) => Err(ToolError::new(format!("bash: {e}"))),
+            Err(e) => {
+                // A timeout or a dead shell: kill its tree before answering.
+                end(Some(shell)).await;
+                Err(ToolError::new(format!("bash: {e}")))
+            }
         }
     }
 
@@ -336,6 +351,7 @@ impl BashTool {
 
     /// Kill the shell, if one runs.
     pub(crate) async fn close(&self) {
-        self.shell.lock().await.take();
+        let shell = self.shell.lock().await.take();
+        end(shell).await;
     }
 }

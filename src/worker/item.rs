@@ -274,7 +274,7 @@ struct ItemRun<'w> {
     /// still needs a worker.
     mid_turn: Option<bool>,
     /// This item's own working directory, removed at teardown.
-    room: Option<std::path::PathBuf>,
+    room: Option<crate::cleanroom::SessionDir>,
     report: ItemReport,
 }
 
@@ -443,8 +443,10 @@ impl<'w> ItemRun<'w> {
                     ));
                 }
             };
-        debug!(workdir.path = %room.display(), "session directory created");
-        self.room = Some(room.clone());
+        debug!(workdir.path = %room.path.display(), "session directory created");
+        let room_path = room.path.clone();
+        self.room = Some(room);
+        let room = room_path;
 
         // Skills: a failure is logged by the download and never fails the item.
         let skills = tokio::select! {
@@ -461,7 +463,11 @@ impl<'w> ItemRun<'w> {
     /// run the tools until the session ends, a due sync after each call.
     async fn serve_tools(&mut self, session: &Session, with_memory: bool) -> ItemOutcome {
         let opts = self.worker.options();
-        let room = self.room.clone().unwrap_or_else(|| opts.workdir.clone());
+        let room = self
+            .room
+            .as_ref()
+            .map(|r| r.path.clone())
+            .unwrap_or_else(|| opts.workdir.clone());
         let mut ctx = ToolContext::new(room);
         ctx.supervisor = opts.supervisor.clone();
         ctx.max_file_bytes = opts.max_file_bytes;
@@ -579,18 +585,36 @@ impl<'w> ItemRun<'w> {
     /// tools, which killed the shell's whole tree). By fd, never through a
     /// symlink the agent planted.
     async fn clear_room(&mut self) {
-        let Some(room) = self.room.take() else { return };
-        let shown = room.display().to_string();
-        match tokio::task::spawn_blocking(move || crate::cleanroom::remove_session_dir(&room)).await
-        {
-            Ok(Ok(())) => debug!(workdir.path = %shown, "session directory removed"),
-            Ok(Err(e)) => {
-                warn!(workdir.path = %shown, error = %e, "cannot remove the session directory")
-            }
-            Err(e) => {
-                warn!(workdir.path = %shown, error = %e, "cannot remove the session directory")
-            }
+        // Orphans adopted by the worker (a process whose supervisor the
+        // agent killed) are children of no session: kill them now.
+        match tokio::task::spawn_blocking(crate::cleanroom::sweep_orphans).await {
+            Ok(0) => {}
+            Ok(n) => info!(processes = n, "killed processes that escaped their session"),
+            Err(e) => warn!(error = %e, "cannot sweep orphaned processes"),
         }
+        let Some(room) = self.room.take() else { return };
+        let shown = room.path.display().to_string();
+        // Renamed out of the way now; removed in the background, so a huge
+        // tree does not hold the release (a worker that dies first leaves
+        // a `trash-*` the next one removes).
+        let remove = match crate::cleanroom::discard_session_dir(room) {
+            Ok(remove) => remove,
+            Err(e) => {
+                warn!(workdir.path = %shown, error = %e, "cannot remove the session directory");
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            match tokio::task::spawn_blocking(remove).await {
+                Ok(Ok(())) => debug!(workdir.path = %shown, "session directory removed"),
+                Ok(Err(e)) => {
+                    warn!(workdir.path = %shown, error = %e, "cannot remove the session directory")
+                }
+                Err(e) => {
+                    warn!(workdir.path = %shown, error = %e, "cannot remove the session directory")
+                }
+            }
+        });
     }
 
     /// Stop the watcher and the heartbeat, force-stop the item unless the
