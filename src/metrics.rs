@@ -280,7 +280,9 @@ impl Metrics {
     fn synced(&self, report: &SyncReport, final_sync: bool) {
         let kind = if final_sync { "final" } else { "periodic" };
         self.memory_syncs.get_or_create(&SyncLabels { kind }).inc();
-        self.memory_uploads.inc_by(report.uploads as u64);
+        // The push's uploads are uploads too (reported with the next sync).
+        self.memory_uploads
+            .inc_by((report.uploads + report.pushed) as u64);
         self.memory_pulls.inc_by(report.pulls as u64);
         for (result, n) in [
             ("sent", report.deletes),

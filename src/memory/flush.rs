@@ -173,6 +173,8 @@ impl AttachedStore {
             return 0;
         }
         let (uploaded, _) = self.push_dirty(api, &dirty, None, &|_| {}).await;
+        self.pushed
+            .fetch_add(uploaded, std::sync::atomic::Ordering::Relaxed);
         drop(_pass);
         self.sync_journal().await;
         uploaded

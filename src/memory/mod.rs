@@ -103,6 +103,8 @@ pub struct SyncReport {
     pub examined: usize,
     /// Stores whose pass scanned the whole folder.
     pub full_scans: usize,
+    /// Uploads the change-driven push made since the previous sync.
+    pub pushed: usize,
 }
 
 impl SyncReport {
@@ -117,6 +119,7 @@ impl SyncReport {
         self.recovered += s.recovered as usize;
         self.examined += s.examined;
         self.full_scans += s.full_scan as usize;
+        self.pushed += s.pushed;
     }
 }
 

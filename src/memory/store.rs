@@ -147,6 +147,8 @@ pub(crate) struct PassStats {
     pub(crate) examined: usize,
     /// The pass scanned the whole folder (not only what the watch reported).
     pub(crate) full_scan: bool,
+    /// Uploads the change-driven push made since the last pass.
+    pub(crate) pushed: usize,
 }
 
 /// One attached store.
@@ -163,6 +165,9 @@ pub struct AttachedStore {
     /// (see `super::feed`); `None` until a full listing seeds it, and
     /// after a doubt.
     remote: Mutex<Option<RemoteIndex>>,
+    /// Uploads the change-driven push made since the last sync collected
+    /// them (reported with that sync: `PassStats::pushed`).
+    pub(super) pushed: std::sync::atomic::AtomicUsize,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -202,6 +207,7 @@ impl AttachedStore {
             observer: Arc::new(Mutex::new(Observer::default())),
             pass: tokio::sync::Mutex::new(()),
             remote: Mutex::new(None),
+            pushed: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -718,6 +724,7 @@ impl AttachedStore {
                 warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
             }
             self.sync_journal().await;
+            stats.pushed = self.pushed.swap(0, std::sync::atomic::Ordering::Relaxed);
             stats
         };
         let stats = pass.instrument(span.clone()).await;
