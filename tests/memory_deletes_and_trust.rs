@@ -86,6 +86,33 @@ async fn a_file_that_reappears_is_not_deleted_and_leaves_pending() {
     assert_eq!(deletes(h.fake.take_calls()), vec!["/a.md"]);
 }
 
+/// A file the change-driven push saw is not missing: the push breaks a
+/// pending delete's streak as a sync's scan does, so a file removed,
+/// re-created (and pushed) and removed again gets a fresh 30 s window.
+#[tokio::test(start_paused = true)]
+async fn a_file_a_push_saw_starts_a_fresh_delete_window() {
+    let h = H::new(
+        &[("s", RW, &[("a.md", "a"), ("b.md", "b")])],
+        DeleteMode::Enabled,
+    )
+    .await;
+    h.rm("s", "a.md");
+    h.stores.sync_now().await;
+    tokio::time::advance(Duration::from_secs(20)).await;
+    h.write("s", "a.md", "a again");
+    assert_eq!(h.stores.push_now().await, 1, "the push re-creates a.md");
+    h.rm("s", "a.md");
+    tokio::time::advance(Duration::from_secs(15)).await;
+    h.stores.sync_now().await;
+    assert!(
+        deletes(h.fake.take_calls()).is_empty(),
+        "35 s after the first miss, but only 15 s after the push saw the file"
+    );
+    tokio::time::advance(Duration::from_secs(31)).await;
+    h.stores.sync_now().await;
+    assert_eq!(deletes(h.fake.take_calls()), vec!["/a.md"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn disabled_mode_never_deletes_but_still_syncs() {
     let h = H::new(
