@@ -431,6 +431,13 @@ impl SessionRunner {
                 }
                 msg = feed.recv() => match msg {
                     None => break RunEnd::Fatal("the event stream task ended".into()),
+                    // The session itself is gone (deleted while the stream
+                    // reconnected, before its `session.deleted` event was read):
+                    // that is the end of the session, not a failure.
+                    Some(Feed::Fatal(e)) if e.status() == Some(404) => {
+                        info!(session_id = %self.session_id, error = %e, "session not found; it was deleted");
+                        break RunEnd::Terminated;
+                    }
                     Some(Feed::Fatal(e)) => {
                         error!(session_id = %self.session_id, error = %e, "stream failed permanently");
                         break RunEnd::Fatal(e.to_string());
