@@ -26,6 +26,7 @@
 //! the whole store: see [`Doubt`].
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -64,7 +65,8 @@ pub(crate) enum Doubt {
 #[derive(Debug, Clone)]
 pub(crate) struct RemoteIndex {
     /// By relative path (no leading `/`), as the full listing keys it.
-    pub(crate) map: BTreeMap<String, MemoryIndexEntry>,
+    /// Shared with the pass that reads it, never copied for it.
+    pub(crate) map: Arc<BTreeMap<String, MemoryIndexEntry>>,
     /// Memory id → its relative path in `map`.
     by_id: HashMap<String, String>,
     /// The newest `created_at` seen (server time, microseconds); `None`
@@ -103,7 +105,7 @@ impl RemoteIndex {
     /// `server`: the server's clock when it answered that page (its `Date`,
     /// microseconds).
     pub(crate) fn seeded(
-        map: BTreeMap<String, MemoryIndexEntry>,
+        map: Arc<BTreeMap<String, MemoryIndexEntry>>,
         newest: &[MemoryVersion],
         server: Option<i64>,
         now: Instant,
@@ -185,7 +187,12 @@ impl RemoteIndex {
                 *slot = v;
             }
         }
-        let mut map = self.map.clone();
+        // Nothing new (an idle store): nothing to apply, and nothing copied.
+        if newest.is_empty() {
+            self.moved(versions, now, floor, server);
+            return Ok(());
+        }
+        let mut map = BTreeMap::clone(&self.map);
         let mut by_id = self.by_id.clone();
         let mut applied = self.applied.clone();
         let mut placed: Vec<(&str, String, MemoryIndexEntry)> = Vec::new();
@@ -237,12 +244,25 @@ impl RemoteIndex {
             }
             by_id.insert(memory_id.to_string(), rel);
         }
-        self.map = map;
+        self.map = Arc::new(map);
         self.by_id = by_id;
         self.applied = applied;
         for v in &fresh {
             self.seen.insert(v.id.clone(), micros(v));
         }
+        self.moved(versions, now, floor, server);
+        Ok(())
+    }
+
+    /// Where the feed stands after a poll from `floor` that read
+    /// `versions`, made at `now`, the server's clock reading `server`.
+    fn moved(
+        &mut self,
+        versions: &[MemoryVersion],
+        now: Instant,
+        floor: Option<i64>,
+        server: Option<i64>,
+    ) {
         if let Some(top) = versions.iter().map(micros).max()
             && self.high.is_none_or(|h| top > h)
         {
@@ -268,7 +288,6 @@ impl RemoteIndex {
             self.seen.retain(|_, at| *at >= f);
             self.applied.retain(|_, at| *at >= f);
         }
-        Ok(())
     }
 }
 
@@ -305,7 +324,7 @@ mod tests {
             ("b.md".into(), entry("m2", "y")),
         ]);
         RemoteIndex::seeded(
-            map,
+            map.into(),
             &[
                 v("v2", "m2", Created, Some("/b.md"), 100 * S),
                 v("v1", "m1", Created, Some("/a.md"), 99 * S),
@@ -426,7 +445,7 @@ mod tests {
         let map = BTreeMap::from([("a.md".into(), entry("m1", "x"))]);
         // A burst long ago: the window starts at the server's clock less OVERLAP.
         let mut i = RemoteIndex::seeded(
-            map,
+            map.into(),
             &[v("v1", "m1", Created, Some("/a.md"), 100 * S)],
             Some(500 * S),
             now,

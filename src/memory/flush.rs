@@ -81,7 +81,7 @@ impl AttachedStore {
             // Never for a flush: it neither skips nor re-downloads.
             FolderVerdict::Skip | FolderVerdict::Recover(_) => return Ok(()),
         }
-        let dirty = self.dirty(scan.files);
+        let dirty = self.dirty(scan.files.iter());
         if dirty.is_empty() {
             return Ok(());
         }
@@ -112,7 +112,7 @@ impl AttachedStore {
         let done = |rel: &str| {
             unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);
         };
-        let (uploaded, conflicts) = self.push_dirty(api, &dirty, remote.as_ref(), &done).await;
+        let (uploaded, conflicts) = self.push_dirty(api, &dirty, remote.as_deref(), &done).await;
         stats.uploaded = uploaded;
         stats.conflicts += conflicts;
         Ok(())
@@ -160,7 +160,7 @@ impl AttachedStore {
             })
             .map(|(rel, sha)| (rel.clone(), sha.clone()))
             .collect();
-        let mut dirty = self.dirty(reported);
+        let mut dirty = self.dirty(reported.iter());
         // An upload whose answer never came is settled by the next sync's
         // listing; a push over it would replace its record, and the server
         // holding our own lost upload would then read as another writer's
@@ -232,11 +232,13 @@ impl AttachedStore {
 
     /// The scanned files the flush looks at ([`flush_dirty`]), judged
     /// against the state before the listing.
-    fn dirty(&self, files: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    fn dirty<'a>(
+        &self,
+        files: impl Iterator<Item = (&'a String, &'a String)>,
+    ) -> BTreeMap<String, String> {
         let state = self.state();
         files
-            .into_iter()
-            .filter(|(rel, sha)| {
+            .filter(|&(rel, sha)| {
                 flush_dirty(DirtyFacts {
                     local: sha,
                     baseline: state.baseline.get(rel).map(String::as_str),
@@ -244,6 +246,7 @@ impl AttachedStore {
                     refused: state.refused.get(rel).map(String::as_str),
                 })
             })
+            .map(|(rel, sha)| (rel.clone(), sha.clone()))
             .collect()
     }
 

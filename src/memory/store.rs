@@ -30,7 +30,7 @@ use super::journal::{Journal, Snapshot};
 use super::options::DeleteMode;
 use super::plan::{
     Decision, DeleteBudget, DeleteVerdict, FolderFacts, FolderOp, FolderVerdict, Listed, Note,
-    PassFacts, PathFacts, Pending, plan, plan_folder,
+    PassFacts, PathFacts, Pending, plan, plan_folder, settled,
 };
 use super::remote::MemoryApi;
 use super::state::{State, StateGuard};
@@ -101,13 +101,43 @@ pub(crate) enum PassError {
     Join(String),
 }
 
-/// A scan with the marker taken out and checked.
+/// The remote index a pass plans against, shared with the feed's.
+pub(super) type RemoteMap = Arc<BTreeMap<String, MemoryIndexEntry>>;
+
+/// The files a pass saw, the marker left out: the watch's view itself,
+/// shared rather than copied, so an idle pass allocates nothing per file.
+#[derive(Debug, Clone)]
+pub(super) struct LocalFiles(Arc<Scan>);
+
+impl LocalFiles {
+    /// Every file but the marker, by path.
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.0.files.iter().filter(|(rel, _)| *rel != MARKER_PATH)
+    }
+
+    pub(super) fn contains_key(&self, rel: &str) -> bool {
+        rel != MARKER_PATH && self.0.files.contains_key(rel)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.files.len() - usize::from(self.0.files.contains_key(MARKER_PATH))
+    }
+
+    /// Is `rel` unknown to the scan: at or below an entry it could not read?
+    fn is_unknown(&self, rel: &str) -> bool {
+        self.0.is_unknown(rel)
+    }
+
+    fn unreadable(&self) -> usize {
+        self.0.unreadable.len()
+    }
+}
+
+/// A scan with the marker checked.
 pub(super) struct Marked {
-    pub(super) files: BTreeMap<String, String>,
+    pub(super) files: LocalFiles,
     /// `None` when the marker names this store; otherwise why not.
     distrust: Option<&'static str>,
-    /// The scan itself, without its files: which paths it could not read.
-    unknown: Scan,
     /// Entries stat-ed for this scan (only the reported paths, unless full).
     pub(super) examined: usize,
     /// The whole folder was walked.
@@ -120,10 +150,10 @@ impl Marked {
     pub(super) fn folder_facts(&self, op: FolderOp) -> FolderFacts {
         FolderFacts {
             op,
-            root_unreadable: self.unknown.is_unknown(""),
+            root_unreadable: self.files.is_unknown(""),
             distrust: self.distrust,
             files: self.files.len(),
-            unreadable: self.unknown.unreadable.len(),
+            unreadable: self.files.unreadable(),
             baseline: None,
         }
     }
@@ -306,22 +336,22 @@ impl AttachedStore {
     /// oversized and unrepresentable entries warned once.
     async fn mark(&self, seen: Observation) -> Marked {
         let Observation {
-            scan:
-                Scan {
-                    mut files,
-                    unrepresentable,
-                    unreadable,
-                },
+            scan,
             examined,
             full,
             changed: _,
         } = seen;
+        let Scan {
+            files,
+            unrepresentable,
+            unreadable,
+        } = &*scan;
         if full {
             debug!(memory_store.id = %self.id, examined, "memory folder scanned whole");
         }
         {
             let mut state = self.state();
-            for path in &unreadable {
+            for path in unreadable.iter() {
                 if state.warned_paths.insert(path.clone()) {
                     warn!(
                         memory_store.id = %self.id,
@@ -344,7 +374,7 @@ impl AttachedStore {
                     );
                 }
             }
-            for name in unrepresentable {
+            for name in unrepresentable.iter() {
                 if state.warned_names.insert(name.clone()) {
                     warn!(
                         memory_store.id = %self.id,
@@ -354,7 +384,7 @@ impl AttachedStore {
                 }
             }
         }
-        let mut distrust = marker_distrust(files.remove(MARKER_PATH).as_deref(), &self.id);
+        let mut distrust = marker_distrust(files.get(MARKER_PATH).map(String::as_str), &self.id);
         // A marker made unreadable in the very directory the mount created
         // is still ours: stamp it again rather than distrust the folder.
         if unreadable.iter().any(|u| u == MARKER_PATH) && self.folder.is_original_root() {
@@ -365,12 +395,8 @@ impl AttachedStore {
             }
         }
         Marked {
-            files,
+            files: LocalFiles(scan),
             distrust,
-            unknown: Scan {
-                unreadable,
-                ..Scan::default()
-            },
             examined,
             full,
         }
@@ -388,18 +414,22 @@ impl AttachedStore {
         &self,
         api: &dyn MemoryApi,
         full: bool,
-    ) -> Result<BTreeMap<String, MemoryIndexEntry>, PassError> {
-        if !full && let Some(remote) = self.follow(api).await {
-            self.remember_ids(&remote);
+    ) -> Result<RemoteMap, PassError> {
+        if !full && let Some((remote, moved)) = self.follow(api).await {
+            // An idle store's index is the one the ids were taken from.
+            if moved {
+                self.remember_ids(&remote);
+            }
             return Ok(remote);
         }
         // The feed's high-water is read before the listing, so a change
         // committed while it runs is replayed by the next poll.
         let newest = self.newest_versions(api).await;
-        let remote = self.list_index(api).await?;
+        let remote = Arc::new(self.list_index(api).await?);
         self.remember_ids(&remote);
-        *self.remote_index() = newest
-            .map(|(v, server)| RemoteIndex::seeded(remote.clone(), &v, server, Instant::now()));
+        *self.remote_index() = newest.map(|(v, server)| {
+            RemoteIndex::seeded(Arc::clone(&remote), &v, server, Instant::now())
+        });
         Ok(remote)
     }
 
@@ -431,9 +461,10 @@ impl AttachedStore {
         }
     }
 
-    /// The index advanced by the versions created since the last poll, or
-    /// `None` when a full listing is due or the feed is in doubt.
-    async fn follow(&self, api: &dyn MemoryApi) -> Option<BTreeMap<String, MemoryIndexEntry>> {
+    /// The index advanced by the versions created since the last poll, and
+    /// whether they moved it; `None` when a full listing is due or the feed
+    /// is in doubt.
+    async fn follow(&self, api: &dyn MemoryApi) -> Option<(RemoteMap, bool)> {
         let mut index = self.remote_index().take()?;
         let now = Instant::now();
         if now.saturating_duration_since(index.listed_at) >= FULL_LISTING_EVERY {
@@ -441,6 +472,7 @@ impl AttachedStore {
             return None;
         }
         let since = index.floor();
+        let before = Arc::clone(&index.map);
         let mut versions = Vec::new();
         let mut page = None;
         let mut server: Option<i64> = None;
@@ -465,9 +497,10 @@ impl AttachedStore {
                         debug!(memory_store.id = %self.id, reason = %doubt, "the memory version feed is in doubt; listing the store");
                         return None;
                     }
-                    let remote = index.map.clone();
+                    let remote = Arc::clone(&index.map);
                     *self.remote_index() = Some(index);
-                    return Some(remote);
+                    let moved = !Arc::ptr_eq(&before, &remote);
+                    return Some((remote, moved));
                 }
             }
         }
@@ -590,8 +623,8 @@ impl AttachedStore {
         self.state()
             .tentative
             .retain(|rel, _| listed.contains_key(rel));
-        *self.remote_index() =
-            newest.map(|(v, server)| RemoteIndex::seeded(listed, &v, server, Instant::now()));
+        *self.remote_index() = newest
+            .map(|(v, server)| RemoteIndex::seeded(listed.into(), &v, server, Instant::now()));
         Ok(written)
     }
 
@@ -958,6 +991,18 @@ impl AttachedStore {
             let local = local_it.next_if(|e| e.0 == rel).map(|e| e.1);
             let confirmed = baseline_it.next_if(|e| e.0 == rel).map(|e| e.1);
             let held = tentative_it.next_if(|e| e.0 == rel).map(|e| e.1);
+            // Settled, and no record concerns it: the plan would keep it as
+            // it is (`plan::settled`), so it is not planned.
+            if held.is_none()
+                && settled(
+                    local.map(String::as_str),
+                    confirmed.map(String::as_str),
+                    listed.map(|m| m.content_sha256.as_str()),
+                )
+                && !pending.contains_key(rel)
+            {
+                continue;
+            }
             let facts = PathFacts {
                 local: local.map(String::as_str),
                 baseline: confirmed.or(held).map(String::as_str),
@@ -968,7 +1013,7 @@ impl AttachedStore {
                 refused: refused.get(rel).map(String::as_str),
                 missing_since: pending.get(rel).copied(),
                 tentative: confirmed.is_none() && held.is_some(),
-                unreadable: local.is_none() && scan.unknown.is_unknown(rel),
+                unreadable: local.is_none() && scan.files.is_unknown(rel),
             };
             let p = plan(facts, pass);
             match p.pending {

@@ -31,6 +31,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
@@ -214,7 +215,10 @@ impl Watch {
 #[derive(Debug)]
 pub(crate) struct Observer {
     watch: Option<Watch>,
-    known: Option<Scan>,
+    /// Shared with the pass that last saw it, never copied for it: an idle
+    /// pass costs no allocation per file (a pass that changes it copies it
+    /// only if the previous pass still holds it).
+    known: Option<Arc<Scan>>,
     /// The root's identity when the last full scan began.
     root: Option<(u64, u64)>,
     since_full: u32,
@@ -228,7 +232,7 @@ pub(crate) struct Observer {
 /// What a pass saw of its folder.
 #[derive(Debug)]
 pub(crate) struct Observation {
-    pub(crate) scan: Scan,
+    pub(crate) scan: Arc<Scan>,
     /// Entries stat-ed to see it.
     pub(crate) examined: usize,
     /// A full scan, not only the reported paths.
@@ -336,14 +340,15 @@ impl Observer {
         }
         if dirty.is_empty() {
             return Some(Observation {
-                scan: known.clone(),
+                scan: Arc::clone(known),
                 examined: 0,
                 full: false,
                 changed: Some(dirty),
             });
         }
+        let view = Arc::make_mut(known);
         for rel in &dirty {
-            forget_below(known, rel);
+            forget_below(view, rel);
         }
         // The root swapped while the paths were read (they are from another
         // directory than the rest), or a path could not be examined: the
@@ -355,11 +360,11 @@ impl Observer {
             self.known = None;
             return None;
         };
-        known.files.extend(seen.files);
-        known.unreadable.extend(seen.unreadable);
-        known.unrepresentable.extend(seen.unrepresentable);
+        view.files.extend(seen.files);
+        view.unreadable.extend(seen.unreadable);
+        view.unrepresentable.extend(seen.unrepresentable);
         Some(Observation {
-            scan: known.clone(),
+            scan: Arc::clone(known),
             examined,
             full: false,
             changed: Some(dirty),
@@ -374,8 +379,9 @@ impl Observer {
         let mut watch = self.enabled.then(|| Watch::new(self.bound).ok()).flatten();
         self.root = folder.current_identity();
         let (scan, examined) = folder.scan_watched(watch.as_mut())?;
+        let scan = Arc::new(scan);
         self.watch = watch;
-        self.known = Some(scan.clone());
+        self.known = Some(Arc::clone(&scan));
         self.since_full = 0;
         self.last_full = Some(Instant::now());
         Ok(Observation {
