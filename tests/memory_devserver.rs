@@ -9,7 +9,9 @@ use std::path::Path;
 
 use common::TestServer;
 use common::harness::Logs;
-use common::memory_served::{Served, served, served_with};
+use common::memory_served::{
+    ListingHook, Served, rename_on_server, served, served_custom, served_with, two_stores,
+};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -415,4 +417,82 @@ async fn a_version_committed_late_is_seen_through_the_overlap_window() {
         folder_contents(&t.mounts[0]),
         t.s.store_memories(store).await
     );
+}
+
+/// Review of issue 16: the feed's cursor does not steer by the `Date`
+/// header. A proxy or load balancer whose clock is a minute ahead (or a
+/// middlebox that rewrites `Date`) answered every request here; remote
+/// changes made between two syncs still arrive with the next sync, through
+/// the feed, not with the 5-minute full listing. (Before the fix the window
+/// started at `Date − 5 s`, 55 s in the future: nothing arrived.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_date_header_ahead_of_the_servers_clock_hides_no_version() {
+    let t = served_custom(
+        two_stores(),
+        None,
+        |s| s,
+        |c| c.date_skew_seconds(60),
+        |_, _| None,
+    )
+    .await;
+    let store = &t.ids[0];
+    let (listings, _, _) = t.calls.split();
+    change_remotely(&t.s, store, "one", None).await;
+    t.stores.sync_now().await;
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(store).await,
+        "the first sync after the changes"
+    );
+    change_remotely(&t.s, store, "two", Some("one")).await;
+    t.stores.sync_now().await;
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(store).await,
+        "the second sync after the changes"
+    );
+    assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
+}
+
+/// Review of issue 16: a memory renamed on the server while the parallel
+/// mount runs — after the top level was listed, before the prefix it moves
+/// into (or out of) is — is seen at two paths or at none. One sync later
+/// the folder holds exactly the server's paths (before the fix the copy
+/// seen twice stayed on disk until the 5-minute listing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_during_the_parallel_mount_is_right_after_one_sync() {
+    // (from, to): into a prefix not yet listed (seen twice), and out of it
+    // onto the top level already listed (seen nowhere).
+    for (from, to) in [("/a.md", "/p/a.md"), ("/p/x.md", "/x.md")] {
+        let hook = move |url: String, ids: Vec<String>| -> Option<ListingHook> {
+            let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            Some(Box::new(move |prefix: Option<&str>| {
+                if prefix != Some("/p/") || fired.swap(true, std::sync::atomic::Ordering::SeqCst)
+                {
+                    return None;
+                }
+                let (url, store) = (url.clone(), ids[0].clone());
+                Some(Box::pin(async move {
+                    rename_on_server(&url, &store, from, to).await
+                }) as futures::future::BoxFuture<'static, ()>)
+            }))
+        };
+        let t = served_custom(
+            json!([{"key": "notes", "name": "Notes", "memories": {
+                "/a.md": "a", "/p/x.md": "x", "/p/y.md": "y", "/q/z.md": "z"}}]),
+            None,
+            |s| s,
+            |c| c,
+            hook,
+        )
+        .await;
+        let server = t.s.store_memories(&t.ids[0]).await;
+        assert!(server.contains_key(to) && !server.contains_key(from));
+        t.stores.sync_now().await;
+        assert_eq!(
+            folder_contents(&t.mounts[0]),
+            server,
+            "{from} → {to}: one sync after the mount"
+        );
+    }
 }
