@@ -220,11 +220,11 @@ async fn change_remotely(s: &TestServer, store: &str, tag: &str, earlier: Option
 
 /// Issue 16: an idle sync reads one page of the version history instead of
 /// the whole listing (before the feed: 3 listing pages for 250 memories).
-/// The store was written just before the mount, and each poll re-reads the
-/// versions of the last 5 s of the server's clock before the previous poll
-/// (the overlap window, `memory::feed`): the first sync once that burst is
-/// older than the window (plus the `Date` header's one-second resolution)
-/// reads it one last time; every idle sync after costs one request.
+/// The store was written just before the mount, and until the newest
+/// version has been known for 5 s each poll re-reads the versions of the
+/// 5 s before it (the overlap window, `memory::feed`): the first sync once
+/// that burst is older than the window reads it one last time; every idle
+/// sync after costs one request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_sync_after_the_mount_costs_one_request() {
     let t = one_store_of(250).await;
@@ -467,14 +467,14 @@ async fn a_rename_during_the_parallel_mount_is_right_after_one_sync() {
         let hook = move |url: String, ids: Vec<String>| -> Option<ListingHook> {
             let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             Some(Box::new(move |prefix: Option<&str>| {
-                if prefix != Some("/p/") || fired.swap(true, std::sync::atomic::Ordering::SeqCst)
-                {
+                if prefix != Some("/p/") || fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
                     return None;
                 }
                 let (url, store) = (url.clone(), ids[0].clone());
-                Some(Box::pin(async move {
-                    rename_on_server(&url, &store, from, to).await
-                }) as futures::future::BoxFuture<'static, ()>)
+                Some(
+                    Box::pin(async move { rename_on_server(&url, &store, from, to).await })
+                        as futures::future::BoxFuture<'static, ()>,
+                )
             }))
         };
         let t = served_custom(
@@ -495,4 +495,44 @@ async fn a_rename_during_the_parallel_mount_is_right_after_one_sync() {
             "{from} → {to}: one sync after the mount"
         );
     }
+}
+
+/// Review of issue 16: a version committed late — stamped before a newer
+/// version of the *same* memory that the feed already applied — shows up
+/// through the overlap window at the next poll. The index keeps the newer
+/// version (the server's order: `created_at`, then id), so the folder holds
+/// the server's content and nothing is pulled back and forth until the
+/// full listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_older_version_of_a_memory_does_not_undo_a_newer_one() {
+    let t = served().await;
+    let store = &t.ids[0];
+    let b = memory_id(&t.s, store, "/dir/b.md").await.unwrap();
+    let url = format!("/v1/memory_stores/{store}/memories/{b}");
+    let late =
+        t.s.memory(Method::POST, &url, Some(json!({"content": "b older"})))
+            .await
+            .ok();
+    t.calls
+        .hidden
+        .lock()
+        .unwrap()
+        .insert(late["memory_version_id"].as_str().unwrap().to_string());
+    t.s.memory(Method::POST, &url, Some(json!({"content": "b newer"})))
+        .await
+        .ok();
+    t.stores.sync_now().await;
+    assert_eq!(folder_contents(&t.mounts[0])["/dir/b.md"], "b newer");
+    // The older version becomes visible now, inside the overlap window.
+    t.calls.hidden.lock().unwrap().clear();
+    let (listings, _, others) = t.calls.split();
+    for _ in 0..2 {
+        t.stores.sync_now().await;
+        assert_eq!(
+            folder_contents(&t.mounts[0]),
+            t.s.store_memories(store).await
+        );
+    }
+    assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
+    assert_eq!(t.calls.split().2, others, "nothing pulled again");
 }
