@@ -372,6 +372,20 @@ async fn the_parallel_mount_equals_the_store() {
     assert_eq!(folder_contents(&t.mounts[0]), server);
 }
 
+/// Another writer sets the content of the memory at `url`; its version is
+/// committed late: left out of the feed's answers until `hidden` is cleared.
+async fn write_late(t: &Served, url: &str, content: &str) {
+    let late =
+        t.s.memory(Method::POST, url, Some(json!({"content": content})))
+            .await
+            .ok();
+    t.calls
+        .hidden
+        .lock()
+        .unwrap()
+        .insert(late["memory_version_id"].as_str().unwrap().to_string());
+}
+
 /// Issue 16: a version committed late — stamped before a version the feed
 /// has already applied, visible only at the next poll — is still picked up
 /// (the overlap window re-reads the last 5 s of versions; the version id
@@ -384,19 +398,7 @@ async fn a_version_committed_late_is_seen_through_the_overlap_window() {
     let base = format!("/v1/memory_stores/{store}/memories");
     let b = memory_id(&t.s, store, "/dir/b.md").await.unwrap();
     let a = memory_id(&t.s, store, "/a.md").await.unwrap();
-    let late =
-        t.s.memory(
-            Method::POST,
-            &format!("{base}/{b}"),
-            Some(json!({"content": "b late"})),
-        )
-        .await
-        .ok();
-    t.calls
-        .hidden
-        .lock()
-        .unwrap()
-        .insert(late["memory_version_id"].as_str().unwrap().to_string());
+    write_late(&t, &format!("{base}/{b}"), "b late").await;
     t.s.memory(
         Method::POST,
         &format!("{base}/{a}"),
@@ -436,6 +438,15 @@ async fn a_date_header_ahead_of_the_servers_clock_hides_no_version() {
     )
     .await;
     let store = &t.ids[0];
+    let answer =
+        t.s.memory(Method::GET, &format!("/v1/memory_stores/{store}"), None)
+            .await;
+    let date = answer.headers["date"].to_str().unwrap();
+    let ahead = chrono::DateTime::parse_from_rfc2822(date)
+        .unwrap()
+        .timestamp()
+        - chrono::Utc::now().timestamp();
+    assert!((55..=65).contains(&ahead), "Date {date} is {ahead} s ahead");
     let (listings, _, _) = t.calls.split();
     change_remotely(&t.s, store, "one", None).await;
     t.stores.sync_now().await;
@@ -509,15 +520,7 @@ async fn a_late_older_version_of_a_memory_does_not_undo_a_newer_one() {
     let store = &t.ids[0];
     let b = memory_id(&t.s, store, "/dir/b.md").await.unwrap();
     let url = format!("/v1/memory_stores/{store}/memories/{b}");
-    let late =
-        t.s.memory(Method::POST, &url, Some(json!({"content": "b older"})))
-            .await
-            .ok();
-    t.calls
-        .hidden
-        .lock()
-        .unwrap()
-        .insert(late["memory_version_id"].as_str().unwrap().to_string());
+    write_late(&t, &url, "b older").await;
     t.s.memory(Method::POST, &url, Some(json!({"content": "b newer"})))
         .await
         .ok();
