@@ -9,7 +9,9 @@ use std::path::Path;
 
 use common::TestServer;
 use common::harness::Logs;
-use common::memory_served::{Served, served, served_with};
+use common::memory_served::{
+    ListingHook, Served, rename_on_server, served, served_custom, served_with, two_stores,
+};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -218,11 +220,11 @@ async fn change_remotely(s: &TestServer, store: &str, tag: &str, earlier: Option
 
 /// Issue 16: an idle sync reads one page of the version history instead of
 /// the whole listing (before the feed: 3 listing pages for 250 memories).
-/// The store was written just before the mount, and each poll re-reads the
-/// versions of the last 5 s of the server's clock before the previous poll
-/// (the overlap window, `memory::feed`): the first sync once that burst is
-/// older than the window (plus the `Date` header's one-second resolution)
-/// reads it one last time; every idle sync after costs one request.
+/// The store was written just before the mount, and until the newest
+/// version has been known for 5 s each poll re-reads the versions of the
+/// 5 s before it (the overlap window, `memory::feed`): the first sync once
+/// that burst is older than the window reads it one last time; every idle
+/// sync after costs one request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_sync_after_the_mount_costs_one_request() {
     let t = one_store_of(250).await;
@@ -370,6 +372,20 @@ async fn the_parallel_mount_equals_the_store() {
     assert_eq!(folder_contents(&t.mounts[0]), server);
 }
 
+/// Another writer sets the content of the memory at `url`; its version is
+/// committed late: left out of the feed's answers until `hidden` is cleared.
+async fn write_late(t: &Served, url: &str, content: &str) {
+    let late =
+        t.s.memory(Method::POST, url, Some(json!({"content": content})))
+            .await
+            .ok();
+    t.calls
+        .hidden
+        .lock()
+        .unwrap()
+        .insert(late["memory_version_id"].as_str().unwrap().to_string());
+}
+
 /// Issue 16: a version committed late — stamped before a version the feed
 /// has already applied, visible only at the next poll — is still picked up
 /// (the overlap window re-reads the last 5 s of versions; the version id
@@ -382,19 +398,7 @@ async fn a_version_committed_late_is_seen_through_the_overlap_window() {
     let base = format!("/v1/memory_stores/{store}/memories");
     let b = memory_id(&t.s, store, "/dir/b.md").await.unwrap();
     let a = memory_id(&t.s, store, "/a.md").await.unwrap();
-    let late =
-        t.s.memory(
-            Method::POST,
-            &format!("{base}/{b}"),
-            Some(json!({"content": "b late"})),
-        )
-        .await
-        .ok();
-    t.calls
-        .hidden
-        .lock()
-        .unwrap()
-        .insert(late["memory_version_id"].as_str().unwrap().to_string());
+    write_late(&t, &format!("{base}/{b}"), "b late").await;
     t.s.memory(
         Method::POST,
         &format!("{base}/{a}"),
@@ -415,4 +419,123 @@ async fn a_version_committed_late_is_seen_through_the_overlap_window() {
         folder_contents(&t.mounts[0]),
         t.s.store_memories(store).await
     );
+}
+
+/// Review of issue 16: the feed's cursor does not steer by the `Date`
+/// header. A proxy or load balancer whose clock is a minute ahead (or a
+/// middlebox that rewrites `Date`) answered every request here; remote
+/// changes made between two syncs still arrive with the next sync, through
+/// the feed, not with the 5-minute full listing. (Before the fix the window
+/// started at `Date − 5 s`, 55 s in the future: nothing arrived.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_date_header_ahead_of_the_servers_clock_hides_no_version() {
+    let t = served_custom(
+        two_stores(),
+        None,
+        |s| s,
+        |c| c.date_skew_seconds(60),
+        |_, _| None,
+    )
+    .await;
+    let store = &t.ids[0];
+    let answer =
+        t.s.memory(Method::GET, &format!("/v1/memory_stores/{store}"), None)
+            .await;
+    let date = answer.headers["date"].to_str().unwrap();
+    let ahead = chrono::DateTime::parse_from_rfc2822(date)
+        .unwrap()
+        .timestamp()
+        - chrono::Utc::now().timestamp();
+    assert!((55..=65).contains(&ahead), "Date {date} is {ahead} s ahead");
+    let (listings, _, _) = t.calls.split();
+    change_remotely(&t.s, store, "one", None).await;
+    t.stores.sync_now().await;
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(store).await,
+        "the first sync after the changes"
+    );
+    change_remotely(&t.s, store, "two", Some("one")).await;
+    t.stores.sync_now().await;
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(store).await,
+        "the second sync after the changes"
+    );
+    assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
+}
+
+/// Review of issue 16: a memory renamed on the server while the parallel
+/// mount runs — after the top level was listed, before the prefix it moves
+/// into (or out of) is — is seen at two paths or at none. One sync later
+/// the folder holds exactly the server's paths (before the fix the copy
+/// seen twice stayed on disk until the 5-minute listing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_during_the_parallel_mount_is_right_after_one_sync() {
+    // (from, to): into a prefix not yet listed (seen twice), and out of it
+    // onto the top level already listed (seen nowhere).
+    for (from, to) in [("/a.md", "/p/a.md"), ("/p/x.md", "/x.md")] {
+        let hook = move |url: String, ids: Vec<String>| -> Option<ListingHook> {
+            let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            Some(Box::new(move |prefix: Option<&str>| {
+                if prefix != Some("/p/") || fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                    return None;
+                }
+                let (url, store) = (url.clone(), ids[0].clone());
+                Some(
+                    Box::pin(async move { rename_on_server(&url, &store, from, to).await })
+                        as futures::future::BoxFuture<'static, ()>,
+                )
+            }))
+        };
+        let t = served_custom(
+            json!([{"key": "notes", "name": "Notes", "memories": {
+                "/a.md": "a", "/p/x.md": "x", "/p/y.md": "y", "/q/z.md": "z"}}]),
+            None,
+            |s| s,
+            |c| c,
+            hook,
+        )
+        .await;
+        let server = t.s.store_memories(&t.ids[0]).await;
+        assert!(server.contains_key(to) && !server.contains_key(from));
+        t.stores.sync_now().await;
+        assert_eq!(
+            folder_contents(&t.mounts[0]),
+            server,
+            "{from} → {to}: one sync after the mount"
+        );
+    }
+}
+
+/// Review of issue 16: a version committed late — stamped before a newer
+/// version of the *same* memory that the feed already applied — shows up
+/// through the overlap window at the next poll. The index keeps the newer
+/// version (the server's order: `created_at`, then id), so the folder holds
+/// the server's content and nothing is pulled back and forth until the
+/// full listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_older_version_of_a_memory_does_not_undo_a_newer_one() {
+    let t = served().await;
+    let store = &t.ids[0];
+    let b = memory_id(&t.s, store, "/dir/b.md").await.unwrap();
+    let url = format!("/v1/memory_stores/{store}/memories/{b}");
+    write_late(&t, &url, "b older").await;
+    t.s.memory(Method::POST, &url, Some(json!({"content": "b newer"})))
+        .await
+        .ok();
+    t.stores.sync_now().await;
+    assert_eq!(folder_contents(&t.mounts[0])["/dir/b.md"], "b newer");
+    // The older version becomes visible now, inside the overlap window.
+    t.calls.hidden.lock().unwrap().clear();
+    let (listings, _, others) = t.calls.split();
+    for _ in 0..2 {
+        t.stores.sync_now().await;
+        assert_eq!(
+            folder_contents(&t.mounts[0]),
+            t.s.store_memories(store).await
+        );
+    }
+    assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
+    assert_eq!(t.calls.split().2, others, "nothing pulled again");
 }

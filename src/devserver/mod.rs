@@ -82,6 +82,10 @@ pub struct DevserverConfig {
     pub(crate) lease_ttl_seconds: i64,
     /// How often an idle event stream sends `event: ping`.
     pub(crate) ping_interval: Duration,
+    /// Seconds added to every response's `Date` header (0: the true
+    /// clock). A test setting: a proxy or load balancer whose clock is off
+    /// rewrites `Date`, and a client must not steer by it.
+    pub(crate) date_skew_seconds: i64,
 }
 
 impl std::fmt::Debug for DevserverConfig {
@@ -93,6 +97,7 @@ impl std::fmt::Debug for DevserverConfig {
             .field("webhook_url", &self.webhook.as_ref().map(|(u, _)| u))
             .field("faults", &self.faults)
             .field("lease_ttl_seconds", &self.lease_ttl_seconds)
+            .field("date_skew_seconds", &self.date_skew_seconds)
             .finish()
     }
 }
@@ -108,6 +113,7 @@ impl DevserverConfig {
             faults: Vec::new(),
             lease_ttl_seconds: DEFAULT_LEASE_TTL_SECONDS,
             ping_interval: Duration::from_secs(15),
+            date_skew_seconds: 0,
         }
     }
 
@@ -143,6 +149,13 @@ impl DevserverConfig {
 
     pub fn ping_interval(mut self, interval: Duration) -> Self {
         self.ping_interval = interval;
+        self
+    }
+
+    /// Answer with a `Date` header `seconds` off the true clock (negative:
+    /// behind), as a middlebox with a wrong clock would.
+    pub fn date_skew_seconds(mut self, seconds: i64) -> Self {
+        self.date_skew_seconds = seconds;
         self
     }
 }
@@ -401,6 +414,10 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::map_response(add_request_id))
+        .layer(middleware::map_response_with_state(
+            state.clone(),
+            skew_date,
+        ))
         .with_state(state)
 }
 
@@ -422,6 +439,22 @@ async fn method_not_allowed(request: Request<axum::body::Body>) -> HttpError {
             request.uri().path()
         ),
     )
+}
+
+/// With a date skew configured, the `Date` header is stamped here, off by
+/// that much (hyper adds the true one only when none is set).
+async fn skew_date(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    mut response: Response,
+) -> Response {
+    let skew = state.date_skew_seconds();
+    if skew != 0 {
+        let at = chrono::Utc::now() + chrono::Duration::seconds(skew);
+        if let Ok(v) = HeaderValue::from_str(&at.format("%a, %d %b %Y %H:%M:%S GMT").to_string()) {
+            response.headers_mut().insert(axum::http::header::DATE, v);
+        }
+    }
+    response
 }
 
 /// Every response carries a `request-id`, as the API's do.

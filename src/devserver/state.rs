@@ -29,6 +29,7 @@ struct StateInner {
     mount_root: String,
     lease_ttl_seconds: i64,
     ping_interval: Duration,
+    date_skew_seconds: i64,
     live: Live,
     faults: Faults,
     webhook: Option<WebhookSender>,
@@ -52,6 +53,7 @@ impl AppState {
                 mount_root: config.mount_root,
                 lease_ttl_seconds: config.lease_ttl_seconds,
                 ping_interval: config.ping_interval,
+                date_skew_seconds: config.date_skew_seconds,
                 live: Live::default(),
                 faults: Faults::new(config.faults),
                 webhook,
@@ -82,6 +84,11 @@ impl AppState {
 
     pub fn ping_interval(&self) -> Duration {
         self.inner.ping_interval
+    }
+
+    /// Seconds the `Date` header is off the true clock (a test setting).
+    pub fn date_skew_seconds(&self) -> i64 {
+        self.inner.date_skew_seconds
     }
 
     pub fn shutdown_token(&self) -> CancellationToken {

@@ -14,13 +14,24 @@
 //! appear with a `created_at` older than one already seen. [`OVERLAP`]
 //! (5 s) is far above a write's commit latency (milliseconds; a request
 //! that takes longer than this has also outlived the clients' timeouts) and
-//! above clock differences between the API's own servers under NTP. Only
-//! the server's timestamps are compared, never this machine's clock. Once a
-//! poll made at least `OVERLAP` (of this machine's monotonic time) after the
-//! high-water was first seen has answered, every version at or before the
-//! high-water is visible: the window then starts at the high-water itself
-//! (see [`RemoteIndex::floor`]), so an idle store costs one small page, not
-//! the last five seconds of a burst again and again.
+//! above clock differences between the API's own servers under NTP.
+//!
+//! The window is steered by the server's record clock only — the
+//! `created_at`s the feed has actually returned — never by this machine's
+//! clock nor by the `Date` header: a proxy or load balancer whose clock
+//! runs ahead (or a middlebox rewriting `Date`) would move a `Date`-based
+//! window past versions not yet read, hiding them until the next full
+//! listing. Once a poll made at least `OVERLAP` (of this machine's
+//! monotonic time) after the high-water was first seen has answered, every
+//! version at or before the high-water is visible: the window then starts
+//! at the high-water itself (see [`RemoteIndex::floor`]), so an idle store
+//! costs one small page, not the last five seconds of a burst again and
+//! again.
+//!
+//! Which version of a memory the index reflects follows the server's order
+//! of versions, `created_at` then id ([`Order`]), whatever order they are
+//! seen in: a late version older than one applied is recorded as seen and
+//! changes nothing.
 //!
 //! Any doubt makes [`RemoteIndex::advance`] refuse, and the caller lists
 //! the whole store: see [`Doubt`].
@@ -59,6 +70,16 @@ pub(crate) enum Doubt {
     PathTaken,
     #[error("a version of a live memory carries no path or hash")]
     Incomplete,
+    #[error("the listing gave one memory two paths (it moved while being listed)")]
+    SeenTwice,
+}
+
+/// A version's place in the server's order: `created_at` (microseconds),
+/// then id for versions stamped at the same instant.
+type Order = (i64, String);
+
+fn order(v: &MemoryVersion) -> Order {
+    (micros(v), v.id.clone())
 }
 
 /// The store's memories as last known, and where the feed stands.
@@ -75,17 +96,14 @@ pub(crate) struct RemoteIndex {
     /// When (this machine's monotonic clock) `high` was first seen.
     high_seen_at: Instant,
     /// Every version at or before this is known to be visible and seen
-    /// (the monotonic-clock rule, when the server sends no `Date`).
+    /// (see the module docs).
     settled: Option<i64>,
-    /// Every version before this is seen: the server's clock (its `Date`)
-    /// at the last complete poll, less [`OVERLAP`]. Preferred when known.
-    dated: Option<i64>,
     /// Versions seen at or after the floor: id → created_at.
     seen: HashMap<String, i64>,
-    /// Per memory, the `created_at` of the version the index reflects
-    /// (when known and at or after the floor): an older version that shows
-    /// up late must not undo a newer one.
-    applied: HashMap<String, i64>,
+    /// Per memory, the place in the server's order of the version the
+    /// index reflects (when known and at or after the floor): an older
+    /// version that shows up late must not undo a newer one.
+    applied: HashMap<String, Order>,
     /// When the store was last listed in full.
     pub(crate) listed_at: Instant,
 }
@@ -102,18 +120,25 @@ impl RemoteIndex {
     /// An index seeded by a full listing. `newest`: the first versions page
     /// read just before the listing (newest first): its versions are
     /// reflected by the listing, so they count as seen.
-    /// `server`: the server's clock when it answered that page (its `Date`,
-    /// microseconds).
+    ///
+    /// A listing that gave one memory two paths ran while that memory
+    /// moved (pages or prefixes listed one after another, the memory
+    /// renamed from a part not yet listed into one already listed or the
+    /// reverse): which path is current cannot be known, so it is a doubt.
+    /// (A memory that moved out of sight the other way is listed at no
+    /// path: the feed's version of it names a memory the index does not
+    /// hold, [`Doubt::UnknownMemory`].)
     pub(crate) fn seeded(
         map: Arc<BTreeMap<String, MemoryIndexEntry>>,
         newest: &[MemoryVersion],
-        server: Option<i64>,
         now: Instant,
-    ) -> RemoteIndex {
-        let by_id = map
-            .iter()
-            .map(|(rel, m)| (m.id.clone(), rel.clone()))
-            .collect();
+    ) -> Result<RemoteIndex, Doubt> {
+        let mut by_id = HashMap::with_capacity(map.len());
+        for (rel, m) in map.iter() {
+            if by_id.insert(m.id.clone(), rel.clone()).is_some() {
+                return Err(Doubt::SeenTwice);
+            }
+        }
         let high = newest.iter().map(micros).max();
         let mut index = RemoteIndex {
             map,
@@ -121,7 +146,6 @@ impl RemoteIndex {
             high,
             high_seen_at: now,
             settled: None,
-            dated: server.map(|d| d - OVERLAP.as_micros() as i64),
             seen: HashMap::new(),
             applied: HashMap::new(),
             listed_at: now,
@@ -131,19 +155,21 @@ impl RemoteIndex {
             let at = micros(v);
             if floor.is_none_or(|f| at >= f) {
                 index.seen.insert(v.id.clone(), at);
-                let e = index.applied.entry(v.memory_id.clone()).or_insert(at);
-                *e = (*e).max(at);
+                let key = order(v);
+                match index.applied.get(&v.memory_id) {
+                    Some(known) if *known >= key => {}
+                    _ => {
+                        index.applied.insert(v.memory_id.clone(), key);
+                    }
+                }
             }
         }
-        index
+        Ok(index)
     }
 
     /// The `created_at[gte]` of the next poll (microseconds), `None` for no
     /// filter (a store without any version yet).
     pub(crate) fn floor(&self) -> Option<i64> {
-        if self.dated.is_some() {
-            return self.dated;
-        }
         let high = self.high?;
         let window = high - OVERLAP.as_micros() as i64;
         Some(self.settled.map_or(window, |s| s.max(window)))
@@ -151,14 +177,11 @@ impl RemoteIndex {
 
     /// Apply one poll's versions (every version created at or after
     /// [`Self::floor`], newest first as the server lists them), made at
-    /// `now`, the server's clock reading `server` (its `Date`, microseconds,
-    /// of the poll's first page) when it sent one. On a doubt the index is
-    /// left as it was.
+    /// `now`. On a doubt the index is left as it was.
     pub(crate) fn advance(
         &mut self,
         versions: &[MemoryVersion],
         now: Instant,
-        server: Option<i64>,
     ) -> Result<(), Doubt> {
         let floor = self.floor();
         // Unseen versions, oldest first (the server lists newest first; a
@@ -174,8 +197,8 @@ impl RemoteIndex {
         {
             return Err(Doubt::Redacted);
         }
-        // Per memory: its newest unseen version, and whether one of them
-        // created it.
+        // Per memory: its newest unseen version (the server's order), and
+        // whether one of them created it.
         let mut newest: BTreeMap<&str, &MemoryVersion> = BTreeMap::new();
         let mut created: HashSet<&str> = HashSet::new();
         for v in &fresh {
@@ -183,13 +206,13 @@ impl RemoteIndex {
                 created.insert(&v.memory_id);
             }
             let slot = newest.entry(&v.memory_id).or_insert(v);
-            if micros(v) >= micros(slot) {
+            if order(v) > order(slot) {
                 *slot = v;
             }
         }
         // Nothing new (an idle store): nothing to apply, and nothing copied.
         if newest.is_empty() {
-            self.moved(versions, now, floor, server);
+            self.moved(versions, now, floor);
             return Ok(());
         }
         let mut map = BTreeMap::clone(&self.map);
@@ -197,12 +220,12 @@ impl RemoteIndex {
         let mut applied = self.applied.clone();
         let mut placed: Vec<(&str, String, MemoryIndexEntry)> = Vec::new();
         for (&memory_id, v) in &newest {
-            let at = micros(v);
-            if applied.get(memory_id).is_some_and(|&known| known > at) {
+            let key = order(v);
+            if applied.get(memory_id).is_some_and(|known| *known > key) {
                 // Late, and older than what the index already reflects.
                 continue;
             }
-            applied.insert(memory_id.to_string(), at);
+            applied.insert(memory_id.to_string(), key);
             // Leave the old path (if the index still gives it to this memory).
             if let Some(old) = by_id.remove(memory_id)
                 && map.get(&old).is_some_and(|m| m.id == memory_id)
@@ -250,19 +273,13 @@ impl RemoteIndex {
         for v in &fresh {
             self.seen.insert(v.id.clone(), micros(v));
         }
-        self.moved(versions, now, floor, server);
+        self.moved(versions, now, floor);
         Ok(())
     }
 
     /// Where the feed stands after a poll from `floor` that read
-    /// `versions`, made at `now`, the server's clock reading `server`.
-    fn moved(
-        &mut self,
-        versions: &[MemoryVersion],
-        now: Instant,
-        floor: Option<i64>,
-        server: Option<i64>,
-    ) {
+    /// `versions`, made at `now`.
+    fn moved(&mut self, versions: &[MemoryVersion], now: Instant, floor: Option<i64>) {
         if let Some(top) = versions.iter().map(micros).max()
             && self.high.is_none_or(|h| top > h)
         {
@@ -278,15 +295,9 @@ impl RemoteIndex {
         {
             self.settled = Some(h);
         }
-        // Every version created before the server's clock less OVERLAP was
-        // visible when this poll began, and the poll read all from the floor.
-        if let Some(d) = server {
-            let cut = d - OVERLAP.as_micros() as i64;
-            self.dated = Some(self.dated.map_or(cut, |f| f.max(cut)));
-        }
         if let Some(f) = self.floor() {
             self.seen.retain(|_, at| *at >= f);
-            self.applied.retain(|_, at| *at >= f);
+            self.applied.retain(|_, (at, _)| *at >= f);
         }
     }
 }
@@ -329,9 +340,9 @@ mod tests {
                 v("v2", "m2", Created, Some("/b.md"), 100 * S),
                 v("v1", "m1", Created, Some("/a.md"), 99 * S),
             ],
-            None,
             Instant::now(),
         )
+        .unwrap()
     }
 
     fn paths(i: &RemoteIndex) -> Vec<(String, String, String)> {
@@ -354,7 +365,7 @@ mod tests {
             v("v3", "m2", Deleted, Some("/b.md"), 101 * S),
             v("v2", "m2", Created, Some("/b.md"), 100 * S),
         ];
-        i.advance(&feed, now, None).unwrap();
+        i.advance(&feed, now).unwrap();
         assert_eq!(
             paths(&i),
             [
@@ -363,7 +374,7 @@ mod tests {
             ]
         );
         // Replayed again: nothing changes.
-        i.advance(&feed, now, None).unwrap();
+        i.advance(&feed, now).unwrap();
         assert_eq!(paths(&i).len(), 2);
     }
 
@@ -371,12 +382,8 @@ mod tests {
     fn a_late_version_inside_the_window_is_applied_once_and_never_undoes_a_newer_one() {
         let mut i = listed();
         let now = Instant::now();
-        i.advance(
-            &[v("v3", "m1", Modified, Some("/a.md"), 110 * S)],
-            now,
-            None,
-        )
-        .unwrap();
+        i.advance(&[v("v3", "m1", Modified, Some("/a.md"), 110 * S)], now)
+            .unwrap();
         assert_eq!(i.floor(), Some(105 * S));
         // Committed late: created before the high-water, visible only now.
         let late_b = v("v4", "m2", Modified, Some("/b.md"), 108 * S);
@@ -388,7 +395,6 @@ mod tests {
                 late_a,
             ],
             now,
-            None,
         )
         .unwrap();
         assert_eq!(
@@ -418,12 +424,12 @@ mod tests {
         for (feed, doubt) in cases {
             let mut i = listed();
             let before = paths(&i);
-            assert_eq!(i.advance(feed, now, None), Err(doubt));
+            assert_eq!(i.advance(feed, now), Err(doubt));
             assert_eq!(paths(&i), before);
         }
         // A deletion of a memory the index never held is no doubt.
         let mut i = listed();
-        i.advance(&[v("v9", "m7", Deleted, Some("/z.md"), 101 * S)], now, None)
+        i.advance(&[v("v9", "m7", Deleted, Some("/z.md"), 101 * S)], now)
             .unwrap();
     }
 
@@ -431,7 +437,7 @@ mod tests {
     fn an_idle_window_settles_to_the_high_water() {
         let mut i = listed();
         let later = Instant::now() + OVERLAP;
-        i.advance(&[], later, None).unwrap();
+        i.advance(&[], later).unwrap();
         assert_eq!(
             i.floor(),
             Some(100 * S),
@@ -440,25 +446,51 @@ mod tests {
     }
 
     #[test]
-    fn with_the_servers_clock_the_window_is_the_last_overlap_of_server_time() {
+    fn the_window_follows_the_versions_created_at_not_any_other_clock() {
+        // Versions stamped a minute "ahead" of the last one seen (e.g. the
+        // server's clock stepped), and a late one behind them: each is read
+        // because the window is the high-water seen, less OVERLAP.
+        let mut i = listed();
         let now = Instant::now();
-        let map = BTreeMap::from([("a.md".into(), entry("m1", "x"))]);
-        // A burst long ago: the window starts at the server's clock less OVERLAP.
-        let mut i = RemoteIndex::seeded(
-            map.into(),
-            &[v("v1", "m1", Created, Some("/a.md"), 100 * S)],
-            Some(500 * S),
+        i.advance(&[v("v3", "m1", Modified, Some("/a.md"), 160 * S)], now)
+            .unwrap();
+        assert_eq!(i.floor(), Some(155 * S));
+        let late = v("v4", "m2", Modified, Some("/b.md"), 157 * S);
+        i.advance(
+            &[v("v3", "m1", Modified, Some("/a.md"), 160 * S), late],
             now,
+        )
+        .unwrap();
+        assert_eq!(i.map["b.md"].content_sha256, "sha-v4");
+    }
+
+    #[test]
+    fn a_listing_that_gave_one_memory_two_paths_is_a_doubt() {
+        let map = BTreeMap::from([
+            ("a.md".into(), entry("m1", "x")),
+            ("p/a.md".into(), entry("m1", "x")),
+        ]);
+        assert_eq!(
+            RemoteIndex::seeded(map.into(), &[], Instant::now()).err(),
+            Some(Doubt::SeenTwice)
         );
-        assert_eq!(i.floor(), Some(495 * S));
-        // A version stamped before the last poll's clock but committed late,
-        // inside the window: seen; replayed in the next window: applied
-        // once, nothing changes.
-        let late = [v("v2", "m1", Modified, Some("/a.md"), 497 * S)];
-        for _ in 0..2 {
-            i.advance(&late, now, Some(503 * S)).unwrap();
-            assert_eq!(i.map["a.md"].content_sha256, "sha-v2");
-            assert_eq!(i.floor(), Some(498 * S));
+    }
+
+    #[test]
+    fn versions_of_one_memory_at_the_same_instant_settle_the_same_in_any_order() {
+        // Two versions of m1 stamped at the same microsecond, seen in two
+        // polls in either order: the index ends on the same one.
+        let mut ends = Vec::new();
+        for order in [["va", "vb"], ["vb", "va"]] {
+            let mut i = listed();
+            let now = Instant::now();
+            let mut feed = Vec::new();
+            for id in order {
+                feed.insert(0, v(id, "m1", Modified, Some("/a.md"), 101 * S));
+                i.advance(&feed, now).unwrap();
+            }
+            ends.push(i.map["a.md"].content_sha256.clone());
         }
+        assert_eq!(ends[0], ends[1], "the arrival order decided");
     }
 }

@@ -10,8 +10,10 @@ use crate::api::types::{
 };
 use crate::api::{Client, Error};
 
-/// A page of the version history and the server's clock when it answered
-/// (its `Date`, microseconds since the epoch), when it said.
+/// A page of the version history and the `Date` header of its answer
+/// (microseconds since the epoch), when there was one. The `Date` is what
+/// the last hop (a proxy, a load balancer) stamped, not the server's record
+/// clock: the feed never steers by it (see `super::feed`).
 pub type VersionsPage = (Page<MemoryVersion>, Option<i64>);
 
 /// The memory endpoints the sync uses.
@@ -65,8 +67,8 @@ pub trait MemoryApi: Send + Sync {
 
     /// One page of the store's version history (`basic` view), newest
     /// first, created at or after `since_micros` (microseconds since the
-    /// epoch; no filter when `None`), with the server's clock when the
-    /// answer gave it (its `Date`, in microseconds). The default refuses,
+    /// epoch; no filter when `None`), with the answer's `Date` header (see
+    /// [`VersionsPage`]). The default refuses,
     /// so a client without it always lists the whole store (see
     /// `super::feed`).
     fn versions<'a>(

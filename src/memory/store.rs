@@ -427,9 +427,7 @@ impl AttachedStore {
         let newest = self.newest_versions(api).await;
         let remote = Arc::new(self.list_index(api).await?);
         self.remember_ids(&remote);
-        *self.remote_index() = newest.map(|(v, server)| {
-            RemoteIndex::seeded(Arc::clone(&remote), &v, server, Instant::now())
-        });
+        *self.remote_index() = self.seed(Arc::clone(&remote), newest);
         Ok(remote)
     }
 
@@ -445,15 +443,26 @@ impl AttachedStore {
             .extend(remote.iter().map(|(rel, m)| (rel.clone(), m.id.clone())));
     }
 
+    /// The feed's index from a full listing and the versions page read
+    /// before it; `None` (the next sync lists again) without that page or
+    /// when the listing is in doubt.
+    fn seed(&self, listed: RemoteMap, newest: Option<Vec<MemoryVersion>>) -> Option<RemoteIndex> {
+        match RemoteIndex::seeded(listed, &newest?, Instant::now()) {
+            Ok(index) => Some(index),
+            Err(doubt) => {
+                debug!(memory_store.id = %self.id, reason = %doubt, "the memory store listing is in doubt; listing it again next sync");
+                None
+            }
+        }
+    }
+
     /// The first page of the version history (newest first), to seed the
     /// feed; `None` when it cannot be read (the feed is then off until the
-    /// next full listing).
-    async fn newest_versions(
-        &self,
-        api: &dyn MemoryApi,
-    ) -> Option<(Vec<MemoryVersion>, Option<i64>)> {
+    /// next full listing). The answer's `Date` is not used: the feed's
+    /// window follows the versions' own `created_at` (see `super::feed`).
+    async fn newest_versions(&self, api: &dyn MemoryApi) -> Option<Vec<MemoryVersion>> {
         match api.versions(&self.id, None, FEED_PAGE, None).await {
-            Ok((page, server)) => Some((page.data, server)),
+            Ok((page, _date)) => Some(page.data),
             Err(e) => {
                 debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store each sync");
                 None
@@ -475,14 +484,9 @@ impl AttachedStore {
         let before = Arc::clone(&index.map);
         let mut versions = Vec::new();
         let mut page = None;
-        let mut server: Option<i64> = None;
         for _ in 0..MAX_FEED_PAGES {
             let got = match api.versions(&self.id, since, FEED_PAGE, page.take()).await {
-                Ok((got, date)) => {
-                    // The first page's clock: the earliest, so the safest.
-                    server = server.or(date);
-                    got
-                }
+                Ok((got, _date)) => got,
                 Err(e) => {
                     debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store");
                     return None;
@@ -493,7 +497,7 @@ impl AttachedStore {
             match next {
                 Some(n) => page = Some(n),
                 None => {
-                    if let Err(doubt) = index.advance(&versions, now, server) {
+                    if let Err(doubt) = index.advance(&versions, now) {
                         debug!(memory_store.id = %self.id, reason = %doubt, "the memory version feed is in doubt; listing the store");
                         return None;
                     }
@@ -623,8 +627,7 @@ impl AttachedStore {
         self.state()
             .tentative
             .retain(|rel, _| listed.contains_key(rel));
-        *self.remote_index() = newest
-            .map(|(v, server)| RemoteIndex::seeded(listed.into(), &v, server, Instant::now()));
+        *self.remote_index() = self.seed(listed.into(), newest);
         Ok(written)
     }
 

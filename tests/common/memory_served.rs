@@ -48,7 +48,15 @@ pub struct Counting {
     /// Version ids left out of `memory_versions` pages: a write committed
     /// late, not yet visible (take an id out to make it visible).
     pub hidden: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Run before a listing request is sent (given its prefix, `None` for
+    /// the whole store or its top level): a hook between the mount's
+    /// listing requests, e.g. another writer's change.
+    pub before_listing: std::sync::Mutex<Option<ListingHook>>,
 }
+
+/// See [`Counting::before_listing`]: the future to await before the
+/// listing of this prefix goes out, if any.
+pub type ListingHook = Box<dyn Fn(Option<&str>) -> Option<BoxFuture<'static, ()>> + Send + Sync>;
 
 impl Counting {
     pub fn new(client: Client) -> Counting {
@@ -58,7 +66,16 @@ impl Counting {
             versions: AtomicUsize::new(0),
             others: AtomicUsize::new(0),
             hidden: Default::default(),
+            before_listing: Default::default(),
         }
+    }
+
+    fn hook(&self, prefix: Option<&str>) -> Option<BoxFuture<'static, ()>> {
+        self.before_listing
+            .lock()
+            .unwrap()
+            .as_ref()
+            .and_then(|hook| hook(prefix))
     }
 
     /// Every call so far.
@@ -101,8 +118,15 @@ impl MemoryApi for Counting {
         page: Option<String>,
     ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
         self.listings.fetch_add(1, Ordering::SeqCst);
-        self.client
-            .list_under(store_id, view, limit, prefix, depth, page)
+        let hook = self.hook(prefix);
+        Box::pin(async move {
+            if let Some(hook) = hook {
+                hook.await;
+            }
+            self.client
+                .list_under(store_id, view, limit, prefix, depth, page)
+                .await
+        })
     }
 
     fn list_index<'a>(
@@ -179,11 +203,52 @@ impl MemoryApi for Counting {
 /// A scenario-made session with a writable and a read-only store, claimed
 /// like a worker claims it, its stores downloaded with the sessions token.
 pub async fn served() -> Served {
-    served_with(json!([
+    served_with(two_stores()).await
+}
+
+/// [`served`]'s scenario `memory_stores`.
+pub fn two_stores() -> Value {
+    json!([
         {"key": "notes", "name": "Notes", "memories": {"/a.md": "a1", "/dir/b.md": "b1", "/gone.md": "g"}},
         {"key": "kb", "name": "KB", "access": "read_only", "memories": {"/faq.md": "f1"}}
-    ]))
-    .await
+    ])
+}
+
+/// Another writer (the admin key, straight to the devserver at `url`)
+/// moves the memory at `from` to `to` in `store`.
+pub async fn rename_on_server(url: &str, store: &str, from: &str, to: &str) {
+    use envworker::api::types::{ListMemories, UpdateMemory};
+    let admin = Client::builder(Credential::api_key(ADMIN_KEY))
+        .base_url(url)
+        .build()
+        .unwrap();
+    let memories = admin.memories(store);
+    let listed = memories
+        .list(&ListMemories {
+            limit: Some(100),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let id = listed
+        .data
+        .into_iter()
+        .filter_map(|m| m.into_memory())
+        .find(|m| m.path == from)
+        .unwrap_or_else(|| panic!("no memory at {from}"))
+        .id;
+    memories
+        .update(
+            &id,
+            &UpdateMemory {
+                content: None,
+                path: Some(to.into()),
+                precondition: None,
+            },
+            None,
+        )
+        .await
+        .unwrap();
 }
 
 /// [`served`] with these scenario `memory_stores`.
@@ -203,10 +268,23 @@ pub async fn served_opts(
     state_dir: Option<&Path>,
     shape: impl FnOnce(SessionMemoryStores) -> SessionMemoryStores,
 ) -> Served {
+    served_custom(memory_stores, state_dir, shape, |c| c, |_, _| None).await
+}
+
+/// [`served_opts`] on a devserver configured by `config`, with `hook`
+/// (made from the devserver's URL and the stores' ids) run before each of
+/// the download's listing requests ([`Counting::before_listing`]).
+pub async fn served_custom(
+    memory_stores: Value,
+    state_dir: Option<&Path>,
+    shape: impl FnOnce(SessionMemoryStores) -> SessionMemoryStores,
+    config: impl FnOnce(DevserverConfig) -> DevserverConfig,
+    hook: impl FnOnce(String, Vec<String>) -> Option<ListingHook>,
+) -> Served {
     let mnt = tempfile::tempdir().unwrap();
-    let s = TestServer::start_with(
+    let s = TestServer::start_with(config(
         DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
-    )
+    ))
     .await;
     let started = s
         .start_scenario(&json!({"name": "engine", "memory_stores": memory_stores}))
@@ -251,6 +329,7 @@ pub async fn served_opts(
         .map(|m| PathBuf::from(m.mount_path.clone().unwrap()))
         .collect();
     let calls = Arc::new(Counting::new(client.clone()));
+    *calls.before_listing.lock().unwrap() = hook(s.url(), ids.clone());
     let mut stores = shape(
         SessionMemoryStores::new(
             calls.clone(),
