@@ -132,6 +132,19 @@ async fn child(args: &[String]) {
             let (w, c) = (Instant::now(), cpu_ms());
             examined = stores.sync_now().await.examined;
             (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
+            // PROFILE ONLY: more idle syncs for a profiler to see.
+            if let Ok(n) = std::env::var("ENVWORKER_BENCH_SYNC_LOOP") {
+                let (w, c) = (Instant::now(), cpu_ms());
+                let n: u32 = n.parse().unwrap();
+                for _ in 0..n {
+                    stores.sync_now().await;
+                }
+                eprintln!(
+                    "loop: {n} syncs, {:.3} ms wall/sync, {:.3} ms cpu/sync",
+                    w.elapsed().as_secs_f64() * 1e3 / n as f64,
+                    (cpu_ms() - c) / n as f64
+                );
+            }
         } else {
             let root = stores.roots()[0].clone();
             edit_all(&root, nonce);
@@ -164,7 +177,22 @@ fn edit_all(root: &std::path::Path, nonce: &str) {
 }
 
 fn run_child(program: &std::path::Path, prefix: &[&str], args: &[String]) -> Sample {
-    let out = Command::new(program)
+    // `ENVWORKER_BENCH_WRAP="perf record -g -o /tmp/p.data --"` runs our
+    // children under a profiler (the SDK's run unwrapped).
+    let wrap: Vec<String> = std::env::var("ENVWORKER_BENCH_WRAP")
+        .ok()
+        .filter(|_| prefix == ["--child"])
+        .map(|w| w.split_whitespace().map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut command = match wrap.split_first() {
+        Some((tool, tool_args)) => {
+            let mut c = Command::new(tool);
+            c.args(tool_args).arg(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    let out = command
         .args(prefix)
         .args(args)
         .stderr(Stdio::inherit())
@@ -446,7 +474,7 @@ async fn main() {
             "operation", "off wall", "off cpu", "examined", "on wall", "on cpu", "examined", "cpu×"
         );
         let (mut off, mut on) = (Vec::new(), Vec::new());
-        for _ in 0..9 {
+        for _ in 0..std::env::var("ENVWORKER_BENCH_RUNS").map_or(9, |v| v.parse().unwrap()) {
             off.push(run_child(
                 &me,
                 &["--child"],
