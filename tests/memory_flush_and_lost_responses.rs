@@ -456,6 +456,52 @@ async fn another_writers_edit_after_a_lost_upload_response_still_wins() {
     assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("someone else"));
 }
 
+/// A sync cut off by its bound with v1's update in flight (the periodic
+/// sync's `timeout` drops the request mid-flight); the agent writes v2; the
+/// next sync lists the server (still v0) and sends v2 guarded by v0 — and
+/// v1 commits just before v2 arrives. The 409 is our own late write, not
+/// another writer's: v2 is sent again over it and wins, on the server and
+/// on disk.
+#[tokio::test(start_paused = true)]
+async fn an_upload_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit() {
+    let logs = Logs::capture();
+    let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    h.write("s", "a.md", "v1");
+    h.fake.fault(
+        Op::Update,
+        Some("a.md"),
+        Fault::Delay(Duration::from_secs(3600)),
+    );
+    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
+    assert!(cut.is_err(), "the sync was cut off with v1 in flight");
+    h.write("s", "a.md", "v2");
+    h.fake.fault(
+        Op::Update,
+        Some("a.md"),
+        Fault::before(|stores| {
+            let m = stores.get_mut("s").unwrap().get_mut("/a.md").unwrap();
+            m.content = "v1".into();
+            m.version += 1;
+        }),
+    );
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(
+        h.fake.get("s", "a.md").as_deref(),
+        Some("v2"),
+        "{}",
+        logs.text()
+    );
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("v2"));
+    assert_eq!(logs.count("the local edit loses"), 0, "{}", logs.text());
+    // Another writer's edit still wins over ours afterwards.
+    h.write("s", "a.md", "v3");
+    h.fake.put("s", "a.md", "someone else");
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("someone else"));
+}
+
 #[tokio::test]
 async fn a_send_is_forgotten_once_a_later_sync_has_seen_the_server() {
     let h = H::new(&[("s", RW, &[("a.md", "v1")])], DeleteMode::Enabled).await;

@@ -1105,7 +1105,14 @@ impl AttachedStore {
                     return None;
                 }
             };
-            self.state().sent.insert(rel.to_string(), sha256_hex(&data));
+            let sending = sha256_hex(&data);
+            {
+                let mut state = self.state();
+                state.sent.insert(rel.to_string(), sending.clone());
+                // Stays if this future is dropped mid-flight (a bound cut
+                // the pass off): the request may still land.
+                state.sending(rel, &sending);
+            }
             // The folder returns only UTF-8 for a memory store.
             let content = String::from_utf8_lossy(&data);
             let path = format!("/{rel}");
@@ -1113,6 +1120,14 @@ impl AttachedStore {
                 None => api.create(&self.id, &path, &content).await,
                 Some((id, expected)) => api.update(&self.id, id, &content, expected).await,
             };
+            // An answer (any status) settles the request; a transport
+            // failure or a timeout does not: the server may apply it later.
+            if result
+                .as_ref()
+                .map_or_else(|e| e.status().is_some(), |_| true)
+            {
+                self.state().answered(rel, &sending, result.is_ok());
+            }
             match result {
                 Ok(memory) => {
                     crate::killpoint::hit("memory.upload.landed");
@@ -1131,6 +1146,14 @@ impl AttachedStore {
                     // Deleted since the listing: the file is now the only copy.
                     (true, Some(404)) => self.upload(api, rel, local_sha, None).await,
                     (true, Some(409)) => {
+                        if let Some((id, current)) = self.own_late_write(api, rel, &update).await {
+                            info!(
+                                memory_store.id = %self.id,
+                                memory.path = %rel,
+                                "an upload of ours cut off in flight landed late; sending the newer edit over it"
+                            );
+                            return self.upload(api, rel, local_sha, Some((id, current))).await;
+                        }
                         // The sent hash stays: this may be a retry of an
                         // attempt that landed; the next listing tells.
                         self.state().lost_uploads += 1;
@@ -1152,6 +1175,34 @@ impl AttachedStore {
                 },
             }
         })
+    }
+
+    /// After an update of `rel` was refused (409): does the memory now hold
+    /// what one of our own requests without an answer sent (cut off in
+    /// flight, it committed after the listing this update was guarded by)?
+    /// Then the change is ours, not another writer's, and the newer edit
+    /// goes out guarded by it: `Some((id, its hash))`. Asks the server only
+    /// when such a request exists, so a plain conflict costs nothing more.
+    async fn own_late_write(
+        &self,
+        api: &dyn MemoryApi,
+        rel: &str,
+        update: &Option<(String, String)>,
+    ) -> Option<(String, String)> {
+        let (id, _) = update.as_ref()?;
+        if !self.state().in_flight.contains_key(rel) {
+            return None;
+        }
+        let current = match api.retrieve(&self.id, id).await {
+            Ok(memory) => memory.content_sha256,
+            Err(e) => {
+                debug!(memory_store.id = %self.id, memory.path = %rel, error = %e, "cannot read the memory an upload was refused for");
+                return None;
+            }
+        };
+        self.state()
+            .take_in_flight(rel, &current)
+            .then(|| (id.clone(), current))
     }
 
     fn refuse(&self, rel: &str, local_sha: Option<&str>, rejection: &str) {
