@@ -5,6 +5,7 @@
 //! what it had not uploaded.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
@@ -16,6 +17,7 @@ use super::plan::{
     DirtyFacts, FlushDecision, FlushFacts, FlushRemote, FolderOp, FolderVerdict, Listed,
     flush_dirty, plan_flush, plan_folder,
 };
+use super::push::{MAX_UPLOADS, PASS_BUDGET};
 use super::remote::MemoryApi;
 use super::store::{AttachedStore, PassError, UPLOAD_CONCURRENCY};
 
@@ -42,7 +44,7 @@ impl AttachedStore {
 
     async fn flush_writable(&self, api: &dyn MemoryApi) -> FlushStats {
         let mut stats = FlushStats::default();
-        let _pass = self.pass.lock().await;
+        let _pass = self.lock_before_pushes().await;
         crate::killpoint::hit("memory.flush.start");
         let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
         let mut guard = CutOffGuard {
@@ -112,7 +114,9 @@ impl AttachedStore {
         let done = |rel: &str| {
             unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);
         };
-        let (uploaded, conflicts) = self.push_dirty(api, &dirty, remote.as_ref(), &done).await;
+        let (uploaded, conflicts, _) = self
+            .push_dirty(api, &dirty, remote.as_ref(), &done, &|_| true)
+            .await;
         stats.uploaded = uploaded;
         stats.conflicts += conflicts;
         Ok(())
@@ -123,12 +127,19 @@ impl AttachedStore {
     /// (each update is guarded by the hash it was last synced at, so the
     /// server refuses it if another writer changed the memory since: the
     /// server wins, and the next sync pulls its version). Holds the pass
-    /// lock, so it never interleaves with a sync. Uploads done.
-    pub(crate) async fn push_changed(&self, api: &dyn MemoryApi) -> usize {
+    /// lock, so it never interleaves with a sync; bounded, and gives way to
+    /// a sync that waits or to `stop` (see `super::push`): the paths it did
+    /// not get to stay reported. Uploads done.
+    pub(crate) async fn push_changed(
+        &self,
+        api: &dyn MemoryApi,
+        stop: &(dyn Fn() -> bool + Sync),
+    ) -> usize {
         if self.read_only {
             return 0;
         }
         let _pass = self.pass.lock().await;
+        let started = std::time::Instant::now();
         let seen = match self.scan_changed().await {
             Ok(Some(seen)) => seen,
             // The next sync scans whole and pushes what changed.
@@ -161,7 +172,17 @@ impl AttachedStore {
         if dirty.is_empty() {
             return 0;
         }
-        let (uploaded, _) = self.push_dirty(api, &dirty, None, &|_| {}).await;
+        let go = |begun: usize| {
+            begun < MAX_UPLOADS
+                && started.elapsed() < PASS_BUDGET
+                && !self.sync_waiting()
+                && !stop()
+        };
+        let (uploaded, _, left) = self.push_dirty(api, &dirty, None, &|_| {}, &go).await;
+        if !left.is_empty() {
+            debug!(memory_store.id = %self.id, left = left.len(), "the push pass ends before its last uploads; the next pass or sync takes them");
+            self.observer().report_again(left);
+        }
         self.pushed
             .fetch_add(uploaded, std::sync::atomic::Ordering::Relaxed);
         drop(_pass);
@@ -171,14 +192,17 @@ impl AttachedStore {
 
     /// Plan (the flush's rules) and upload each dirty file, `remote` the
     /// listing if there is one; `done` is told of each path as it is
-    /// settled. Uploads landed, and conflicts left to the server.
+    /// settled, and `go` (given how many uploads began) says whether the
+    /// next may begin. Uploads landed, conflicts left to the server, and the
+    /// paths `go` held back.
     async fn push_dirty(
         &self,
         api: &dyn MemoryApi,
         dirty: &BTreeMap<String, String>,
         remote: Option<&BTreeMap<String, MemoryIndexEntry>>,
         done: &(dyn Fn(&str) + Sync),
-    ) -> (usize, usize) {
+        go: &(dyn Fn(usize) -> bool + Sync),
+    ) -> (usize, usize, Vec<String>) {
         let mut conflicts = 0;
         let mut work = Vec::new();
         for (rel, local) in dirty {
@@ -200,23 +224,34 @@ impl AttachedStore {
                 FlushDecision::Upload { update } => work.push((rel.clone(), local.clone(), update)),
             }
         }
+        let begun = AtomicUsize::new(0);
+        let left = Mutex::new(Vec::new());
         let uploaded = stream::iter(work)
-            .map(|(rel, local, update)| async move {
-                let landed = self.upload(api, &rel, Some(&local), update).await;
-                done(&rel);
-                match landed {
-                    Some(sha) => {
-                        self.state().baseline.insert(rel, sha);
-                        true
+            .map(|(rel, local, update)| {
+                let (begun, left) = (&begun, &left);
+                async move {
+                    // Asked as the upload would begin (a slot is free).
+                    if !go(begun.fetch_add(1, Ordering::Relaxed)) {
+                        left.lock().unwrap_or_else(|e| e.into_inner()).push(rel);
+                        return false;
                     }
-                    None => false,
+                    let landed = self.upload(api, &rel, Some(&local), update).await;
+                    done(&rel);
+                    match landed {
+                        Some(sha) => {
+                            self.state().baseline.insert(rel, sha);
+                            true
+                        }
+                        None => false,
+                    }
                 }
             })
             .buffer_unordered(UPLOAD_CONCURRENCY)
             .filter(|ok| std::future::ready(*ok))
             .count()
             .await;
-        (uploaded, conflicts)
+        let left = left.into_inner().unwrap_or_else(|e| e.into_inner());
+        (uploaded, conflicts, left)
     }
 
     /// The scanned files the flush looks at ([`flush_dirty`]), judged

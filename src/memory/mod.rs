@@ -479,7 +479,7 @@ impl SessionMemoryStores {
     #[doc(hidden)]
     pub async fn push_now(&self) -> usize {
         let api = self.api.as_ref();
-        futures::future::join_all(self.stores.iter().map(|s| s.push_changed(api)))
+        futures::future::join_all(self.stores.iter().map(|s| s.push_changed(api, &|| false)))
             .await
             .into_iter()
             .sum()

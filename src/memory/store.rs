@@ -168,6 +168,18 @@ pub struct AttachedStore {
     /// Uploads the change-driven push made since the last sync collected
     /// them (reported with that sync: `PassStats::pushed`).
     pub(super) pushed: std::sync::atomic::AtomicUsize,
+    /// Syncs (and flushes) waiting for `pass`: the push gives way to them.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a sync as waiting for the store's `pass` lock until dropped
+/// (taken, or the sync cut off while it waited).
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -208,6 +220,7 @@ impl AttachedStore {
             pass: tokio::sync::Mutex::new(()),
             remote: Mutex::new(None),
             pushed: std::sync::atomic::AtomicUsize::new(0),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -216,6 +229,21 @@ impl AttachedStore {
             state: self.state.lock().unwrap_or_else(|e| e.into_inner()),
             store_id: &self.id,
         }
+    }
+
+    /// Take the `pass` lock for a sync or a flush, which a push gives way
+    /// to: while this waits, the push starts no pass and no upload (the
+    /// lock is fair, so this goes next).
+    pub(super) async fn lock_before_pushes(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        self.pass.lock().await
+    }
+
+    /// Does a sync or a flush wait for this store?
+    pub(super) fn sync_waiting(&self) -> bool {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// The current baseline (for tests and diagnostics).
@@ -255,7 +283,7 @@ impl AttachedStore {
         self.observer().lose_events();
     }
 
-    fn observer(&self) -> std::sync::MutexGuard<'_, Observer> {
+    pub(super) fn observer(&self) -> std::sync::MutexGuard<'_, Observer> {
         self.observer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -718,7 +746,7 @@ impl AttachedStore {
         );
         let started = Instant::now();
         let pass = async {
-            let _pass = self.pass.lock().await;
+            let _pass = self.lock_before_pushes().await;
             let mut stats = PassStats::default();
             if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
                 warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
@@ -825,6 +853,12 @@ impl AttachedStore {
             }
         }
 
+        // Pulls before uploads: a backlog of uploads (an agent writing
+        // faster than the server takes it) never holds back the server's
+        // changes. Each path has one decision, so the order changes nothing
+        // else.
+        stats.pulls = self.pull_all(api, pulls).await;
+
         stats.uploads = stream::iter(uploads)
             .map(|(rel, local, update, fallback)| async move {
                 let got = self.upload(api, &rel, local.as_deref(), update).await;
@@ -864,7 +898,6 @@ impl AttachedStore {
                 .tentative
                 .retain(|rel, _| !baseline.contains_key(rel) && remote.contains_key(rel));
         }
-        stats.pulls = self.pull_all(api, pulls).await;
 
         if suppressed > 0 {
             debug!(
