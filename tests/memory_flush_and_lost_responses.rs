@@ -502,6 +502,40 @@ async fn an_upload_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit(
     assert_eq!(h.read("s", "a.md").as_deref(), Some("someone else"));
 }
 
+/// The same with a create: v1's create is cut off in flight, the agent
+/// writes v2, and v1 lands just before v2's create (which the server then
+/// refuses: the path is taken). The next listing shows our own v1, not
+/// another writer's memory: v2 goes out over it.
+#[tokio::test(start_paused = true)]
+async fn a_create_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit() {
+    let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
+    h.write("s", "new.md", "v1");
+    h.fake.fault(
+        Op::Create,
+        Some("new.md"),
+        Fault::Delay(Duration::from_secs(3600)),
+    );
+    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
+    assert!(cut.is_err(), "the sync was cut off with v1 in flight");
+    h.write("s", "new.md", "v2");
+    h.fake.fault(
+        Op::Create,
+        Some("new.md"),
+        Fault::before(|stores| {
+            let late = common::fake_memory::Stored {
+                id: "mem_late".into(),
+                content: "v1".into(),
+                version: 1,
+            };
+            stores.get_mut("s").unwrap().insert("/new.md".into(), late);
+        }),
+    );
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "new.md").as_deref(), Some("v2"));
+    assert_eq!(h.read("s", "new.md").as_deref(), Some("v2"));
+}
+
 #[tokio::test]
 async fn a_send_is_forgotten_once_a_later_sync_has_seen_the_server() {
     let h = H::new(&[("s", RW, &[("a.md", "v1")])], DeleteMode::Enabled).await;

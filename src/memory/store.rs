@@ -542,7 +542,11 @@ impl AttachedStore {
 
     /// Uploads whose answer never came, resolved against a fresh listing: a
     /// memory holding exactly what was sent is that upload, landed. Every
-    /// record is then dropped, so it never claims another writer's bytes.
+    /// record is then dropped, so it never claims another writer's bytes —
+    /// but for requests that never got any answer at all (`in_flight`): one
+    /// of those may land after this listing, and once a listing shows it,
+    /// it is ours too (a create cut off in flight, then refused to the
+    /// newer edit because the path was taken, is settled here).
     pub(super) fn settle_sent(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
         let mut state = self.state();
         let sent = state.sent.take();
@@ -550,6 +554,18 @@ impl AttachedStore {
             if remote.get(&rel).is_some_and(|m| m.content_sha256 == sha) {
                 state.baseline.insert(rel, sha);
             }
+        }
+        let landed: Vec<(String, String)> = state
+            .in_flight
+            .iter()
+            .filter_map(|(rel, shas)| {
+                let listed = &remote.get(rel)?.content_sha256;
+                shas.contains(listed).then(|| (rel.clone(), listed.clone()))
+            })
+            .collect();
+        for (rel, sha) in landed {
+            state.answered(&rel, &sha, true);
+            state.baseline.insert(rel, sha);
         }
     }
 
