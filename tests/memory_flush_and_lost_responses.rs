@@ -456,6 +456,25 @@ async fn another_writers_edit_after_a_lost_upload_response_still_wins() {
     assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("someone else"));
 }
 
+/// The agent writes `v1` at `rel`, and a sync is cut off by its bound
+/// (30 s, as the periodic sync's) with v1's `op` in flight; then the agent
+/// writes `v2`, and v1 lands just before the next `op` of `rel` does
+/// (`land` applies it to the server).
+async fn cut_off_then_landing_late(
+    h: &H,
+    op: Op,
+    rel: &str,
+    land: impl Fn(&mut common::fake_memory::Stores) + Send + Sync + 'static,
+) {
+    h.write("s", rel, "v1");
+    h.fake
+        .fault(op, Some(rel), Fault::Delay(Duration::from_secs(3600)));
+    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
+    assert!(cut.is_err(), "the sync was cut off with v1 in flight");
+    h.write("s", rel, "v2");
+    h.fake.fault(op, Some(rel), Fault::before(land));
+}
+
 /// A sync cut off by its bound with v1's update in flight (the periodic
 /// sync's `timeout` drops the request mid-flight); the agent writes v2; the
 /// next sync lists the server (still v0) and sends v2 guarded by v0 — and
@@ -466,24 +485,12 @@ async fn another_writers_edit_after_a_lost_upload_response_still_wins() {
 async fn an_upload_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit() {
     let logs = Logs::capture();
     let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
-    h.write("s", "a.md", "v1");
-    h.fake.fault(
-        Op::Update,
-        Some("a.md"),
-        Fault::Delay(Duration::from_secs(3600)),
-    );
-    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
-    assert!(cut.is_err(), "the sync was cut off with v1 in flight");
-    h.write("s", "a.md", "v2");
-    h.fake.fault(
-        Op::Update,
-        Some("a.md"),
-        Fault::before(|stores| {
-            let m = stores.get_mut("s").unwrap().get_mut("/a.md").unwrap();
-            m.content = "v1".into();
-            m.version += 1;
-        }),
-    );
+    cut_off_then_landing_late(&h, Op::Update, "a.md", |stores| {
+        let m = stores.get_mut("s").unwrap().get_mut("/a.md").unwrap();
+        m.content = "v1".into();
+        m.version += 1;
+    })
+    .await;
     h.stores.sync_now().await;
     h.stores.sync_now().await;
     assert_eq!(
@@ -509,27 +516,15 @@ async fn an_upload_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit(
 #[tokio::test(start_paused = true)]
 async fn a_create_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit() {
     let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
-    h.write("s", "new.md", "v1");
-    h.fake.fault(
-        Op::Create,
-        Some("new.md"),
-        Fault::Delay(Duration::from_secs(3600)),
-    );
-    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
-    assert!(cut.is_err(), "the sync was cut off with v1 in flight");
-    h.write("s", "new.md", "v2");
-    h.fake.fault(
-        Op::Create,
-        Some("new.md"),
-        Fault::before(|stores| {
-            let late = common::fake_memory::Stored {
-                id: "mem_late".into(),
-                content: "v1".into(),
-                version: 1,
-            };
-            stores.get_mut("s").unwrap().insert("/new.md".into(), late);
-        }),
-    );
+    cut_off_then_landing_late(&h, Op::Create, "new.md", |stores| {
+        let late = common::fake_memory::Stored {
+            id: "mem_late".into(),
+            content: "v1".into(),
+            version: 1,
+        };
+        stores.get_mut("s").unwrap().insert("/new.md".into(), late);
+    })
+    .await;
     h.stores.sync_now().await;
     h.stores.sync_now().await;
     assert_eq!(h.fake.get("s", "new.md").as_deref(), Some("v2"));
