@@ -456,6 +456,81 @@ async fn another_writers_edit_after_a_lost_upload_response_still_wins() {
     assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("someone else"));
 }
 
+/// The agent writes `v1` at `rel`, and a sync is cut off by its bound
+/// (30 s, as the periodic sync's) with v1's `op` in flight; then the agent
+/// writes `v2`, and v1 lands just before the next `op` of `rel` does
+/// (`land` applies it to the server).
+async fn cut_off_then_landing_late(
+    h: &H,
+    op: Op,
+    rel: &str,
+    land: impl Fn(&mut common::fake_memory::Stores) + Send + Sync + 'static,
+) {
+    h.write("s", rel, "v1");
+    h.fake
+        .fault(op, Some(rel), Fault::Delay(Duration::from_secs(3600)));
+    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
+    assert!(cut.is_err(), "the sync was cut off with v1 in flight");
+    h.write("s", rel, "v2");
+    h.fake.fault(op, Some(rel), Fault::before(land));
+}
+
+/// A sync cut off by its bound with v1's update in flight (the periodic
+/// sync's `timeout` drops the request mid-flight); the agent writes v2; the
+/// next sync lists the server (still v0) and sends v2 guarded by v0 — and
+/// v1 commits just before v2 arrives. The 409 is our own late write, not
+/// another writer's: v2 is sent again over it and wins, on the server and
+/// on disk.
+#[tokio::test(start_paused = true)]
+async fn an_upload_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit() {
+    let logs = Logs::capture();
+    let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    cut_off_then_landing_late(&h, Op::Update, "a.md", |stores| {
+        let m = stores.get_mut("s").unwrap().get_mut("/a.md").unwrap();
+        m.content = "v1".into();
+        m.version += 1;
+    })
+    .await;
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(
+        h.fake.get("s", "a.md").as_deref(),
+        Some("v2"),
+        "{}",
+        logs.text()
+    );
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("v2"));
+    assert_eq!(logs.count("the local edit loses"), 0, "{}", logs.text());
+    // Another writer's edit still wins over ours afterwards.
+    h.write("s", "a.md", "v3");
+    h.fake.put("s", "a.md", "someone else");
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("someone else"));
+}
+
+/// The same with a create: v1's create is cut off in flight, the agent
+/// writes v2, and v1 lands just before v2's create (which the server then
+/// refuses: the path is taken). The next listing shows our own v1, not
+/// another writer's memory: v2 goes out over it.
+#[tokio::test(start_paused = true)]
+async fn a_create_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit() {
+    let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
+    cut_off_then_landing_late(&h, Op::Create, "new.md", |stores| {
+        let late = common::fake_memory::Stored {
+            id: "mem_late".into(),
+            content: "v1".into(),
+            version: 1,
+        };
+        stores.get_mut("s").unwrap().insert("/new.md".into(), late);
+    })
+    .await;
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "new.md").as_deref(), Some("v2"));
+    assert_eq!(h.read("s", "new.md").as_deref(), Some("v2"));
+}
+
 #[tokio::test]
 async fn a_send_is_forgotten_once_a_later_sync_has_seen_the_server() {
     let h = H::new(&[("s", RW, &[("a.md", "v1")])], DeleteMode::Enabled).await;

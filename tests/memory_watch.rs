@@ -7,8 +7,12 @@
 mod common;
 
 use common::contents;
+use common::fake_memory::Op;
+use common::harness::H;
 use common::memory_served::{Served, served_opts, served_with};
+use envworker::api::types::Access;
 use envworker::memory::SessionMemoryStores;
+use envworker::memory::options::{DeleteMode, SyncInterval};
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
@@ -301,4 +305,93 @@ async fn an_edit_reaches_the_server_within_a_second_without_a_sync() {
     t.stores.finish().await.unwrap();
     assert!(!server(&t).await.contains_key("/gone.md"));
     t.stores.dispose().await;
+}
+
+/// An agent flooding writes — `ENVWORKER_FLOOD_FILES` files (3,000 by
+/// default) rewritten round after round, against a server that takes
+/// 100 ms per upload, far more than it can take — never holds back the
+/// periodic sync: the push yields to a sync that is due and bounds each of
+/// its passes, and the sync pulls before it uploads, so a remote edit made
+/// at the mount is on disk within the interval plus 2 s (the agent's calls
+/// check the cadence every 100 ms, as a busy agent's tool calls do).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_flood_never_holds_back_the_periodic_sync() {
+    let files: usize = std::env::var("ENVWORKER_FLOOD_FILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000);
+    let interval = Duration::from_secs(5);
+    let h = H::pushing(
+        &[("s", Access::ReadWrite, &[("remote.md", "r1")])],
+        SyncInterval::every(interval).unwrap(),
+    )
+    .await;
+    let mounted = Instant::now();
+    let slow = Duration::from_millis(100);
+    h.fake.latency(Op::Create, slow);
+    h.fake.latency(Op::Update, slow);
+    h.fake.put("s", "remote.md", "r2");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flood = {
+        let stop = stop.clone();
+        let dir = h.mount("s").join("flood");
+        std::thread::spawn(move || {
+            std::fs::create_dir_all(&dir).unwrap();
+            let mut round = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for i in 0..files {
+                    std::fs::write(dir.join(format!("f{i}.md")), format!("round {round}")).unwrap();
+                }
+                round += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            round
+        })
+    };
+    let agent = async {
+        loop {
+            h.stores.sync_if_due().await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let limit = interval + Duration::from_secs(2);
+    let pulled = async {
+        while mounted.elapsed() < limit + Duration::from_secs(10) {
+            if h.read("s", "remote.md").as_deref() == Some("r2") {
+                return Some(mounted.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    };
+    let took = tokio::select! {
+        took = pulled => took,
+        _ = agent => unreachable!(),
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let rounds = flood.join().unwrap();
+    h.fake.latency(Op::Create, Duration::ZERO);
+    h.fake.latency(Op::Update, Duration::ZERO);
+    eprintln!("remote edit pulled after {took:?} under a flood of {files} files x {rounds} rounds");
+    let took = took.expect("the remote edit was never pulled");
+    assert!(
+        took <= limit,
+        "the remote edit was pulled {took:?} after the mount (interval {interval:?})"
+    );
+    h.stores.dispose().await;
+}
+
+/// One push pass starts at most 256 uploads (`push::MAX_UPLOADS`); the
+/// paths it did not get to stay reported, so the next pass takes them
+/// without waiting for a sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_pass_is_bounded_and_leaves_the_rest_reported() {
+    let h = H::new(&[("s", Access::ReadWrite, &[])], DeleteMode::Enabled).await;
+    for i in 0..300 {
+        h.write("s", &format!("f{i}.md"), &format!("f{i}"));
+    }
+    assert_eq!(h.stores.push_now().await, 256);
+    assert_eq!(h.stores.push_now().await, 44);
+    assert_eq!(h.server("s"), h.disk("s"));
+    assert_eq!(h.stores.push_now().await, 0);
 }

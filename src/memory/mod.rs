@@ -456,7 +456,9 @@ impl SessionMemoryStores {
     /// off counts as done for the cadence (the next one waits an interval);
     /// what it completed is already in the baseline (each operation is
     /// recorded as it completes), and what it had not finished is picked up
-    /// by the next listing.
+    /// by the next listing. An update cut off in flight may still commit
+    /// after that listing: its 409 on the newer edit is then known for our
+    /// own write (`State::in_flight`), and the newer edit goes out over it.
     pub(crate) async fn sync_if_due_within(&self, bound: Duration) -> Option<SyncReport> {
         match tokio::time::timeout(bound, self.sync_if_due()).await {
             Ok(report) => report,
@@ -477,7 +479,7 @@ impl SessionMemoryStores {
     #[doc(hidden)]
     pub async fn push_now(&self) -> usize {
         let api = self.api.as_ref();
-        futures::future::join_all(self.stores.iter().map(|s| s.push_changed(api)))
+        futures::future::join_all(self.stores.iter().map(|s| s.push_changed(api, &|| false)))
             .await
             .into_iter()
             .sum()

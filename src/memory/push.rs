@@ -12,6 +12,14 @@
 //! lock as the periodic sync, so the two never interleave. An event the
 //! watch cannot vouch for (an overflow, a directory replaced) pushes
 //! nothing: the next sync scans whole.
+//!
+//! A pass is bounded — at most [`MAX_UPLOADS`] uploads, none started after
+//! [`PASS_BUDGET`] — and gives way to the periodic sync: it starts no
+//! upload while a sync waits for the store, and none begins while one
+//! waits (the lock is fair, so the sync goes next). An agent writing faster
+//! than the server takes it therefore never holds back the sync's pulls and
+//! deletes; what a pass leaves stays reported for the next pass, and the
+//! sync uploads it anyway.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -30,6 +38,12 @@ pub(crate) const QUIET: Duration = Duration::from_millis(200);
 pub(crate) const MAX_WAIT: Duration = Duration::from_millis(600);
 /// The rate bound: push passes of one store at least this far apart.
 pub(crate) const MIN_GAP: Duration = Duration::from_millis(500);
+/// The most uploads one push pass starts (8 rounds of `UPLOAD_CONCURRENCY`);
+/// the rest wait for the next pass, half a second later.
+pub(crate) const MAX_UPLOADS: usize = 256;
+/// No upload of a push pass starts after this long (those in flight
+/// finish), so a slow server cannot stretch one pass out.
+pub(crate) const PASS_BUDGET: Duration = Duration::from_secs(2);
 
 /// Run until the store is gone or the task is cancelled. Holds the store
 /// only while it pushes, so dropping the stores lets it go.
@@ -37,7 +51,8 @@ pub(crate) const MIN_GAP: Duration = Duration::from_millis(500);
 /// `stop` ends it between passes, never inside one: a push cut off with its
 /// update in flight could commit after the final sync's listing, which would
 /// then guard the agent's newer edit by the older base and lose it to our own
-/// late upload. The teardown waits for the pass in flight instead.
+/// late upload. A pass told to stop starts no more uploads, and the teardown
+/// waits for the ones in flight.
 pub(super) async fn run(
     store: Weak<AttachedStore>,
     api: Arc<dyn MemoryApi>,
@@ -65,8 +80,11 @@ pub(super) async fn run(
                 let settled = now.duration_since(last_change) >= QUIET
                     || now.duration_since(first_at) >= MAX_WAIT;
                 let spaced = last_push.is_none_or(|t| now.duration_since(t) >= MIN_GAP);
-                if settled && spaced {
-                    let uploads = held.push_changed(api.as_ref()).await;
+                // A sync waiting for the store goes first.
+                if settled && spaced && !held.sync_waiting() {
+                    let uploads = held
+                        .push_changed(api.as_ref(), &|| stop.is_cancelled())
+                        .await;
                     if uploads > 0 {
                         debug!(memory_store.id = %held.id, uploads, "pushed changed memories");
                     }

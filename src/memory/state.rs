@@ -16,6 +16,10 @@ use tracing::warn;
 
 use super::journal::{Journal, MapKind, Snapshot, Tracked};
 
+/// Uploads without an answer remembered per path (older ones are forgotten:
+/// a request cut off that long ago is settled one way or the other).
+pub(super) const IN_FLIGHT_KEPT: usize = 4;
+
 /// One store's sync state. `baseline`, `tentative`, `pending` and `sent`
 /// are journaled: every change to them is appended to the store's journal
 /// when the lock is released ([`StateGuard`]).
@@ -28,6 +32,14 @@ pub(super) struct State {
     pub(super) refused: HashMap<String, String>,
     pub(super) pending: Tracked<Instant>,
     pub(super) sent: Tracked<String>,
+    /// Hashes of uploads sent whose request never got any answer (cut off
+    /// in flight by a bound, or failed in transport), by path, newest last:
+    /// the server may still apply one later than any listing, so unlike a
+    /// `sent` record (settled, then dropped, by the next listing) these
+    /// outlive it. A 409 whose current server hash is one of them is our
+    /// own late write, not another writer's (see `AttachedStore::upload`).
+    /// Memory only, at most [`IN_FLIGHT_KEPT`] a path.
+    pub(super) in_flight: HashMap<String, Vec<String>>,
     /// Names already reported as unsyncable.
     pub(super) warned_names: HashSet<String>,
     /// Paths already reported as unreadable or too large (each warned once).
@@ -58,6 +70,7 @@ impl State {
             // scans corroborating it.
             pending: Tracked::new(MapKind::Pending),
             sent: Tracked::restored(MapKind::Sent, restored.sent),
+            in_flight: HashMap::new(),
             warned_names: HashSet::new(),
             warned_paths: HashSet::new(),
             ids: HashMap::new(),
@@ -110,6 +123,46 @@ impl State {
                 "cannot write the memory store's journal; it is rewritten whole at the end of the pass, and until then edits are lost if the worker dies"
             );
         }
+    }
+
+    /// An upload of `sha` to `rel` is about to go out.
+    pub(super) fn sending(&mut self, rel: &str, sha: &str) {
+        let sent = self.in_flight.entry(rel.to_string()).or_default();
+        sent.push(sha.to_string());
+        if sent.len() > IN_FLIGHT_KEPT {
+            sent.remove(0);
+        }
+    }
+
+    /// The upload of `sha` to `rel` was answered: it can no longer land
+    /// later. `landed`: it changed the memory, which fences every older
+    /// request still out there (each is guarded by a hash the memory no
+    /// longer holds), so the path's records all go.
+    pub(super) fn answered(&mut self, rel: &str, sha: &str, landed: bool) {
+        let Some(sent) = self.in_flight.get_mut(rel) else {
+            return;
+        };
+        if landed {
+            sent.clear();
+        } else if let Some(at) = sent.iter().position(|s| s == sha) {
+            sent.remove(at);
+        }
+        if sent.is_empty() {
+            self.in_flight.remove(rel);
+        }
+    }
+
+    /// Was `sha` sent to `rel` by a request that never got an answer? It is
+    /// then taken out: a write lands once.
+    pub(super) fn take_in_flight(&mut self, rel: &str, sha: &str) -> bool {
+        let found = self
+            .in_flight
+            .get(rel)
+            .is_some_and(|sent| sent.iter().any(|s| s == sha));
+        if found {
+            self.answered(rel, sha, false);
+        }
+        found
     }
 
     fn live(&self) -> usize {

@@ -115,6 +115,11 @@ impl LocalFiles {
         self.0.files.iter().filter(|(rel, _)| *rel != MARKER_PATH)
     }
 
+    /// Every file the scan saw, the marker included.
+    pub(super) fn with_marker(&self) -> &BTreeMap<String, String> {
+        &self.0.files
+    }
+
     pub(super) fn contains_key(&self, rel: &str) -> bool {
         rel != MARKER_PATH && self.0.files.contains_key(rel)
     }
@@ -198,6 +203,18 @@ pub struct AttachedStore {
     /// Uploads the change-driven push made since the last sync collected
     /// them (reported with that sync: `PassStats::pushed`).
     pub(super) pushed: std::sync::atomic::AtomicUsize,
+    /// Syncs (and flushes) waiting for `pass`: the push gives way to them.
+    waiting: std::sync::atomic::AtomicUsize,
+}
+
+/// Counts a sync as waiting for the store's `pass` lock until dropped
+/// (taken, or the sync cut off while it waited).
+struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -238,6 +255,7 @@ impl AttachedStore {
             pass: tokio::sync::Mutex::new(()),
             remote: Mutex::new(None),
             pushed: std::sync::atomic::AtomicUsize::new(0),
+            waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -246,6 +264,21 @@ impl AttachedStore {
             state: self.state.lock().unwrap_or_else(|e| e.into_inner()),
             store_id: &self.id,
         }
+    }
+
+    /// Take the `pass` lock for a sync or a flush, which a push gives way
+    /// to: while this waits, the push starts no pass and no upload (the
+    /// lock is fair, so this goes next).
+    pub(super) async fn lock_before_pushes(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.waiting
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        self.pass.lock().await
+    }
+
+    /// Does a sync or a flush wait for this store?
+    pub(super) fn sync_waiting(&self) -> bool {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// The current baseline (for tests and diagnostics).
@@ -285,7 +318,7 @@ impl AttachedStore {
         self.observer().lose_events();
     }
 
-    fn observer(&self) -> std::sync::MutexGuard<'_, Observer> {
+    pub(super) fn observer(&self) -> std::sync::MutexGuard<'_, Observer> {
         self.observer.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -551,7 +584,11 @@ impl AttachedStore {
 
     /// Uploads whose answer never came, resolved against a fresh listing: a
     /// memory holding exactly what was sent is that upload, landed. Every
-    /// record is then dropped, so it never claims another writer's bytes.
+    /// record is then dropped, so it never claims another writer's bytes —
+    /// but for requests that never got any answer at all (`in_flight`): one
+    /// of those may land after this listing, and once a listing shows it,
+    /// it is ours too (a create cut off in flight, then refused to the
+    /// newer edit because the path was taken, is settled here).
     pub(super) fn settle_sent(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
         let mut state = self.state();
         let sent = state.sent.take();
@@ -559,6 +596,18 @@ impl AttachedStore {
             if remote.get(&rel).is_some_and(|m| m.content_sha256 == sha) {
                 state.baseline.insert(rel, sha);
             }
+        }
+        let landed: Vec<(String, String)> = state
+            .in_flight
+            .iter()
+            .filter_map(|(rel, shas)| {
+                let listed = &remote.get(rel)?.content_sha256;
+                shas.contains(listed).then(|| (rel.clone(), listed.clone()))
+            })
+            .collect();
+        for (rel, sha) in landed {
+            state.answered(&rel, &sha, true);
+            state.baseline.insert(rel, sha);
         }
     }
 
@@ -754,7 +803,7 @@ impl AttachedStore {
         );
         let started = Instant::now();
         let pass = async {
-            let _pass = self.pass.lock().await;
+            let _pass = self.lock_before_pushes().await;
             let mut stats = PassStats::default();
             if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
                 warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
@@ -861,6 +910,12 @@ impl AttachedStore {
             }
         }
 
+        // Pulls before uploads: a backlog of uploads (an agent writing
+        // faster than the server takes it) never holds back the server's
+        // changes. Each path has one decision, so the order changes nothing
+        // else.
+        stats.pulls = self.pull_all(api, pulls).await;
+
         stats.uploads = stream::iter(uploads)
             .map(|(rel, local, update, fallback)| async move {
                 let got = self.upload(api, &rel, local.as_deref(), update).await;
@@ -900,7 +955,6 @@ impl AttachedStore {
                 .tentative
                 .retain(|rel, _| !baseline.contains_key(rel) && remote.contains_key(rel));
         }
-        stats.pulls = self.pull_all(api, pulls).await;
 
         if suppressed > 0 {
             debug!(
@@ -1153,7 +1207,14 @@ impl AttachedStore {
                     return None;
                 }
             };
-            self.state().sent.insert(rel.to_string(), sha256_hex(&data));
+            let sending = sha256_hex(&data);
+            {
+                let mut state = self.state();
+                state.sent.insert(rel.to_string(), sending.clone());
+                // Stays if this future is dropped mid-flight (a bound cut
+                // the pass off): the request may still land.
+                state.sending(rel, &sending);
+            }
             // The folder returns only UTF-8 for a memory store.
             let content = String::from_utf8_lossy(&data);
             let path = format!("/{rel}");
@@ -1161,6 +1222,14 @@ impl AttachedStore {
                 None => api.create(&self.id, &path, &content).await,
                 Some((id, expected)) => api.update(&self.id, id, &content, expected).await,
             };
+            // An answer (any status) settles the request; a transport
+            // failure or a timeout does not: the server may apply it later.
+            if result
+                .as_ref()
+                .map_or_else(|e| e.status().is_some(), |_| true)
+            {
+                self.state().answered(rel, &sending, result.is_ok());
+            }
             match result {
                 Ok(memory) => {
                     crate::killpoint::hit("memory.upload.landed");
@@ -1179,6 +1248,14 @@ impl AttachedStore {
                     // Deleted since the listing: the file is now the only copy.
                     (true, Some(404)) => self.upload(api, rel, local_sha, None).await,
                     (true, Some(409)) => {
+                        if let Some((id, current)) = self.own_late_write(api, rel, &update).await {
+                            info!(
+                                memory_store.id = %self.id,
+                                memory.path = %rel,
+                                "an upload of ours cut off in flight landed late; sending the newer edit over it"
+                            );
+                            return self.upload(api, rel, local_sha, Some((id, current))).await;
+                        }
                         // The sent hash stays: this may be a retry of an
                         // attempt that landed; the next listing tells.
                         self.state().lost_uploads += 1;
@@ -1200,6 +1277,34 @@ impl AttachedStore {
                 },
             }
         })
+    }
+
+    /// After an update of `rel` was refused (409): does the memory now hold
+    /// what one of our own requests without an answer sent (cut off in
+    /// flight, it committed after the listing this update was guarded by)?
+    /// Then the change is ours, not another writer's, and the newer edit
+    /// goes out guarded by it: `Some((id, its hash))`. Asks the server only
+    /// when such a request exists, so a plain conflict costs nothing more.
+    async fn own_late_write(
+        &self,
+        api: &dyn MemoryApi,
+        rel: &str,
+        update: &Option<(String, String)>,
+    ) -> Option<(String, String)> {
+        let (id, _) = update.as_ref()?;
+        if !self.state().in_flight.contains_key(rel) {
+            return None;
+        }
+        let current = match api.retrieve(&self.id, id).await {
+            Ok(memory) => memory.content_sha256,
+            Err(e) => {
+                debug!(memory_store.id = %self.id, memory.path = %rel, error = %e, "cannot read the memory an upload was refused for");
+                return None;
+            }
+        };
+        self.state()
+            .take_in_flight(rel, &current)
+            .then(|| (id.clone(), current))
     }
 
     fn refuse(&self, rel: &str, local_sha: Option<&str>, rejection: &str) {

@@ -318,6 +318,22 @@ impl Observer {
         self.changed(folder)
     }
 
+    /// Report these paths again (a push examined them but did not get to
+    /// upload them): the next pass examines them once more. Past the
+    /// watch's bound, the next pass scans whole instead.
+    pub(crate) fn report_again(&mut self, paths: Vec<String>) {
+        let Some(watch) = self.watch.as_mut() else {
+            return;
+        };
+        if watch.full.is_some() {
+            return;
+        }
+        watch.dirty.extend(paths);
+        if watch.dirty.len() > watch.bound {
+            watch.fall_back("more paths changed than the watch keeps");
+        }
+    }
+
     /// How many paths were reported and not yet examined (after reading
     /// the queued events), or `None` when the next pass must scan whole.
     pub(crate) fn pending(&mut self) -> Option<usize> {

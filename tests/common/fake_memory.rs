@@ -102,6 +102,8 @@ struct Inner {
     in_flight: usize,
     peak: usize,
     applied: Vec<(tokio::time::Instant, Call)>,
+    /// Every call of an op waits this long first (a slow server).
+    latency: Vec<(Op, std::time::Duration)>,
 }
 
 #[derive(Default)]
@@ -215,6 +217,14 @@ impl FakeMemory {
         self.lock().applied.clone()
     }
 
+    /// Every later call of `op` waits `delay` (tokio time) before it is
+    /// answered, as a slow server's; zero takes it away.
+    pub fn latency(&self, op: Op, delay: std::time::Duration) {
+        let mut inner = self.lock();
+        inner.latency.retain(|(o, _)| *o != op);
+        inner.latency.push((op, delay));
+    }
+
     /// Drop every fault not yet triggered.
     pub fn clear_faults(&self) {
         self.lock().faults.clear();
@@ -281,6 +291,15 @@ impl FakeMemory {
     /// Apply a fault that comes before the answer; `Some(result)` ends the call.
     /// The flag asks the caller to apply the change and then fail: `Some(code)`.
     async fn pre<T>(&self, op: Op, path: Option<&str>) -> (Option<Result<T, Error>>, Option<u16>) {
+        let slow = self
+            .lock()
+            .latency
+            .iter()
+            .find(|(o, _)| *o == op)
+            .map(|l| l.1);
+        if let Some(delay) = slow {
+            tokio::time::sleep(delay).await;
+        }
         let fault = self.take_fault(op, path);
         match fault {
             Some(Fault::Status(code)) => (Some(Err(status(code, "injected"))), None),

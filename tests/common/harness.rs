@@ -51,6 +51,21 @@ impl H {
         H::download(h, specs).await
     }
 
+    /// Like [`H::new`] (deletes enabled), with the change-driven push
+    /// running and the periodic sync due every `interval`: real time, the
+    /// push's debounce runs on the clock.
+    pub async fn pushing(specs: &[Spec<'_>], interval: SyncInterval) -> H {
+        let mut h = H::prepare(specs, DeleteMode::Enabled);
+        h.stores = SessionMemoryStores::new(
+            h.fake.clone(),
+            &h.dir.path().join("work"),
+            interval,
+            DeleteMode::Enabled,
+        )
+        .with_state_dir(Some(&h.dir.path().join("state")));
+        H::download(h, specs).await
+    }
+
     /// The fake and the stores object, nothing downloaded yet.
     pub fn prepare(specs: &[Spec<'_>], deletions: DeleteMode) -> H {
         let fake = Arc::new(FakeMemory::new());
