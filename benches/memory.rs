@@ -16,7 +16,10 @@
 //! same store without it: a file's size must not drive memory use (target:
 //! within 1.2×). `ENVWORKER_BENCH_ROWS` picks rows by name, comma-separated
 //! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`, `journal`,
-//! `watch`); all by default. The `watch` row (ours only, also run with
+//! `watch`, `idle_syncs`); all by default. The `idle_syncs` row (ours
+//! only) runs 100 idle syncs back to back after the mount, at 0 and 5 ms,
+//! and prints the CPU per sync with the safety cadence's full scans (every
+//! 10th sync) averaged in: what an idle session costs, not one sync. The `watch` row (ours only, also run with
 //! `steady_sync`) times the idle sync without the folder watch (every file
 //! stat-ed, as before) and with it, and prints the entries each stat-ed.
 //!
@@ -25,6 +28,10 @@
 //! so `fsync` costs what it costs). The `journal` row (ours only) runs the
 //! four operations with the journal off and on, at 0 ms latency, and prints
 //! the ratio: the journal must not double the cost of a no-op sync.
+//!
+//! `ENVWORKER_BENCH_WRAP` runs each of our children under a tool, e.g.
+//! `ENVWORKER_BENCH_WRAP="perf record --call-graph dwarf -o /tmp/p.data --"`
+//! (the figures then include the tool's overhead).
 
 #[path = "../tests/common/process.rs"]
 #[allow(dead_code)]
@@ -48,6 +55,8 @@ const MEMORIES: usize = 2_000;
 /// The sparse file of the `sparse` row: it costs no disk.
 const SPARSE_BYTES: u64 = 2 << 30;
 const CONTENT_BYTES: usize = 2_048;
+/// The syncs of the `idle_syncs` row.
+const IDLE_SYNCS: usize = 100;
 const ADMIN_KEY: &str = "bench-admin";
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -57,6 +66,8 @@ struct Sample {
     peak_rss_kb: f64,
     /// Entries the measured sync stat-ed (syncs only).
     examined: f64,
+    /// Full scans among the measured syncs (`idle_syncs` only).
+    full_scans: f64,
 }
 
 fn cpu_ms() -> f64 {
@@ -102,6 +113,7 @@ async fn child(args: &[String]) {
     let op = &op;
     let (wall, cpu);
     let mut examined = 0;
+    let mut full_scans = 0;
     if let Some(with) = op.strip_prefix("sparse_") {
         stores.download(&session).await.unwrap();
         let root = stores.roots()[0].clone();
@@ -116,6 +128,20 @@ async fn child(args: &[String]) {
         stores.sync_now().await;
         stores.flush_writes().await;
         (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
+    } else if op == "idle_syncs" {
+        // The idle syncs of a long session: IDLE_SYNCS of them back to back
+        // (the safety cadence's full scans included, every 10th), averaged.
+        stores.download(&session).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2_100)).await;
+        stores.sync_now().await;
+        let (w, c) = (Instant::now(), cpu_ms());
+        for _ in 0..IDLE_SYNCS {
+            let report = stores.sync_now().await;
+            examined += report.examined;
+            full_scans += report.full_scans;
+        }
+        let n = IDLE_SYNCS as f64;
+        (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3 / n, (cpu_ms() - c) / n);
     } else if op == "mount" {
         let (w, c) = (Instant::now(), cpu_ms());
         stores.download(&session).await.unwrap();
@@ -132,19 +158,6 @@ async fn child(args: &[String]) {
             let (w, c) = (Instant::now(), cpu_ms());
             examined = stores.sync_now().await.examined;
             (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
-            // PROFILE ONLY: more idle syncs for a profiler to see.
-            if let Ok(n) = std::env::var("ENVWORKER_BENCH_SYNC_LOOP") {
-                let (w, c) = (Instant::now(), cpu_ms());
-                let n: u32 = n.parse().unwrap();
-                for _ in 0..n {
-                    stores.sync_now().await;
-                }
-                eprintln!(
-                    "loop: {n} syncs, {:.3} ms wall/sync, {:.3} ms cpu/sync",
-                    w.elapsed().as_secs_f64() * 1e3 / n as f64,
-                    (cpu_ms() - c) / n as f64
-                );
-            }
         } else {
             let root = stores.roots()[0].clone();
             edit_all(&root, nonce);
@@ -156,7 +169,7 @@ async fn child(args: &[String]) {
     stores.dispose().await;
     println!(
         "{}",
-        json!({"wall_ms": wall, "cpu_ms": cpu, "peak_rss_kb": peak_rss_kb(), "examined": examined})
+        json!({"wall_ms": wall, "cpu_ms": cpu, "peak_rss_kb": peak_rss_kb(), "examined": examined, "full_scans": full_scans})
     );
 }
 
@@ -214,6 +227,7 @@ fn run_child(program: &std::path::Path, prefix: &[&str], args: &[String]) -> Sam
         cpu_ms: v["cpu_ms"].as_f64().unwrap(),
         peak_rss_kb: v["peak_rss_kb"].as_f64().unwrap(),
         examined: v["examined"].as_f64().unwrap_or_default(),
+        full_scans: v["full_scans"].as_f64().unwrap_or_default(),
     }
 }
 
@@ -228,6 +242,7 @@ fn medians(samples: &[Sample]) -> Sample {
         cpu_ms: median(samples.iter().map(|s| s.cpu_ms).collect()),
         peak_rss_kb: median(samples.iter().map(|s| s.peak_rss_kb).collect()),
         examined: median(samples.iter().map(|s| s.examined).collect()),
+        full_scans: median(samples.iter().map(|s| s.full_scans).collect()),
     }
 }
 
@@ -474,7 +489,7 @@ async fn main() {
             "operation", "off wall", "off cpu", "examined", "on wall", "on cpu", "examined", "cpu×"
         );
         let (mut off, mut on) = (Vec::new(), Vec::new());
-        for _ in 0..std::env::var("ENVWORKER_BENCH_RUNS").map_or(9, |v| v.parse().unwrap()) {
+        for _ in 0..9 {
             off.push(run_child(
                 &me,
                 &["--child"],
@@ -494,6 +509,44 @@ async fn main() {
             on.examined,
             on.cpu_ms / off.cpu_ms
         );
+    }
+    if wanted("idle_syncs") {
+        println!(
+            "idle_syncs: ours, {IDLE_SYNCS} idle syncs back to back after the mount (the safety cadence's full scans included), per sync; median of 3 runs"
+        );
+        println!(
+            "{:<8} | {:>10} {:>10} | {:>9} {:>10}",
+            "latency", "wall/sync", "cpu/sync", "examined", "full scans"
+        );
+        for latency in [0, 5] {
+            http.delete(format!("{url}/dev/faults"))
+                .header("x-api-key", ADMIN_KEY)
+                .send()
+                .await
+                .unwrap();
+            if latency > 0 {
+                http.post(format!("{url}/dev/faults"))
+                    .header("x-api-key", ADMIN_KEY)
+                    .json(
+                        &json!({"rules": [{"path": "/v1/memory_stores/*", "latency_ms": latency}]}),
+                    )
+                    .send()
+                    .await
+                    .unwrap();
+            }
+            let runs: Vec<Sample> = (0..3)
+                .map(|_| run_child(&me, &["--child"], &child_args("idle_syncs")))
+                .collect();
+            let m = medians(&runs);
+            println!(
+                "{:<8} | {:>8.2}ms {:>8.3}ms | {:>9.1} {:>10}",
+                format!("{latency} ms"),
+                m.wall_ms,
+                m.cpu_ms,
+                m.examined / IDLE_SYNCS as f64,
+                m.full_scans
+            );
+        }
     }
     if wanted("sparse") {
         http.delete(format!("{url}/dev/faults"))
