@@ -203,6 +203,527 @@ fn medians(samples: &[Sample]) -> Sample {
     }
 }
 
+// ------------------------------------------------------------ worker rows
+
+/// The worker rows' sync interval, for ours and the SDK's: the shortest
+/// the worker accepts (the default is 15 s), so the idle window holds the
+/// most syncs and the push shares its lock with them the most often.
+const WORKER_SYNC_INTERVAL_S: u64 = 5;
+/// `write` calls of the `edit_latency` row.
+const EDITS: usize = 100;
+/// The pause after each `write` call's result (`wait_ms`): 700 ms plus
+/// `(i · 37) mod EDIT_SPREAD_MS`, so 700–1,099 ms.
+const EDIT_PAUSE_MS: u64 = 700;
+const EDIT_SPREAD_MS: u64 = 400;
+/// From the idle session's last tool call to the start of the measured
+/// window, and the window: ten syncs, so it holds the safety cadence's one
+/// full scan in ten passes (`watch::FULL_SCAN_EVERY_PASSES`).
+const IDLE_SETTLE: Duration = Duration::from_secs(5);
+const IDLE_WINDOW: Duration = Duration::from_secs(10 * WORKER_SYNC_INTERVAL_S);
+/// A fault rule with this many `times` and no effect counts the requests it
+/// matches: `GET /dev/faults` shows how many are left.
+const COUNT_TIMES: u64 = 1_000_000;
+const WORKER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The 2 KB content of every seeded memory.
+fn memory_body() -> String {
+    "memory text line\n".repeat(CONTENT_BYTES / 17 + 1)[..CONTENT_BYTES].to_string()
+}
+
+/// The seeded memory `i` (of [`MEMORIES`]): its path in the store.
+fn memory_path(i: usize) -> String {
+    format!("/topic-{:02}/note-{i:04}.md", i % 40)
+}
+
+/// Create the [`MEMORIES`] memories of 2 KB in `store_id`, 16 at a time.
+async fn seed(admin: &Client, store_id: &str) {
+    let memories = admin.memories(store_id);
+    let body = memory_body();
+    futures::stream::iter(0..MEMORIES)
+        .map(|i| {
+            let (memories, body) = (&memories, &body);
+            async move {
+                memories
+                    .create(
+                        &CreateMemory {
+                            path: memory_path(i),
+                            content: Some(body.clone()),
+                        },
+                        None,
+                    )
+                    .await
+                    .unwrap()
+            }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// Nearest-rank percentile of sorted values.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+/// User + system CPU time of process `pid` (all its threads), in ms; the
+/// kernel counts it in ticks of 10 ms (USER_HZ is 100 on every Linux target).
+fn proc_cpu_ms(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let rest: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r.split_whitespace().collect())
+        .unwrap_or_default();
+    // Fields 14 and 15 of the line (utime, stime), counted from `state` (3).
+    rest.get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum::<f64>())
+        .unwrap_or_else(|| panic!("no utime/stime in /proc/{pid}/stat"))
+        * 10.0
+}
+
+fn micros_of(ts: &str) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(ts)
+        .unwrap_or_else(|e| panic!("{ts:?} is not RFC 3339: {e}"))
+        .timestamp_micros()
+}
+
+/// Which worker serves a session of the worker rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    Ours,
+    Sdk,
+}
+
+/// A worker process (`envworker poll`, or the SDK's poller), its stderr in a
+/// log file; killed on drop.
+struct WorkerProc {
+    child: std::process::Child,
+    log: std::path::PathBuf,
+}
+
+impl WorkerProc {
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    fn assert_alive(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "the worker exited early ({status}); its log ({}):\n{}",
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+    }
+}
+
+impl Drop for WorkerProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The devserver as the worker rows drive it: scenarios, faults, events.
+struct Dev {
+    url: String,
+    http: reqwest::Client,
+    admin: Client,
+    /// Where the rows' workdirs, state directories and logs go.
+    root: std::path::PathBuf,
+    envworker: std::path::PathBuf,
+}
+
+/// A scenario started, its store seeded.
+struct Started {
+    session_id: String,
+    environment_id: String,
+    environment_key: String,
+    store_id: String,
+}
+
+impl Dev {
+    async fn send(&self, rb: reqwest::RequestBuilder) -> Value {
+        let response = rb
+            .header("x-api-key", ADMIN_KEY)
+            .header("anthropic-version", "2023-06-01")
+            .header("anthropic-beta", "managed-agents-2026-04-01")
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .expect("the devserver answers");
+        let status = response.status();
+        let body = response.text().await.unwrap_or_default();
+        assert!(status.is_success(), "devserver: {status}: {body}");
+        serde_json::from_str(&body).unwrap_or(Value::Null)
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        self.send(self.http.get(format!("{}{path}", self.url)))
+            .await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        self.send(self.http.post(format!("{}{path}", self.url)).json(&body))
+            .await
+    }
+
+    /// Clear the faults; add `latency` ms on the memory endpoints, and the
+    /// two counting rules (memory endpoints, every API route).
+    async fn faults(&self, latency: u64) {
+        self.send(self.http.delete(format!("{}/dev/faults", self.url)))
+            .await;
+        let mut rules = vec![
+            json!({"path": "/v1/memory_stores/*", "times": COUNT_TIMES}),
+            json!({"path": "*", "times": COUNT_TIMES}),
+        ];
+        if latency > 0 {
+            rules.push(json!({"path": "/v1/memory_stores/*", "latency_ms": latency}));
+        }
+        self.post("/dev/faults", json!({ "rules": rules })).await;
+    }
+
+    /// API requests counted so far: (memory endpoints, every route).
+    async fn requests(&self) -> (u64, u64) {
+        let rules = self.get("/dev/faults").await;
+        let counted = |path: &str| {
+            rules["rules"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|r| r["path"] == path && r["times"].is_u64())
+                .map(|r| COUNT_TIMES - r["times"].as_u64().unwrap())
+                .unwrap_or_else(|| panic!("no counting rule on {path}: {rules}"))
+        };
+        (counted("/v1/memory_stores/*"), counted("*"))
+    }
+
+    /// Start a scenario whose store `notes` is empty, then seed it with the
+    /// [`MEMORIES`] memories through the API (a scenario's own seed must
+    /// fit one 4 MiB request). No worker serves the session yet.
+    async fn start(&self, name: &str, steps: Vec<Value>) -> Started {
+        let doc = json!({
+            "name": name,
+            "memory_stores": [{"key": "notes", "name": name, "access": "read_write"}],
+            "steps": steps,
+        });
+        let started = self.post("/dev/scenarios", doc).await;
+        let session_id = started["session_id"].as_str().unwrap().to_string();
+        let report = self.get(&format!("/dev/scenarios/{session_id}")).await;
+        let store_id = report["stores"]["notes"]["memory_store_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        seed(&self.admin, &store_id).await;
+        Started {
+            session_id,
+            environment_id: started["environment_id"].as_str().unwrap().to_string(),
+            environment_key: started["environment_key"].as_str().unwrap().to_string(),
+            store_id,
+        }
+    }
+
+    /// Start `who`'s always-on poller on the scenario's environment, with
+    /// max idle 1 s and the memory sync every [`WORKER_SYNC_INTERVAL_S`].
+    fn worker(&self, who: Who, tag: &str, s: &Started) -> WorkerProc {
+        let dir = self.root.join(tag);
+        let workdir = dir.join("work");
+        std::fs::create_dir_all(&workdir).unwrap();
+        let interval = WORKER_SYNC_INTERVAL_S.to_string();
+        let mut cmd = match who {
+            Who::Ours => {
+                let mut c = Command::new(&self.envworker);
+                c.args(["poll", "--max-idle", "1s", "--memory-sync-interval"])
+                    .arg(format!("{interval}s"))
+                    .env_remove("RUST_LOG")
+                    .env("ANTHROPIC_BASE_URL", &self.url)
+                    .env("ANTHROPIC_ENVIRONMENT_ID", &s.environment_id)
+                    .env("ANTHROPIC_ENVIRONMENT_KEY", &s.environment_key)
+                    .env("ENVWORKER_WORKDIR", &workdir)
+                    .env("ENVWORKER_STATE_DIR", dir.join("state"));
+                c
+            }
+            Who::Sdk => {
+                let mut c = Command::new(sdk::python());
+                c.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sdk_session.py"))
+                    .arg("poll")
+                    .env("PYTHONUNBUFFERED", "1")
+                    .env("ENVWORKER_URL", &self.url)
+                    .env("ENVWORKER_ENVIRONMENT_ID", &s.environment_id)
+                    .env("ENVWORKER_ENVIRONMENT_KEY", &s.environment_key)
+                    .env("ENVWORKER_WORKDIR", &workdir)
+                    .env("SDK_MAX_IDLE", "1")
+                    .env("SDK_SYNC_INTERVAL", &interval);
+                c
+            }
+        };
+        let log = dir.join("worker.log");
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start the {who:?} worker: {e}"));
+        WorkerProc { child, log }
+    }
+
+    /// The report once `done` says so; panics with the worker's log if the
+    /// scenario failed or the worker died.
+    async fn wait_report(
+        &self,
+        session_id: &str,
+        worker: &mut WorkerProc,
+        done: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + WORKER_TIMEOUT;
+        loop {
+            let report = self.get(&format!("/dev/scenarios/{session_id}")).await;
+            assert!(
+                report["failures"] == json!([]),
+                "the scenario failed: {:#}\nworker log:\n{}",
+                report["failures"],
+                worker.log_tail()
+            );
+            if done(&report) {
+                return report;
+            }
+            worker.assert_alive();
+            assert!(
+                Instant::now() < deadline,
+                "the scenario is still running after {WORKER_TIMEOUT:?}; worker log:\n{}",
+                worker.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Every event of the session, oldest first.
+    async fn events(&self, session_id: &str) -> Vec<Value> {
+        let mut out = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut path = format!("/v1/sessions/{session_id}/events?limit=1000");
+            if let Some(p) = &page {
+                path.push_str(&format!("&page={p}"));
+            }
+            let body = self.get(&path).await;
+            out.extend(body["data"].as_array().cloned().unwrap_or_default());
+            match body["next_page"].as_str() {
+                Some(next) if !next.is_empty() => page = Some(next.to_string()),
+                _ => return out,
+            }
+        }
+    }
+}
+
+/// The first step of a worker row: it waits out the mount.
+fn warm_up_step() -> Value {
+    json!({"tool": "bash", "input": {"command": "echo warm-up"}, "timeout_ms": 300_000,
+           "expect": {"is_error": false, "contains": "warm-up"}})
+}
+
+fn passed(report: &Value) -> bool {
+    report["status"] == "passed"
+}
+
+/// What the `edit_latency` row measured at one latency, in ms, sorted.
+struct EditRun {
+    /// `agent.tool_use` recorded → the version with the new content created.
+    from_issue: Vec<f64>,
+    /// `user.tool_result` recorded → the same version.
+    from_result: Vec<f64>,
+    /// `agent.tool_use` → `user.tool_result` (the call itself).
+    call: Vec<f64>,
+}
+
+/// 100 `write` calls through `envworker poll`, each to another of the
+/// 2,000 memories, each followed by a pause; then, from the devserver's own
+/// stamps (one clock, nothing polled while the calls run), how long after
+/// each call the store had its new content.
+async fn edit_latency_run(dev: &Dev, latency: u64) -> EditRun {
+    let body = memory_body();
+    // Memory `k = 19 i mod 2,000` (distinct, spread over the 40 folders),
+    // rewritten whole with a marked first line, 2 KB as before.
+    let edits: Vec<(String, String)> = (0..EDITS)
+        .map(|i| {
+            let mut content = format!("edited at {latency} ms, call {i:03}\n");
+            content.push_str(&body[content.len()..]);
+            (memory_path(i * 19 % MEMORIES), content)
+        })
+        .collect();
+    let mut steps = vec![warm_up_step(), json!({"wait_ms": 2_000})];
+    for (i, (path, content)) in edits.iter().enumerate() {
+        steps.push(json!({"tool": "write",
+                          "input": {"file_path": format!("{{mount:notes}}{path}"), "content": content},
+                          "expect": {"is_error": false}}));
+        steps.push(json!({"wait_ms": EDIT_PAUSE_MS + (i as u64 * 37) % EDIT_SPREAD_MS}));
+    }
+    dev.faults(latency).await;
+    let name = format!("bench edit latency {latency}ms");
+    let started = dev.start(&name, steps).await;
+    let mut worker = dev.worker(Who::Ours, &format!("edit-{latency}"), &started);
+    let report = dev
+        .wait_report(&started.session_id, &mut worker, passed)
+        .await;
+    drop(worker);
+
+    let events = dev.events(&started.session_id).await;
+    let stamp = |kind: &str, field: &str, id: &str| -> i64 {
+        let event = events
+            .iter()
+            .find(|e| e["type"] == kind && e[field] == id)
+            .unwrap_or_else(|| panic!("no {kind} with {field}={id}"));
+        micros_of(event["processed_at"].as_str().unwrap())
+    };
+    let calls: Vec<(i64, i64)> = (0..EDITS)
+        .map(|i| {
+            let id = report["steps"][2 + 2 * i]["tool_use_id"].as_str().unwrap();
+            (
+                stamp("agent.tool_use", "id", id),
+                stamp("user.tool_result", "tool_use_id", id),
+            )
+        })
+        .collect();
+    let since = chrono::DateTime::from_timestamp_micros(calls[0].0 - 1_000_000).unwrap();
+    let versions: Vec<MemoryVersion> = dev
+        .admin
+        .memory_versions(&started.store_id)
+        .list_all(ListMemoryVersions {
+            operation: Some(MemoryOperation::Modified),
+            created_at_gte: Some(since),
+            limit: Some(100),
+            ..Default::default()
+        })
+        .map(|v| v.unwrap())
+        .collect()
+        .await;
+    let mut run = EditRun {
+        from_issue: Vec::new(),
+        from_result: Vec::new(),
+        call: Vec::new(),
+    };
+    for ((path, content), (issued, answered)) in edits.iter().zip(&calls) {
+        use sha2::Digest;
+        let sha = hex::encode(sha2::Sha256::digest(content.as_bytes()));
+        let created = versions
+            .iter()
+            .filter(|v| v.path.as_deref() == Some(path.as_str()))
+            .filter(|v| v.content_sha256.as_deref() == Some(sha.as_str()))
+            .map(|v| v.created_at.timestamp_micros())
+            .min()
+            .unwrap_or_else(|| panic!("{path}: no version with the written content"));
+        run.from_issue.push((created - issued) as f64 / 1e3);
+        run.from_result.push((created - answered) as f64 / 1e3);
+        run.call.push((answered - issued) as f64 / 1e3);
+    }
+    for v in [&mut run.from_issue, &mut run.from_result, &mut run.call] {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    }
+    run
+}
+
+/// What the `idle_cpu` row measured over one idle window.
+struct IdleRun {
+    cpu_ms: f64,
+    memory_requests: u64,
+    all_requests: u64,
+}
+
+/// `who` serving a session whose agent, after one call, makes none for
+/// [`IDLE_SETTLE`] + [`IDLE_WINDOW`] + 5 s: its CPU time and its API
+/// requests over the window.
+async fn idle_run(dev: &Dev, who: Who, latency: u64) -> IdleRun {
+    let wait = IDLE_SETTLE + IDLE_WINDOW + Duration::from_secs(5);
+    let steps = vec![
+        warm_up_step(),
+        json!({"wait_ms": wait.as_millis() as u64}),
+        json!({"tool": "bash", "input": {"command": "echo done"}, "expect": {"is_error": false}}),
+    ];
+    dev.faults(latency).await;
+    let tag = format!("idle-{who:?}-{latency}").to_lowercase();
+    let started = dev.start(&format!("bench {tag}"), steps).await;
+    let mut worker = dev.worker(who, &tag, &started);
+    dev.wait_report(&started.session_id, &mut worker, |r| {
+        r["steps"][0]["status"] == "passed"
+    })
+    .await;
+    tokio::time::sleep(IDLE_SETTLE).await;
+    let pid = worker.child.id();
+    let (cpu0, (mem0, all0)) = (proc_cpu_ms(pid), dev.requests().await);
+    tokio::time::sleep(IDLE_WINDOW).await;
+    let (cpu1, (mem1, all1)) = (proc_cpu_ms(pid), dev.requests().await);
+    dev.wait_report(&started.session_id, &mut worker, passed)
+        .await;
+    IdleRun {
+        cpu_ms: cpu1 - cpu0,
+        memory_requests: mem1 - mem0,
+        all_requests: all1 - all0,
+    }
+}
+
+/// The `edit_latency` and `idle_cpu` rows, each wanted.
+async fn worker_rows(dev: &Dev, edit: bool, idle: bool) {
+    if edit {
+        println!(
+            "edit_latency: {EDITS} `write` calls (each a whole 2 KB memory, each another of the {MEMORIES}) through `envworker poll` (sync every {WORKER_SYNC_INTERVAL_S} s), {EDIT_PAUSE_MS}–{} ms apart after each result; ms to the memory version holding the new content, from the call's `agent.tool_use` recorded (issue) and from its `user.tool_result` recorded (result), by the devserver's stamps",
+            EDIT_PAUSE_MS + EDIT_SPREAD_MS - 1
+        );
+        println!(
+            "{:>7} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>9}",
+            "latency", "issue p50", "p99", "max", "result p50", "p99", "max", "call p50"
+        );
+        for latency in [0u64, 5] {
+            let r = edit_latency_run(dev, latency).await;
+            println!(
+                "{:>5}ms | {:>7.0}ms {:>7.0}ms {:>7.0}ms | {:>8.0}ms {:>7.0}ms {:>7.0}ms | {:>7.1}ms",
+                latency,
+                percentile(&r.from_issue, 50.0),
+                percentile(&r.from_issue, 99.0),
+                percentile(&r.from_issue, 100.0),
+                percentile(&r.from_result, 50.0),
+                percentile(&r.from_result, 99.0),
+                percentile(&r.from_result, 100.0),
+                percentile(&r.call, 50.0),
+            );
+        }
+        println!(
+            "  the SDK has no change-driven push: an edit leaves with its next periodic sync, up to one sync interval ({WORKER_SYNC_INTERVAL_S} s here) after the call (not run)"
+        );
+    }
+    if idle {
+        let syncs = IDLE_WINDOW.as_secs() / WORKER_SYNC_INTERVAL_S;
+        println!(
+            "idle_cpu: the worker serving a session whose agent is idle (a wait step), {MEMORIES} memories mounted, sync every {WORKER_SYNC_INTERVAL_S} s; a {} s window ({syncs} syncs) from {} s after the last call: CPU from /proc/PID/stat (10 ms ticks), API requests counted by the devserver",
+            IDLE_WINDOW.as_secs(),
+            IDLE_SETTLE.as_secs()
+        );
+        println!(
+            "{:<9} {:>7} | {:>8} {:>9} {:>10} | {:>9} {:>9} | {:>9}",
+            "worker", "latency", "cpu", "cpu/s", "cpu/sync", "mem reqs", "per sync", "all reqs"
+        );
+        let runs = [(Who::Ours, 0u64), (Who::Ours, 5), (Who::Sdk, 0)];
+        for (who, latency) in runs {
+            let r = idle_run(dev, who, latency).await;
+            println!(
+                "{:<9} {:>5}ms | {:>6.0}ms {:>7.2}ms {:>8.1}ms | {:>9} {:>9.1} | {:>9}",
+                match who {
+                    Who::Ours => "envworker",
+                    Who::Sdk => "sdk",
+                },
+                latency,
+                r.cpu_ms,
+                r.cpu_ms / IDLE_WINDOW.as_secs_f64(),
+                r.cpu_ms / syncs as f64,
+                r.memory_requests,
+                r.memory_requests as f64 / syncs as f64,
+                r.all_requests
+            );
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -239,12 +760,37 @@ async fn main() {
         ],
     );
     let url = server.url.clone();
-
-    // The store, its memories, and a session that attaches it.
+    let http = reqwest::Client::new();
     let admin = Client::builder(Credential::api_key(ADMIN_KEY))
         .base_url(&url)
         .build()
         .unwrap();
+
+    let (edit, idle) = (wanted("edit_latency"), wanted("idle_cpu"));
+    if edit || idle {
+        let dev = Dev {
+            url: url.clone(),
+            http: http.clone(),
+            admin: admin.clone(),
+            root: mount_tmp.path().join("workers"),
+            envworker: env!("CARGO_BIN_EXE_envworker").into(),
+        };
+        worker_rows(&dev, edit, idle).await;
+    }
+    let legacy = [
+        "mount",
+        "noop_sync",
+        "steady_sync",
+        "flush",
+        "sparse",
+        "journal",
+        "watch",
+    ];
+    if !legacy.into_iter().any(wanted) {
+        return;
+    }
+
+    // The store, its memories, and a session that attaches it.
     let store = admin
         .memory_stores()
         .create(&CreateMemoryStore {
@@ -253,29 +799,7 @@ async fn main() {
         })
         .await
         .unwrap();
-    let memories = admin.memories(&store.id);
-    let body: String =
-        "memory text line\n".repeat(CONTENT_BYTES / 17 + 1)[..CONTENT_BYTES].to_string();
-    futures::stream::iter(0..MEMORIES)
-        .map(|i| {
-            let (memories, body) = (&memories, &body);
-            async move {
-                memories
-                    .create(
-                        &CreateMemory {
-                            path: format!("/topic-{:02}/note-{i:04}.md", i % 40),
-                            content: Some(body.clone()),
-                        },
-                        None,
-                    )
-                    .await
-                    .unwrap()
-            }
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-    let http = reqwest::Client::new();
+    seed(&admin, &store.id).await;
     let env: Value = http
         .post(format!("{url}/dev/environments"))
         .header("x-api-key", ADMIN_KEY)
