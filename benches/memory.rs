@@ -16,7 +16,7 @@
 //! same store without it: a file's size must not drive memory use (target:
 //! within 1.2×). `ENVWORKER_BENCH_ROWS` picks rows by name, comma-separated
 //! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`, `journal`,
-//! `watch`); all by default. The `watch` row (ours only, also run with
+//! `watch`, `edit_latency`, `idle_cpu`); all by default. The `watch` row (ours only, also run with
 //! `steady_sync`) times the idle sync without the folder watch (every file
 //! stat-ed, as before) and with it, and prints the entries each stat-ed.
 //!
@@ -25,7 +25,41 @@
 //! so `fsync` costs what it costs). The `journal` row (ours only) runs the
 //! four operations with the journal off and on, at 0 ms latency, and prints
 //! the ratio: the journal must not double the cost of a no-op sync.
+//!
+//! Two rows run the whole worker instead (the release binary's `envworker
+//! poll`, as users run it, with max idle 1 s and the memory sync every 5 s)
+//! serving a scenario session of the same devserver whose store holds the
+//! same 2,000 memories × 2 KB (seeded through the API before the worker
+//! starts; a scenario's own seed must fit one 4 MiB request):
+//!
+//! - `edit_latency`: the scripted agent makes 100 `write` calls, each
+//!   rewriting another whole memory, each followed by a 700–1,099 ms pause
+//!   (longer than the push's debounce and rate bound, ≈ 0.7 s, so each is
+//!   its own edit; spread so the calls fall at every phase of the push's
+//!   100 ms tick and the sync interval). For each call: the time from its
+//!   `agent.tool_use` recorded (the agent issues it) and from its
+//!   `user.tool_result` recorded (the tool returned) to the memory version
+//!   holding the new content — all three stamps the devserver's, one clock,
+//!   read after the run, so nothing polls while the calls run. p50, p99 and
+//!   max at 0 and 5 ms latency on the memory endpoints. The SDK is not run:
+//!   it has no change-driven push, so its figure is up to one sync interval.
+//! - `idle_cpu`: after one call the agent makes none for a minute; over a
+//!   50 s window (ten sync intervals) starting 5 s after that call, the
+//!   worker process's CPU time (`/proc/PID/stat`, 10 ms ticks), the context
+//!   switches of its threads (how often it wakes), and the API requests it
+//!   made (counted by two no-op fault rules with a `times` budget: memory
+//!   endpoints, every route). Ours at 0 and 5 ms, the SDK's poller
+//!   (`benches/sdk_session.py poll`, same interval) at 0 ms. Neither worker
+//!   syncs while the agent makes no calls (ours runs the periodic sync as
+//!   the session runner's after-call hook), so the figure is what watching
+//!   and serving an idle session cost, not a sync's.
+//!
+//! Run: `ENVWORKER_BENCH_ROWS=edit_latency,idle_cpu cargo bench --bench memory`
+//! (about 7 minutes).
 
+#[path = "../tests/common/dev_api.rs"]
+#[allow(dead_code)]
+mod dev_api;
 #[path = "../tests/common/process.rs"]
 #[allow(dead_code)]
 mod process;
@@ -37,6 +71,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use dev_api::{DevApi, percentile, proc_cpu_ms, stamp};
 use envworker::api::types::*;
 use envworker::api::{Client, Credential};
 use envworker::memory::SessionMemoryStores;
@@ -216,8 +251,9 @@ const EDITS: usize = 100;
 const EDIT_PAUSE_MS: u64 = 700;
 const EDIT_SPREAD_MS: u64 = 400;
 /// From the idle session's last tool call to the start of the measured
-/// window, and the window: ten syncs, so it holds the safety cadence's one
-/// full scan in ten passes (`watch::FULL_SCAN_EVERY_PASSES`).
+/// window, and the window: ten sync intervals, so a worker that synced on a
+/// timer would sync ten times in it, the watch's one full scan in ten
+/// passes (`watch::FULL_SCAN_EVERY_PASSES`) among them.
 const IDLE_SETTLE: Duration = Duration::from_secs(5);
 const IDLE_WINDOW: Duration = Duration::from_secs(10 * WORKER_SYNC_INTERVAL_S);
 /// A fault rule with this many `times` and no effect counts the requests it
@@ -258,33 +294,6 @@ async fn seed(admin: &Client, store_id: &str) {
         .buffer_unordered(16)
         .collect::<Vec<_>>()
         .await;
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted[rank.min(sorted.len()) - 1]
-}
-
-/// User + system CPU time of process `pid` (all its threads), in ms; the
-/// kernel counts it in ticks of 10 ms (USER_HZ is 100 on every Linux target).
-fn proc_cpu_ms(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().collect())
-        .unwrap_or_default();
-    // Fields 14 and 15 of the line (utime, stime), counted from `state` (3).
-    rest.get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum::<f64>())
-        .unwrap_or_else(|| panic!("no utime/stime in /proc/{pid}/stat"))
-        * 10.0
-}
-
-fn micros_of(ts: &str) -> i64 {
-    chrono::DateTime::parse_from_rfc3339(ts)
-        .unwrap_or_else(|e| panic!("{ts:?} is not RFC 3339: {e}"))
-        .timestamp_micros()
 }
 
 /// Which worker serves a session of the worker rows.
@@ -328,12 +337,19 @@ impl Drop for WorkerProc {
 
 /// The devserver as the worker rows drive it: scenarios, faults, events.
 struct Dev {
-    url: String,
-    http: reqwest::Client,
+    api: DevApi,
     admin: Client,
     /// Where the rows' workdirs, state directories and logs go.
     root: std::path::PathBuf,
     envworker: std::path::PathBuf,
+}
+
+impl std::ops::Deref for Dev {
+    type Target = DevApi;
+
+    fn deref(&self) -> &DevApi {
+        &self.api
+    }
 }
 
 /// A scenario started, its store seeded.
@@ -345,31 +361,6 @@ struct Started {
 }
 
 impl Dev {
-    async fn send(&self, rb: reqwest::RequestBuilder) -> Value {
-        let response = rb
-            .header("x-api-key", ADMIN_KEY)
-            .header("anthropic-version", "2023-06-01")
-            .header("anthropic-beta", "managed-agents-2026-04-01")
-            .timeout(Duration::from_secs(60))
-            .send()
-            .await
-            .expect("the devserver answers");
-        let status = response.status();
-        let body = response.text().await.unwrap_or_default();
-        assert!(status.is_success(), "devserver: {status}: {body}");
-        serde_json::from_str(&body).unwrap_or(Value::Null)
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        self.send(self.http.get(format!("{}{path}", self.url)))
-            .await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(self.http.post(format!("{}{path}", self.url)).json(&body))
-            .await
-    }
-
     /// Clear the faults; add `latency` ms on the memory endpoints, and the
     /// two counting rules (memory endpoints, every API route).
     async fn faults(&self, latency: u64) {
@@ -447,15 +438,17 @@ impl Dev {
             }
             Who::Sdk => {
                 let mut c = Command::new(sdk::python());
-                c.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sdk_session.py"))
-                    .arg("poll")
-                    .env("PYTHONUNBUFFERED", "1")
-                    .env("ENVWORKER_URL", &self.url)
-                    .env("ENVWORKER_ENVIRONMENT_ID", &s.environment_id)
-                    .env("ENVWORKER_ENVIRONMENT_KEY", &s.environment_key)
-                    .env("ENVWORKER_WORKDIR", &workdir)
-                    .env("SDK_MAX_IDLE", "1")
-                    .env("SDK_SYNC_INTERVAL", &interval);
+                c.arg(
+                    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sdk_session.py"),
+                )
+                .arg("poll")
+                .env("PYTHONUNBUFFERED", "1")
+                .env("ENVWORKER_URL", &self.url)
+                .env("ENVWORKER_ENVIRONMENT_ID", &s.environment_id)
+                .env("ENVWORKER_ENVIRONMENT_KEY", &s.environment_key)
+                .env("ENVWORKER_WORKDIR", &workdir)
+                .env("SDK_MAX_IDLE", "1")
+                .env("SDK_SYNC_INTERVAL", &interval);
                 c
             }
         };
@@ -496,24 +489,6 @@ impl Dev {
                 worker.log_tail()
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-    }
-
-    /// Every event of the session, oldest first.
-    async fn events(&self, session_id: &str) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut page: Option<String> = None;
-        loop {
-            let mut path = format!("/v1/sessions/{session_id}/events?limit=1000");
-            if let Some(p) = &page {
-                path.push_str(&format!("&page={p}"));
-            }
-            let body = self.get(&path).await;
-            out.extend(body["data"].as_array().cloned().unwrap_or_default());
-            match body["next_page"].as_str() {
-                Some(next) if !next.is_empty() => page = Some(next.to_string()),
-                _ => return out,
-            }
         }
     }
 }
@@ -570,19 +545,12 @@ async fn edit_latency_run(dev: &Dev, latency: u64) -> EditRun {
     drop(worker);
 
     let events = dev.events(&started.session_id).await;
-    let stamp = |kind: &str, field: &str, id: &str| -> i64 {
-        let event = events
-            .iter()
-            .find(|e| e["type"] == kind && e[field] == id)
-            .unwrap_or_else(|| panic!("no {kind} with {field}={id}"));
-        micros_of(event["processed_at"].as_str().unwrap())
-    };
     let calls: Vec<(i64, i64)> = (0..EDITS)
         .map(|i| {
             let id = report["steps"][2 + 2 * i]["tool_use_id"].as_str().unwrap();
             (
-                stamp("agent.tool_use", "id", id),
-                stamp("user.tool_result", "tool_use_id", id),
+                stamp(&events, "agent.tool_use", "id", id),
+                stamp(&events, "user.tool_result", "tool_use_id", id),
             )
         })
         .collect();
@@ -627,8 +595,29 @@ async fn edit_latency_run(dev: &Dev, latency: u64) -> EditRun {
 /// What the `idle_cpu` row measured over one idle window.
 struct IdleRun {
     cpu_ms: f64,
+    /// Context switches of all its threads: how often it woke up.
+    switches: u64,
     memory_requests: u64,
     all_requests: u64,
+}
+
+/// Voluntary and involuntary context switches of every live thread of
+/// process `pid` (a thread that exits takes its count with it).
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter(|l| l.contains("ctxt_switches:"))
+                .filter_map(|l| l.split(':').nth(1)?.trim().parse::<u64>().ok())
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 /// `who` serving a session whose agent, after one call, makes none for
@@ -651,13 +640,22 @@ async fn idle_run(dev: &Dev, who: Who, latency: u64) -> IdleRun {
     .await;
     tokio::time::sleep(IDLE_SETTLE).await;
     let pid = worker.child.id();
-    let (cpu0, (mem0, all0)) = (proc_cpu_ms(pid), dev.requests().await);
+    let (cpu0, sw0, (mem0, all0)) = (
+        proc_cpu_ms(pid),
+        context_switches(pid),
+        dev.requests().await,
+    );
     tokio::time::sleep(IDLE_WINDOW).await;
-    let (cpu1, (mem1, all1)) = (proc_cpu_ms(pid), dev.requests().await);
+    let (cpu1, sw1, (mem1, all1)) = (
+        proc_cpu_ms(pid),
+        context_switches(pid),
+        dev.requests().await,
+    );
     dev.wait_report(&started.session_id, &mut worker, passed)
         .await;
     IdleRun {
         cpu_ms: cpu1 - cpu0,
+        switches: sw1.saturating_sub(sw0),
         memory_requests: mem1 - mem0,
         all_requests: all1 - all0,
     }
@@ -693,34 +691,36 @@ async fn worker_rows(dev: &Dev, edit: bool, idle: bool) {
         );
     }
     if idle {
-        let syncs = IDLE_WINDOW.as_secs() / WORKER_SYNC_INTERVAL_S;
+        let window_s = IDLE_WINDOW.as_secs_f64();
         println!(
-            "idle_cpu: the worker serving a session whose agent is idle (a wait step), {MEMORIES} memories mounted, sync every {WORKER_SYNC_INTERVAL_S} s; a {} s window ({syncs} syncs) from {} s after the last call: CPU from /proc/PID/stat (10 ms ticks), API requests counted by the devserver",
-            IDLE_WINDOW.as_secs(),
+            "idle_cpu: the worker serving a session whose agent is idle (a wait step), {MEMORIES} memories mounted, sync interval {WORKER_SYNC_INTERVAL_S} s; over a {window_s:.0} s window from {} s after the last call: CPU from /proc/PID/stat (10 ms ticks), per second and per sync interval; context switches of its threads (wake-ups); API requests counted by the devserver (memory endpoints, all)",
             IDLE_SETTLE.as_secs()
         );
         println!(
-            "{:<9} {:>7} | {:>8} {:>9} {:>10} | {:>9} {:>9} | {:>9}",
-            "worker", "latency", "cpu", "cpu/s", "cpu/sync", "mem reqs", "per sync", "all reqs"
+            "{:<9} {:>7} | {:>6} {:>8} {:>9} | {:>10} | {:>8} {:>8}",
+            "worker", "latency", "cpu", "cpu/s", "cpu/5 s", "switches/s", "mem reqs", "all reqs"
         );
         let runs = [(Who::Ours, 0u64), (Who::Ours, 5), (Who::Sdk, 0)];
         for (who, latency) in runs {
             let r = idle_run(dev, who, latency).await;
             println!(
-                "{:<9} {:>5}ms | {:>6.0}ms {:>7.2}ms {:>8.1}ms | {:>9} {:>9.1} | {:>9}",
+                "{:<9} {:>5}ms | {:>4.0}ms {:>6.2}ms {:>7.1}ms | {:>10.1} | {:>8} {:>8}",
                 match who {
                     Who::Ours => "envworker",
                     Who::Sdk => "sdk",
                 },
                 latency,
                 r.cpu_ms,
-                r.cpu_ms / IDLE_WINDOW.as_secs_f64(),
-                r.cpu_ms / syncs as f64,
+                r.cpu_ms / window_s,
+                r.cpu_ms / window_s * WORKER_SYNC_INTERVAL_S as f64,
+                r.switches as f64 / window_s,
                 r.memory_requests,
-                r.memory_requests as f64 / syncs as f64,
                 r.all_requests
             );
         }
+        println!(
+            "  neither worker syncs while the agent makes no calls (ours: the periodic sync is the runner's after-call hook, src/worker/item.rs), so 0 memory requests is the idle sync's cost here"
+        );
     }
 }
 
@@ -769,8 +769,7 @@ async fn main() {
     let (edit, idle) = (wanted("edit_latency"), wanted("idle_cpu"));
     if edit || idle {
         let dev = Dev {
-            url: url.clone(),
-            http: http.clone(),
+            api: DevApi::new(&url, ADMIN_KEY),
             admin: admin.clone(),
             root: mount_tmp.path().join("workers"),
             envworker: env!("CARGO_BIN_EXE_envworker").into(),
