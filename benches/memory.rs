@@ -42,17 +42,19 @@
 //!   holding the new content — all three stamps the devserver's, one clock,
 //!   read after the run, so nothing polls while the calls run. p50, p99 and
 //!   max at 0 and 5 ms latency on the memory endpoints. The SDK is not run:
-//!   it has no change-driven push, so its figure is up to one sync interval.
+//!   it has no change-driven push, so an edit waits for its next periodic
+//!   sync: a sync interval at best, and, since no sync runs while the agent
+//!   makes no calls (below), until its next call or the session's end.
 //! - `idle_cpu`: after one call the agent makes none for a minute; over a
 //!   50 s window (ten sync intervals) starting 5 s after that call, the
 //!   worker process's CPU time (`/proc/PID/stat`, 10 ms ticks), the context
-//!   switches of its threads (how often it wakes), and the API requests it
-//!   made (counted by two no-op fault rules with a `times` budget: memory
-//!   endpoints, every route). Ours at 0 and 5 ms, the SDK's poller
-//!   (`benches/sdk_session.py poll`, same interval) at 0 ms. Neither worker
-//!   syncs while the agent makes no calls (ours runs the periodic sync as
-//!   the session runner's after-call hook), so the figure is what watching
-//!   and serving an idle session cost, not a sync's.
+//!   switches of its threads alive throughout (how often it wakes), and the
+//!   API requests it made (counted by two no-op fault rules with a `times`
+//!   budget: memory endpoints, every route). Ours at 0 and 5 ms, the SDK's
+//!   poller (`benches/sdk_session.py poll`, same interval) at 0 ms. Neither
+//!   worker syncs while the agent makes no calls (ours runs the periodic
+//!   sync as the session runner's after-call hook), so the figure is what
+//!   watching and serving an idle session costs, not a sync's.
 //!
 //! Run: `ENVWORKER_BENCH_ROWS=edit_latency,idle_cpu cargo bench --bench memory`
 //! (about 7 minutes).
@@ -71,7 +73,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dev_api::{DevApi, percentile, proc_cpu_ms, stamp};
+use dev_api::{DevApi, LoggedChild, percentile, proc_cpu_ms, stamp};
 use envworker::api::types::*;
 use envworker::api::{Client, Credential};
 use envworker::memory::SessionMemoryStores;
@@ -303,38 +305,6 @@ enum Who {
     Sdk,
 }
 
-/// A worker process (`envworker poll`, or the SDK's poller), its stderr in a
-/// log file; killed on drop.
-struct WorkerProc {
-    child: std::process::Child,
-    log: std::path::PathBuf,
-}
-
-impl WorkerProc {
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    fn assert_alive(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "the worker exited early ({status}); its log ({}):\n{}",
-                self.log.display(),
-                self.log_tail()
-            );
-        }
-    }
-}
-
-impl Drop for WorkerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// The devserver as the worker rows drive it: scenarios, faults, events.
 struct Dev {
     api: DevApi,
@@ -418,7 +388,7 @@ impl Dev {
 
     /// Start `who`'s always-on poller on the scenario's environment, with
     /// max idle 1 s and the memory sync every [`WORKER_SYNC_INTERVAL_S`].
-    fn worker(&self, who: Who, tag: &str, s: &Started) -> WorkerProc {
+    fn worker(&self, who: Who, tag: &str, s: &Started) -> LoggedChild {
         let dir = self.root.join(tag);
         let workdir = dir.join("work");
         std::fs::create_dir_all(&workdir).unwrap();
@@ -459,7 +429,11 @@ impl Dev {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start the {who:?} worker: {e}"));
-        WorkerProc { child, log }
+        LoggedChild {
+            child,
+            name: format!("the {who:?} worker ({tag})"),
+            log,
+        }
     }
 
     /// The report once `done` says so; panics with the worker's log if the
@@ -467,7 +441,7 @@ impl Dev {
     async fn wait_report(
         &self,
         session_id: &str,
-        worker: &mut WorkerProc,
+        worker: &mut LoggedChild,
         done: impl Fn(&Value) -> bool,
     ) -> Value {
         let deadline = Instant::now() + WORKER_TIMEOUT;
@@ -595,28 +569,41 @@ async fn edit_latency_run(dev: &Dev, latency: u64) -> EditRun {
 /// What the `idle_cpu` row measured over one idle window.
 struct IdleRun {
     cpu_ms: f64,
-    /// Context switches of all its threads: how often it woke up.
+    /// Context switches of its threads alive throughout: how often it woke.
     switches: u64,
     memory_requests: u64,
     all_requests: u64,
 }
 
-/// Voluntary and involuntary context switches of every live thread of
-/// process `pid` (a thread that exits takes its count with it).
-fn context_switches(pid: u32) -> u64 {
+/// Voluntary and involuntary context switches of each live thread of
+/// process `pid`, by thread id.
+fn context_switches(pid: u32) -> std::collections::HashMap<String, u64> {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
+        return Default::default();
     };
     tasks
         .flatten()
-        .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
-        .flat_map(|status| {
-            status
+        .filter_map(|t| {
+            let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+            let switches = status
                 .lines()
                 .filter(|l| l.contains("ctxt_switches:"))
                 .filter_map(|l| l.split(':').nth(1)?.trim().parse::<u64>().ok())
-                .collect::<Vec<_>>()
+                .sum();
+            Some((t.file_name().to_string_lossy().into_owned(), switches))
         })
+        .collect()
+}
+
+/// The context switches between two samples of [`context_switches`], of
+/// the threads alive at both (a thread that exits takes its count along).
+fn switches_between(
+    before: &std::collections::HashMap<String, u64>,
+    after: &std::collections::HashMap<String, u64>,
+) -> u64 {
+    after
+        .iter()
+        .filter_map(|(tid, n)| Some(n.saturating_sub(*before.get(tid)?)))
         .sum()
 }
 
@@ -655,7 +642,7 @@ async fn idle_run(dev: &Dev, who: Who, latency: u64) -> IdleRun {
         .await;
     IdleRun {
         cpu_ms: cpu1 - cpu0,
-        switches: sw1.saturating_sub(sw0),
+        switches: switches_between(&sw0, &sw1),
         memory_requests: mem1 - mem0,
         all_requests: all1 - all0,
     }
@@ -687,7 +674,7 @@ async fn worker_rows(dev: &Dev, edit: bool, idle: bool) {
             );
         }
         println!(
-            "  the SDK has no change-driven push: an edit leaves with its next periodic sync, up to one sync interval ({WORKER_SYNC_INTERVAL_S} s here) after the call (not run)"
+            "  the SDK (not run) has no change-driven push: an edit leaves with its next periodic sync, a sync interval ({WORKER_SYNC_INTERVAL_S} s here) at best, and not while the agent makes no calls (idle_cpu)"
         );
     }
     if idle {

@@ -40,11 +40,11 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dev_api::{DevApi, micros_of, percentile, proc_cpu_ms, stamp};
+use dev_api::{DevApi, LoggedChild, micros_of, percentile, proc_cpu_ms, stamp};
 use envworker::webhook::SigningKey;
 use serde_json::{Value, json};
 
@@ -78,10 +78,22 @@ impl Who {
 
 /// A child process, killed on drop; stdout lines are timestamped as they come.
 struct Proc {
-    child: Child,
-    name: String,
-    log: PathBuf,
+    logged: LoggedChild,
     lines: mpsc::Receiver<(String, Instant)>,
+}
+
+impl std::ops::Deref for Proc {
+    type Target = LoggedChild;
+
+    fn deref(&self) -> &LoggedChild {
+        &self.logged
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut LoggedChild {
+        &mut self.logged
+    }
 }
 
 impl Proc {
@@ -107,9 +119,11 @@ impl Proc {
         });
         (
             Proc {
-                child,
-                name: name.to_string(),
-                log: log.to_path_buf(),
+                logged: LoggedChild {
+                    child,
+                    name: name.to_string(),
+                    log: log.to_path_buf(),
+                },
                 lines: rx,
             },
             at,
@@ -118,25 +132,6 @@ impl Proc {
 
     fn pid(&self) -> u32 {
         self.child.id()
-    }
-
-    /// The last lines of its stderr, for failure messages.
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// Panics (with its log) when the process has exited.
-    fn assert_alive(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "{} exited early ({status}); its log ({}):\n{}",
-                self.name,
-                self.log.display(),
-                self.log_tail()
-            );
-        }
     }
 
     /// The first stdout line starting with `prefix`, and when it arrived.
@@ -162,13 +157,6 @@ impl Proc {
                 self.log_tail()
             );
         }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -109,3 +109,39 @@ pub fn proc_cpu_ms(pid: u32) -> f64 {
     // USER_HZ is 100 on every Linux target.
     ticks * 10.0
 }
+
+/// A child process (a worker, a devserver) whose stderr goes to a log
+/// file; killed on drop.
+pub struct LoggedChild {
+    pub child: std::process::Child,
+    pub name: String,
+    pub log: std::path::PathBuf,
+}
+
+impl LoggedChild {
+    /// The last lines of its stderr, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Panics (with its log) when the process has exited.
+    pub fn assert_alive(&mut self) {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            panic!(
+                "{} exited early ({status}); its log ({}):\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail()
+            );
+        }
+    }
+}
+
+impl Drop for LoggedChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
