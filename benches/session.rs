@@ -29,6 +29,8 @@
 //! `benches/RESULTS.md` between its markers. Run: `cargo bench --bench session`
 //! (`SESSION_BENCH_RUNS=N` for another number of runs, default 5).
 
+#[path = "../tests/common/dev_api.rs"]
+mod dev_api;
 #[path = "../tests/common/sdk.rs"]
 #[allow(dead_code)]
 mod sdk;
@@ -38,15 +40,15 @@ use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dev_api::{DevApi, LoggedChild, micros_of, percentile, proc_cpu_ms, stamp};
 use envworker::webhook::SigningKey;
 use serde_json::{Value, json};
 
 const ADMIN_KEY: &str = "bench-admin";
-const AGENTS_BETA: &str = "managed-agents-2026-04-01";
 /// Measured tool calls of the throughput scenario (after one warm-up call).
 const CALLS: usize = 200;
 /// Measured calls of the short scenario of the poll-mode runs.
@@ -76,10 +78,22 @@ impl Who {
 
 /// A child process, killed on drop; stdout lines are timestamped as they come.
 struct Proc {
-    child: Child,
-    name: String,
-    log: PathBuf,
+    logged: LoggedChild,
     lines: mpsc::Receiver<(String, Instant)>,
+}
+
+impl std::ops::Deref for Proc {
+    type Target = LoggedChild;
+
+    fn deref(&self) -> &LoggedChild {
+        &self.logged
+    }
+}
+
+impl std::ops::DerefMut for Proc {
+    fn deref_mut(&mut self) -> &mut LoggedChild {
+        &mut self.logged
+    }
 }
 
 impl Proc {
@@ -105,9 +119,11 @@ impl Proc {
         });
         (
             Proc {
-                child,
-                name: name.to_string(),
-                log: log.to_path_buf(),
+                logged: LoggedChild {
+                    child,
+                    name: name.to_string(),
+                    log: log.to_path_buf(),
+                },
                 lines: rx,
             },
             at,
@@ -116,25 +132,6 @@ impl Proc {
 
     fn pid(&self) -> u32 {
         self.child.id()
-    }
-
-    /// The last lines of its stderr, for failure messages.
-    fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(40)..].join("\n")
-    }
-
-    /// Panics (with its log) when the process has exited.
-    fn assert_alive(&mut self) {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!(
-                "{} exited early ({status}); its log ({}):\n{}",
-                self.name,
-                self.log.display(),
-                self.log_tail()
-            );
-        }
     }
 
     /// The first stdout line starting with `prefix`, and when it arrived.
@@ -163,13 +160,6 @@ impl Proc {
     }
 }
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A `VmHWM` / `VmRSS` line of `/proc/PID/status`, in KiB.
 fn proc_status_kb(pid: u32, field: &str) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
@@ -178,22 +168,6 @@ fn proc_status_kb(pid: u32, field: &str) -> f64 {
         .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"))
-}
-
-/// User + system CPU time of the process itself (not of its children), in ms.
-fn proc_cpu_ms(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let rest: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r.split_whitespace().collect())
-        .unwrap_or_default();
-    // Fields 14 and 15 of the line (utime, stime), counted from `state` (3).
-    let ticks: f64 = rest
-        .get(11..13)
-        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
-        .unwrap_or(0.0);
-    // USER_HZ is 100 on every Linux target.
-    ticks * 10.0
 }
 
 fn free_port() -> u16 {
@@ -269,14 +243,15 @@ fn poll_stub() -> (String, mpsc::Receiver<Instant>) {
 
 struct Devserver {
     _proc: Proc,
-    url: String,
-    http: reqwest::Client,
+    api: DevApi,
 }
 
-fn micros_of(ts: &str) -> i64 {
-    chrono::DateTime::parse_from_rfc3339(ts)
-        .unwrap_or_else(|e| panic!("{ts:?} is not RFC 3339: {e}"))
-        .timestamp_micros()
+impl std::ops::Deref for Devserver {
+    type Target = DevApi;
+
+    fn deref(&self) -> &DevApi {
+        &self.api
+    }
 }
 
 fn now_micros() -> i64 {
@@ -309,34 +284,8 @@ impl Devserver {
         let url = line.trim().rsplit(' ').next().unwrap().to_string();
         Devserver {
             _proc: proc,
-            url,
-            http: reqwest::Client::new(),
+            api: DevApi::new(&url, ADMIN_KEY),
         }
-    }
-
-    async fn send(&self, rb: reqwest::RequestBuilder) -> Value {
-        let response = rb
-            .header("x-api-key", ADMIN_KEY)
-            .header("anthropic-version", "2023-06-01")
-            .header("anthropic-beta", AGENTS_BETA)
-            .timeout(Duration::from_secs(60))
-            .send()
-            .await
-            .expect("the devserver answers");
-        let status = response.status();
-        let body = response.text().await.unwrap_or_default();
-        assert!(status.is_success(), "devserver: {status}: {body}");
-        serde_json::from_str(&body).unwrap_or(Value::Null)
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        self.send(self.http.get(format!("{}{path}", self.url)))
-            .await
-    }
-
-    async fn post(&self, path: &str, body: Value) -> Value {
-        self.send(self.http.post(format!("{}{path}", self.url)).json(&body))
-            .await
     }
 
     /// A new self-hosted environment: (id, key).
@@ -377,24 +326,6 @@ impl Devserver {
                 worker.log_tail()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// Every event of the session, oldest first.
-    async fn events(&self, session_id: &str) -> Vec<Value> {
-        let mut out = Vec::new();
-        let mut page: Option<String> = None;
-        loop {
-            let mut path = format!("/v1/sessions/{session_id}/events?limit=1000");
-            if let Some(p) = &page {
-                path.push_str(&format!("&page={p}"));
-            }
-            let body = self.get(&path).await;
-            out.extend(body["data"].as_array().cloned().unwrap_or_default());
-            match body["next_page"].as_str() {
-                Some(next) if !next.is_empty() => page = Some(next.to_string()),
-                _ => return out,
-            }
         }
     }
 
@@ -602,21 +533,6 @@ struct WebhookRun {
     cpu_ms: f64,
     /// (tool, latency) of every measured call.
     per_call: Vec<(String, f64)>,
-}
-
-/// The event with this id (tool_use) or answering it (tool_result).
-fn stamp(events: &[Value], kind: &str, field: &str, id: &str) -> i64 {
-    let event = events
-        .iter()
-        .find(|e| e["type"] == kind && e[field] == id)
-        .unwrap_or_else(|| panic!("no {kind} with {field}={id}"));
-    micros_of(event["processed_at"].as_str().unwrap())
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted[rank.min(sorted.len()) - 1]
 }
 
 fn median(xs: impl IntoIterator<Item = f64>) -> f64 {
