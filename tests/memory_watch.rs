@@ -314,6 +314,42 @@ async fn an_edit_reaches_the_server_within_a_second_without_a_sync() {
 /// its passes, and the sync pulls before it uploads, so a remote edit made
 /// at the mount is on disk within the interval plus 2 s (the agent's calls
 /// check the cadence every 100 ms, as a busy agent's tool calls do).
+/// An idle store's push task sleeps on the kernel's queue instead of
+/// polling it ten times a second (the worker's CPU while the agent is idle,
+/// issue 16), and still wakes for an edit at once — also once a full scan
+/// has replaced the watch (the safety cadence does every 10th sync), whose
+/// old descriptor reports nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_push_sleeps_on_the_kernel_and_wakes_for_an_edit() {
+    let t = served_with(notes()).await;
+    let notes = &t.mounts[0];
+    let idle = Duration::from_secs(3);
+    let before = t.stores.push_wakeups();
+    tokio::time::sleep(idle).await;
+    let woken = t.stores.push_wakeups() - before;
+    // One writable store: its safety tick is once a second.
+    assert!(
+        woken <= 5,
+        "the idle push task woke {woken} times in {idle:?} (a 100 ms poll wakes 30)"
+    );
+
+    for round in 0..3 {
+        // Replace the watch: a full scan makes a new inotify instance.
+        t.stores.lose_watch_events();
+        let report = t.stores.sync_now().await;
+        assert_eq!(report.full_scans, 2, "both stores scan whole: {report:?}");
+        // Let the push task go back to sleep, on the new instance.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let content = format!("after replacement {round}");
+        std::fs::write(notes.join("a.md"), &content).unwrap();
+        let took = visible(&t, "/a.md", &content, Duration::from_secs(3)).await;
+        assert!(
+            took.is_some_and(|d| d < Duration::from_millis(800)),
+            "round {round}: an edit after the watch was replaced took {took:?} to reach the server"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_flood_never_holds_back_the_periodic_sync() {
     let files: usize = std::env::var("ENVWORKER_FLOOD_FILES")

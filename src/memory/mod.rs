@@ -193,6 +193,16 @@ impl SessionMemoryStores {
         self
     }
 
+    /// How often the stores' push tasks have woken up so far (an idle
+    /// store's task sleeps on the kernel's queue: about once a second).
+    #[doc(hidden)]
+    pub fn push_wakeups(&self) -> usize {
+        self.stores
+            .iter()
+            .map(|s| s.push_wakeups.load(std::sync::atomic::Ordering::Relaxed))
+            .sum()
+    }
+
     /// Every store's watch loses the events queued now, as when the
     /// kernel's queue overflows: the next pass must scan whole (the model
     /// test interleaves it; a real overflow is tested over HTTP).

@@ -21,8 +21,12 @@
 //! deletes; what a pass leaves stays reported for the next pass, and the
 //! sync uploads it anyway.
 
+use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
+
+use tokio::io::Interest;
+use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
 use tokio::time::Instant;
 use tracing::debug;
@@ -30,8 +34,14 @@ use tracing::debug;
 use super::remote::MemoryApi;
 use super::store::AttachedStore;
 
-/// How often the task looks at the watch's queue (a non-blocking read).
+/// How often the task looks at the watch's queue (a non-blocking read)
+/// while a change is being debounced.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
+/// While nothing is reported the task sleeps on the inotify descriptor
+/// itself and wakes when the kernel queues an event; this is only its
+/// safety net (a descriptor the reactor would not take, a missed wake-up):
+/// an idle store costs one wake-up a second, not ten.
+pub(crate) const IDLE_TICK: Duration = Duration::from_secs(1);
 /// The debounce: a push waits for the writes to pause this long.
 pub(crate) const QUIET: Duration = Duration::from_millis(200);
 /// ...but no longer than this after the first unpushed write.
@@ -62,12 +72,46 @@ pub(super) async fn run(
     let mut first: Option<Instant> = None;
     let mut last_change = Instant::now();
     let mut last_push: Option<Instant> = None;
+    let Some(mut replaced) = store.upgrade().map(|s| s.watch_wakeups()) else {
+        return;
+    };
+    // The current watch's descriptor, registered with the reactor; `None`
+    // until taken (again, after the watch was replaced).
+    let mut wake: Option<AsyncFd<OwnedFd>> = None;
     loop {
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(TICK) => {}
+        if first.is_some() {
+            // Debouncing: look again shortly.
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(TICK) => {}
+            }
+        } else {
+            if wake.is_none() {
+                let Some(held) = store.upgrade() else { return };
+                replaced.mark_unchanged();
+                wake = held.watch_fd().and_then(register);
+            }
+            // Idle: sleep until the kernel reports something.
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = replaced.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    wake = None;
+                    continue;
+                }
+                ready = readable(wake.as_ref()) => {
+                    if let Ok(mut guard) = ready {
+                        guard.clear_ready();
+                    }
+                }
+                _ = tokio::time::sleep(IDLE_TICK) => {}
+            }
         }
         let Some(held) = store.upgrade() else { return };
+        held.push_wakeups
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = Instant::now();
         let pending = held.pending_changes();
         match pending {
@@ -101,4 +145,23 @@ pub(super) async fn run(
             }
         }
     }
+}
+
+/// Readable: the kernel queued an event on the watch. Never, without one.
+async fn readable(
+    fd: Option<&AsyncFd<OwnedFd>>,
+) -> std::io::Result<AsyncFdReadyGuard<'_, OwnedFd>> {
+    match fd {
+        Some(fd) => fd.readable().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The watch's descriptor with the reactor, for its readability; `None`
+/// when the reactor refuses it (the one-second tick then stands in).
+fn register(fd: OwnedFd) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: the `OwnedFd` is open (a fresh `dup` of the inotify
+    // instance's), owned by the `AsyncFd` until it drops, and its raw
+    // descriptor never changes: what `register` asks of its caller.
+    unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()
 }

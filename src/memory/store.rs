@@ -203,6 +203,8 @@ pub struct AttachedStore {
     /// Uploads the change-driven push made since the last sync collected
     /// them (reported with that sync: `PassStats::pushed`).
     pub(super) pushed: std::sync::atomic::AtomicUsize,
+    /// How often the push task woke up (an idle store's should be rare).
+    pub(super) push_wakeups: std::sync::atomic::AtomicUsize,
     /// Syncs (and flushes) waiting for `pass`: the push gives way to them.
     waiting: std::sync::atomic::AtomicUsize,
 }
@@ -255,6 +257,7 @@ impl AttachedStore {
             pass: tokio::sync::Mutex::new(()),
             remote: Mutex::new(None),
             pushed: std::sync::atomic::AtomicUsize::new(0),
+            push_wakeups: std::sync::atomic::AtomicUsize::new(0),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -363,6 +366,16 @@ impl AttachedStore {
     /// vouch for them, or a pass holds the folder just now.
     pub(super) fn pending_changes(&self) -> Option<usize> {
         self.observer.try_lock().ok()?.pending()
+    }
+
+    /// The watch's replacements, and a descriptor that turns readable when
+    /// the kernel reports a change (see [`Observer::wake_fd`]).
+    pub(super) fn watch_wakeups(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.observer().subscribe()
+    }
+
+    pub(super) fn watch_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        self.observer().wake_fd()
     }
 
     /// The folder as seen, its marker taken out and checked; unreadable,

@@ -227,6 +227,10 @@ pub(crate) struct Observer {
     /// `false`: no watch, every pass a full scan (as before the watch; the
     /// benchmark's baseline).
     enabled: bool,
+    /// Bumped whenever the watch is replaced or dropped, so that a task
+    /// waiting on the old instance's descriptor ([`Observer::wake_fd`])
+    /// learns to take the new one.
+    replaced: tokio::sync::watch::Sender<u64>,
 }
 
 /// What a pass saw of its folder.
@@ -257,7 +261,28 @@ impl Observer {
             last_full: None,
             bound,
             enabled: true,
+            replaced: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Told each time the watch is replaced or dropped (see
+    /// [`Observer::wake_fd`]).
+    pub(crate) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.replaced.subscribe()
+    }
+
+    /// A second descriptor of the current watch's inotify instance, which
+    /// turns readable when the kernel queues an event: a task can sleep on it
+    /// instead of polling the queue. `None` without a watch. Take a new one
+    /// when [`Observer::subscribe`]'s channel changes: the old instance
+    /// reports nothing more.
+    pub(crate) fn wake_fd(&self) -> Option<OwnedFd> {
+        self.watch.as_ref()?.fd.try_clone().ok()
+    }
+
+    fn replace_watch(&mut self, watch: Option<Watch>) {
+        self.watch = watch;
+        self.replaced.send_modify(|generation| *generation += 1);
     }
 
     /// The most changed paths kept between passes (tests lower it).
@@ -285,7 +310,7 @@ impl Observer {
 
     /// The folder was rebuilt (a re-download): the next pass scans it whole.
     pub(crate) fn forget(&mut self) {
-        self.watch = None;
+        self.replace_watch(None);
         self.known = None;
     }
 
@@ -391,12 +416,12 @@ impl Observer {
         self.known = None;
         // A new instance: the old one's watches (and whatever it missed) go.
         // Without one (`max_user_instances`), every pass is a full scan.
-        self.watch = None;
+        self.replace_watch(None);
         let mut watch = self.enabled.then(|| Watch::new(self.bound).ok()).flatten();
         self.root = folder.current_identity();
         let (scan, examined) = folder.scan_watched(watch.as_mut())?;
         let scan = Arc::new(scan);
-        self.watch = watch;
+        self.replace_watch(watch);
         self.known = Some(Arc::clone(&scan));
         self.since_full = 0;
         self.last_full = Some(Instant::now());
