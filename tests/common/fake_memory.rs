@@ -154,6 +154,8 @@ struct Inner {
     origin: Option<tokio::time::Instant>,
     /// How far the `Date` of an answer is off the clock that stamps versions.
     date_skew_micros: i64,
+    /// At most this many versions a page, whatever the limit asked.
+    versions_page_cap: Option<u32>,
     /// When each whole-store listing's first page was served (recursive, no prefix).
     whole_listings: Vec<tokio::time::Instant>,
 }
@@ -295,6 +297,12 @@ impl FakeMemory {
     /// (positive: ahead), as a front end's clock may be off the database's.
     pub fn skew_date(&self, skew_micros: i64) {
         self.lock().date_skew_micros = skew_micros;
+    }
+
+    /// Serve at most `cap` versions a page (as the API caps `view=full`
+    /// listings), so that a few changes make the feed read several pages.
+    pub fn cap_versions_page(&self, cap: u32) {
+        self.lock().versions_page_cap = Some(cap);
     }
 
     /// Redact the newest version of the store that is not the head of a
@@ -676,7 +684,7 @@ impl MemoryApi for FakeMemory {
                     .and_then(|n| n.parse().ok())
                     .ok_or_else(|| status(400, "invalid_request_error"))?,
             };
-            let limit = limit as usize;
+            let limit = inner.versions_page_cap.unwrap_or(limit).min(limit) as usize;
             // Newest first in commit order, `created_at >= since`.
             let rows: Vec<(usize, &Logged)> = inner.log[..before.min(inner.log.len())]
                 .iter()
