@@ -1393,8 +1393,11 @@ impl AttachedStore {
     /// read as a conflict with a remote change that never came.
     fn correct_index(&self, rel: &str, id: &str, sha: &str) {
         if let Some(index) = self.remote_index().as_mut()
-            && let Some(entry) = index.map.get_mut(rel)
-            && entry.id == id
+            && index
+                .map
+                .get(rel)
+                .is_some_and(|e| e.id == id && e.content_sha256 != sha)
+            && let Some(entry) = Arc::make_mut(&mut index.map).get_mut(rel)
         {
             entry.content_sha256 = sha.to_string();
         }
