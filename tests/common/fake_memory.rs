@@ -156,8 +156,6 @@ struct Inner {
     date_skew_micros: i64,
     /// At most this many versions a page, whatever the limit asked.
     versions_page_cap: Option<u32>,
-    /// When each whole-store listing's first page was served (recursive, no prefix).
-    whole_listings: Vec<tokio::time::Instant>,
 }
 
 impl Inner {
@@ -335,11 +333,6 @@ impl FakeMemory {
         true
     }
 
-    /// When each whole-store listing (recursive, no prefix) was served.
-    pub fn whole_listings(&self) -> Vec<tokio::time::Instant> {
-        self.lock().whole_listings.clone()
-    }
-
     /// path → content of a store.
     pub fn contents(&self, store: &str) -> BTreeMap<String, String> {
         self.lock().stores[store]
@@ -462,7 +455,7 @@ impl FakeMemory {
         rollup: bool,
         page: Option<String>,
     ) -> Result<Page<MemoryListItem>, Error> {
-        let mut inner = self.lock();
+        let inner = self.lock();
         let Some(memories) = inner.stores.get(store) else {
             return Err(status(404, "not_found_error"));
         };
@@ -519,9 +512,6 @@ impl FakeMemory {
         items.truncate(limit);
         if first && prefix == "/" {
             items.extend(inner.extra_items.iter().cloned());
-            if !rollup {
-                inner.whole_listings.push(tokio::time::Instant::now());
-            }
         }
         Ok(Page {
             data: items,
