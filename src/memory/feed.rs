@@ -28,10 +28,13 @@
 //! costs one small page, not the last five seconds of a burst again and
 //! again.
 //!
-//! Which version of a memory the index reflects follows the server's order
-//! of versions, `created_at` then id ([`Order`]), whatever order they are
-//! seen in: a late version older than one applied is recorded as seen and
-//! changes nothing.
+//! Which version of a memory the index reflects is the first of its
+//! versions the server lists (newest first): a late version listed after
+//! one applied is recorded as seen and changes nothing, and one listed
+//! first is the memory's head even when stamped before one already seen
+//! (a server that lists in commit order: a write that started first and
+//! committed last). A server that lists by `created_at` makes this the
+//! newest stamp.
 //!
 //! Any doubt makes [`RemoteIndex::advance`] refuse, and the caller lists
 //! the whole store: see [`Doubt`].
@@ -74,14 +77,6 @@ pub(crate) enum Doubt {
     SeenTwice,
 }
 
-/// A version's place in the server's order: `created_at` (microseconds),
-/// then id for versions stamped at the same instant.
-type Order = (i64, String);
-
-fn order(v: &MemoryVersion) -> Order {
-    (micros(v), v.id.clone())
-}
-
 /// The store's memories as last known, and where the feed stands.
 #[derive(Debug, Clone)]
 pub(crate) struct RemoteIndex {
@@ -100,10 +95,6 @@ pub(crate) struct RemoteIndex {
     settled: Option<i64>,
     /// Versions seen at or after the floor: id → created_at.
     seen: HashMap<String, i64>,
-    /// Per memory, the place in the server's order of the version the
-    /// index reflects (when known and at or after the floor): an older
-    /// version that shows up late must not undo a newer one.
-    applied: HashMap<String, Order>,
     /// When the store was last listed in full.
     pub(crate) listed_at: Instant,
 }
@@ -147,7 +138,6 @@ impl RemoteIndex {
             high_seen_at: now,
             settled: None,
             seen: HashMap::new(),
-            applied: HashMap::new(),
             listed_at: now,
         };
         let floor = index.floor();
@@ -155,13 +145,6 @@ impl RemoteIndex {
             let at = micros(v);
             if floor.is_none_or(|f| at >= f) {
                 index.seen.insert(v.id.clone(), at);
-                let key = order(v);
-                match index.applied.get(&v.memory_id) {
-                    Some(known) if *known >= key => {}
-                    _ => {
-                        index.applied.insert(v.memory_id.clone(), key);
-                    }
-                }
             }
         }
         Ok(index)
@@ -197,35 +180,28 @@ impl RemoteIndex {
         {
             return Err(Doubt::Redacted);
         }
-        // Per memory: its newest unseen version (the server's order), and
-        // whether one of them created it.
+        // Per memory, its newest version is the first the server lists
+        // (see the module docs); only a memory whose newest is unseen
+        // changes. And the memories an unseen version created.
         let mut newest: BTreeMap<&str, &MemoryVersion> = BTreeMap::new();
-        let mut created: HashSet<&str> = HashSet::new();
-        for v in &fresh {
-            if v.operation == MemoryOperation::Created {
-                created.insert(&v.memory_id);
-            }
-            let slot = newest.entry(&v.memory_id).or_insert(v);
-            if order(v) > order(slot) {
-                *slot = v;
-            }
+        for v in versions {
+            newest.entry(&v.memory_id).or_insert(v);
         }
+        newest.retain(|_, v| !self.seen.contains_key(&v.id));
+        let created: HashSet<&str> = fresh
+            .iter()
+            .filter(|v| v.operation == MemoryOperation::Created)
+            .map(|v| v.memory_id.as_str())
+            .collect();
         // Nothing new (an idle store): nothing to apply, and nothing copied.
-        if newest.is_empty() {
+        if fresh.is_empty() {
             self.moved(versions, now, floor);
             return Ok(());
         }
         let mut map = BTreeMap::clone(&self.map);
         let mut by_id = self.by_id.clone();
-        let mut applied = self.applied.clone();
         let mut placed: Vec<(&str, String, MemoryIndexEntry)> = Vec::new();
-        for (&memory_id, v) in &newest {
-            let key = order(v);
-            if applied.get(memory_id).is_some_and(|known| *known > key) {
-                // Late, and older than what the index already reflects.
-                continue;
-            }
-            applied.insert(memory_id.to_string(), key);
+        for (&memory_id, &v) in &newest {
             // Leave the old path (if the index still gives it to this memory).
             if let Some(old) = by_id.remove(memory_id)
                 && map.get(&old).is_some_and(|m| m.id == memory_id)
@@ -269,7 +245,6 @@ impl RemoteIndex {
         }
         self.map = Arc::new(map);
         self.by_id = by_id;
-        self.applied = applied;
         for v in &fresh {
             self.seen.insert(v.id.clone(), micros(v));
         }
@@ -297,7 +272,6 @@ impl RemoteIndex {
         }
         if let Some(f) = self.floor() {
             self.seen.retain(|_, at| *at >= f);
-            self.applied.retain(|_, (at, _)| *at >= f);
         }
     }
 }
@@ -478,19 +452,42 @@ mod tests {
 
     #[test]
     fn versions_of_one_memory_at_the_same_instant_settle_the_same_in_any_order() {
-        // Two versions of m1 stamped at the same microsecond, seen in two
-        // polls in either order: the index ends on the same one.
+        // Two versions of m1 stamped at the same microsecond, listed by the
+        // server as [vb, va] (vb committed last), seen in two polls in
+        // either order (the other one not yet visible): the index ends on
+        // the one the server lists first.
         let mut ends = Vec::new();
-        for order in [["va", "vb"], ["vb", "va"]] {
+        for first in ["va", "vb"] {
             let mut i = listed();
             let now = Instant::now();
-            let mut feed = Vec::new();
-            for id in order {
-                feed.insert(0, v(id, "m1", Modified, Some("/a.md"), 101 * S));
-                i.advance(&feed, now).unwrap();
-            }
+            i.advance(&[v(first, "m1", Modified, Some("/a.md"), 101 * S)], now)
+                .unwrap();
+            let both = [
+                v("vb", "m1", Modified, Some("/a.md"), 101 * S),
+                v("va", "m1", Modified, Some("/a.md"), 101 * S),
+            ];
+            i.advance(&both, now).unwrap();
             ends.push(i.map["a.md"].content_sha256.clone());
         }
-        assert_eq!(ends[0], ends[1], "the arrival order decided");
+        assert_eq!(ends, ["sha-vb", "sha-vb"], "the arrival order decided");
+    }
+
+    #[test]
+    fn a_version_committed_after_one_seen_wins_though_stamped_before_it() {
+        let mut i = listed();
+        let now = Instant::now();
+        i.advance(&[v("v3", "m1", Modified, Some("/a.md"), 110 * S)], now)
+            .unwrap();
+        // v4 started before v3 and committed after it: the memory's head,
+        // listed first.
+        i.advance(
+            &[
+                v("v4", "m1", Modified, Some("/a.md"), 109 * S),
+                v("v3", "m1", Modified, Some("/a.md"), 110 * S),
+            ],
+            now,
+        )
+        .unwrap();
+        assert_eq!(i.map["a.md"].content_sha256, "sha-v4");
     }
 }

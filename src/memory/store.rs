@@ -1400,6 +1400,22 @@ impl AttachedStore {
         }
     }
 
+    /// A memory just fetched is at least as fresh as the remote index's
+    /// entry for it: when the feed missed a version (one committed late
+    /// beyond its overlap), the stale hash would make the next local edit
+    /// read as a conflict with a remote change that never came.
+    fn correct_index(&self, rel: &str, id: &str, sha: &str) {
+        if let Some(index) = self.remote_index().as_mut()
+            && index
+                .map
+                .get(rel)
+                .is_some_and(|e| e.id == id && e.content_sha256 != sha)
+            && let Some(entry) = Arc::make_mut(&mut index.map).get_mut(rel)
+        {
+            entry.content_sha256 = sha.to_string();
+        }
+    }
+
     /// The content pass: fetch each pulled memory and write it,
     /// `FETCH_CONCURRENCY` at a time. Returns how many landed.
     async fn pull_all(&self, api: &dyn MemoryApi, pulls: Vec<(String, String)>) -> usize {
@@ -1420,6 +1436,7 @@ impl AttachedStore {
                 match blocking(move || folder.put(&r, content.as_bytes())).await {
                     Ok(Ok(())) => {
                         crate::killpoint::hit("memory.pull.written");
+                        self.correct_index(&rel, &memory.id, &memory.content_sha256);
                         let mut state = self.state();
                         state.tentative.remove(&rel);
                         state.baseline.insert(rel, memory.content_sha256);

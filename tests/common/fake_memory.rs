@@ -2,13 +2,25 @@
 //! failure at an exact point (a lost response, a 409 race, a deletion
 //! between listing and fetch). It follows the devserver's rules for the calls
 //! the sync makes, and records every request.
+//!
+//! Every change appends a version to a log (as the devserver's
+//! `memory_versions` table does), stamped by a fake server clock: the
+//! tokio clock since the fake was made, in microseconds, on top of a fixed
+//! epoch. The version history ([`MemoryApi::versions`]) and the prefix and
+//! depth listings ([`MemoryApi::list_under`]) are served only once a test
+//! turns them on ([`FakeMemory::serve_feed`]): without them the sync lists
+//! the whole store each time, which is what the older tests count calls of.
+//! A change made by a [`Fault::Before`] closure writes no version (it is a
+//! change the feed cannot see).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
-use envworker::api::types::{Memory, MemoryListItem, Page, View};
+use envworker::api::types::{
+    Memory, MemoryListItem, MemoryOperation, MemoryPrefix, MemoryVersion, Page, View,
+};
 use envworker::api::{ApiError, Error};
-use envworker::memory::remote::MemoryApi;
+use envworker::memory::remote::{MemoryApi, VersionsPage};
 use futures::future::BoxFuture;
 use sha2::{Digest, Sha256};
 
@@ -38,6 +50,15 @@ pub enum Call {
     Delete {
         path: String,
         expected: String,
+    },
+    /// A page of the version history.
+    Versions {
+        since_micros: Option<i64>,
+    },
+    /// A listing by prefix and depth.
+    ListUnder {
+        prefix: Option<String>,
+        depth: Option<u32>,
     },
 }
 
@@ -79,6 +100,27 @@ pub enum Op {
     Create,
     Update,
     Delete,
+    Versions,
+    ListUnder,
+}
+
+/// The server's clock at the fake's start: 2026-01-01T00:00:00Z, in microseconds.
+const EPOCH_MICROS: i64 = 1_767_225_600_000_000;
+
+/// One entry of the version log, in commit order (the devserver's `seq`).
+#[derive(Debug, Clone)]
+struct Logged {
+    id: String,
+    store: String,
+    memory_id: String,
+    operation: MemoryOperation,
+    /// `None` once redacted.
+    path: Option<String>,
+    /// `None` for a deletion or once redacted.
+    sha: Option<String>,
+    size: Option<u64>,
+    created_at: i64,
+    redacted_at: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -104,6 +146,78 @@ struct Inner {
     applied: Vec<(tokio::time::Instant, Call)>,
     /// Every call of an op waits this long first (a slow server).
     latency: Vec<(Op, std::time::Duration)>,
+    /// The version log, oldest first.
+    log: Vec<Logged>,
+    /// Whether `versions` and `list_under` are served.
+    feed: bool,
+    /// When the fake's server clock reads [`EPOCH_MICROS`].
+    origin: Option<tokio::time::Instant>,
+    /// How far the `Date` of an answer is off the clock that stamps versions.
+    date_skew_micros: i64,
+    /// At most this many versions a page, whatever the limit asked.
+    versions_page_cap: Option<u32>,
+}
+
+impl Inner {
+    /// The server's clock, microseconds since the Unix epoch.
+    fn clock(&mut self) -> i64 {
+        let origin = *self.origin.get_or_insert_with(tokio::time::Instant::now);
+        EPOCH_MICROS + origin.elapsed().as_micros() as i64
+    }
+
+    /// Append a version of `memory_id` stamped `backdate_micros` before now.
+    fn record(
+        &mut self,
+        store: &str,
+        memory_id: &str,
+        operation: MemoryOperation,
+        path: &str,
+        content: Option<&str>,
+        backdate_micros: i64,
+    ) {
+        let created_at = self.clock() - backdate_micros;
+        self.next_id += 1;
+        let id = format!("memver_{}", self.next_id);
+        self.log.push(Logged {
+            id,
+            store: store.into(),
+            memory_id: memory_id.into(),
+            operation,
+            path: Some(path.into()),
+            sha: content.map(sha),
+            size: content.map(|c| c.len() as u64),
+            created_at,
+            redacted_at: None,
+        });
+    }
+
+    /// Change a path out of band: a version stamped `backdate_micros` early.
+    fn put(&mut self, store: &str, path: &str, content: &str, backdate_micros: i64) {
+        let path = format!("/{}", path.trim_start_matches('/'));
+        self.next_id += 1;
+        let fresh = format!("mem_{}", self.next_id);
+        let memories = self.stores.get_mut(store).unwrap();
+        let (id, op) = match memories.get_mut(&path) {
+            Some(m) if m.content == content => return,
+            Some(m) => {
+                m.content = content.into();
+                m.version += 1;
+                (m.id.clone(), MemoryOperation::Modified)
+            }
+            None => {
+                memories.insert(
+                    path.clone(),
+                    Stored {
+                        id: fresh.clone(),
+                        content: content.into(),
+                        version: 1,
+                    },
+                );
+                (fresh, MemoryOperation::Created)
+            }
+        };
+        self.record(store, &id, op, &path, Some(content), backdate_micros);
+    }
 }
 
 #[derive(Default)]
@@ -139,44 +253,84 @@ impl FakeMemory {
             inner.next_id += 1;
             let mid = format!("mem_{}", inner.next_id);
             inner.stores.get_mut(id).unwrap().insert(
-                path,
+                path.clone(),
                 Stored {
-                    id: mid,
+                    id: mid.clone(),
                     content: content.to_string(),
                     version: 1,
                 },
             );
+            inner.record(id, &mid, MemoryOperation::Created, &path, Some(content), 0);
         }
     }
 
     /// Change the server out of band (as another writer).
     pub fn put(&self, store: &str, path: &str, content: &str) {
-        let mut inner = self.lock();
-        let path = format!("/{}", path.trim_start_matches('/'));
-        inner.next_id += 1;
-        let fresh = format!("mem_{}", inner.next_id);
-        let memories = inner.stores.get_mut(store).unwrap();
-        match memories.get_mut(&path) {
-            Some(m) => {
-                m.content = content.into();
-                m.version += 1;
-            }
-            None => {
-                memories.insert(
-                    path,
-                    Stored {
-                        id: fresh,
-                        content: content.into(),
-                        version: 1,
-                    },
-                );
-            }
-        }
+        self.lock().put(store, path, content, 0);
+    }
+
+    /// Change the server out of band with a version committed late: its
+    /// `created_at` is `backdate` before the server's clock (a write that
+    /// started then and became visible only now). It is still the memory's
+    /// newest version: the head is what committed last.
+    pub fn put_late(&self, store: &str, path: &str, content: &str, backdate: std::time::Duration) {
+        self.lock()
+            .put(store, path, content, backdate.as_micros() as i64);
     }
 
     pub fn remove(&self, store: &str, path: &str) {
         let path = format!("/{}", path.trim_start_matches('/'));
-        self.lock().stores.get_mut(store).unwrap().remove(&path);
+        let mut inner = self.lock();
+        if let Some(m) = inner.stores.get_mut(store).unwrap().remove(&path) {
+            inner.record(store, &m.id, MemoryOperation::Deleted, &path, None, 0);
+        }
+    }
+
+    /// Serve the version history and the listings by prefix and depth.
+    pub fn serve_feed(&self) {
+        self.lock().feed = true;
+    }
+
+    /// The `Date` of every answer is off the version clock by `skew`
+    /// (positive: ahead), as a front end's clock may be off the database's.
+    pub fn skew_date(&self, skew_micros: i64) {
+        self.lock().date_skew_micros = skew_micros;
+    }
+
+    /// Serve at most `cap` versions a page (as the API caps `view=full`
+    /// listings), so that a few changes make the feed read several pages.
+    pub fn cap_versions_page(&self, cap: u32) {
+        self.lock().versions_page_cap = Some(cap);
+    }
+
+    /// Redact the newest version of the store that is not the head of a
+    /// live memory (the devserver refuses to redact a head); whether there
+    /// was one.
+    pub fn redact_newest(&self, store: &str) -> bool {
+        let mut inner = self.lock();
+        let live: std::collections::HashSet<String> = inner
+            .stores
+            .get(store)
+            .map(|s| s.values().map(|m| m.id.clone()).collect())
+            .unwrap_or_default();
+        let now = inner.clock();
+        let log = &mut inner.log;
+        let head_of = |i: usize, log: &[Logged]| {
+            live.contains(&log[i].memory_id)
+                && !log[i + 1..].iter().any(|l| l.memory_id == log[i].memory_id)
+        };
+        let Some(at) = (0..log.len())
+            .rev()
+            .find(|&i| log[i].store == store && log[i].redacted_at.is_none() && !head_of(i, log))
+        else {
+            return false;
+        };
+        let v = &mut log[at];
+        v.redacted_at = Some(now);
+        v.path = None;
+        v.sha = None;
+        v.size = None;
+        true
     }
 
     /// path → content of a store.
@@ -288,6 +442,83 @@ impl FakeMemory {
             .map(|(p, _)| p.clone())
     }
 
+    /// One page of the memories under `prefix` in path order, as the
+    /// devserver lists them: with `rollup`, a folder below the prefix is
+    /// one `memory_prefix` item; the cursor is `after_<path>` (strictly
+    /// after a memory) or `from_<path>` (at or after the end of a folder).
+    fn listing(
+        &self,
+        store: &str,
+        view: View,
+        limit: u32,
+        prefix: &str,
+        rollup: bool,
+        page: Option<String>,
+    ) -> Result<Page<MemoryListItem>, Error> {
+        let inner = self.lock();
+        let Some(memories) = inner.stores.get(store) else {
+            return Err(status(404, "not_found_error"));
+        };
+        let limit = if view == View::Full {
+            limit.min(20)
+        } else {
+            limit
+        } as usize;
+        // The least string above every path under a folder (`/a/` → `/a0`).
+        let upper = |folder: &str| format!("{}0", &folder[..folder.len() - 1]);
+        let first = page.as_deref().is_none_or(str::is_empty);
+        let (strict, lower) = match page.as_deref().filter(|p| !p.is_empty()) {
+            None => (false, prefix.to_string()),
+            Some(p) => match (p.strip_prefix("after_"), p.strip_prefix("from_")) {
+                (Some(after), _) => (true, after.to_string()),
+                (_, Some(from)) => (false, from.to_string()),
+                _ => return Err(status(400, "invalid_request_error")),
+            },
+        };
+        let end = upper(prefix);
+        let mut items: Vec<MemoryListItem> = Vec::new();
+        let mut cursors: Vec<String> = Vec::new();
+        for (path, m) in memories.range(lower.clone()..) {
+            if path.as_str() >= end.as_str() {
+                break;
+            }
+            if strict && *path == lower {
+                continue;
+            }
+            if rollup && let Some(slash) = path[prefix.len()..].find('/') {
+                let folder = path[..prefix.len() + slash + 1].to_string();
+                if matches!(items.last(), Some(MemoryListItem::Prefix(p)) if p.path == folder) {
+                    continue;
+                }
+                cursors.push(format!("from_{}", upper(&folder)));
+                items.push(MemoryListItem::Prefix(MemoryPrefix {
+                    object_type: "memory_prefix".into(),
+                    path: folder,
+                }));
+            } else {
+                cursors.push(format!("after_{path}"));
+                items.push(MemoryListItem::Memory(Self::memory(
+                    store,
+                    path,
+                    m,
+                    view == View::Full,
+                )));
+            }
+            if items.len() > limit {
+                break;
+            }
+        }
+        let next_page = (items.len() > limit).then(|| cursors[limit - 1].clone());
+        items.truncate(limit);
+        if first && prefix == "/" {
+            items.extend(inner.extra_items.iter().cloned());
+        }
+        Ok(Page {
+            data: items,
+            next_page,
+        })
+    }
+
     /// Apply a fault that comes before the answer; `Some(result)` ends the call.
     /// The flag asks the caller to apply the change and then fail: `Some(code)`.
     async fn pre<T>(&self, op: Op, path: Option<&str>) -> (Option<Result<T, Error>>, Option<u16>) {
@@ -318,6 +549,31 @@ impl FakeMemory {
     }
 }
 
+/// A version as the `basic` view answers it (no content).
+fn version_json(v: &Logged) -> MemoryVersion {
+    let micros = |t: i64| {
+        chrono::DateTime::from_timestamp_micros(t)
+            .unwrap()
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    };
+    let operation = match v.operation {
+        MemoryOperation::Created => "created",
+        MemoryOperation::Modified => "modified",
+        MemoryOperation::Deleted => "deleted",
+    };
+    // Through JSON: the redaction fields are the client's own.
+    serde_json::from_value(serde_json::json!({
+        "id": v.id, "type": "memory_version", "memory_id": v.memory_id,
+        "memory_store_id": v.store, "operation": operation, "path": v.path,
+        "content": null, "content_sha256": v.sha, "content_size_bytes": v.size,
+        "created_by": {"type": "api_actor", "api_key_id": "apikey_fake"},
+        "created_at": micros(v.created_at),
+        "redacted_at": v.redacted_at.map(micros),
+        "redacted_by": v.redacted_at.map(|_| serde_json::json!({"type": "user_actor", "user_id": "user_fake"})),
+    }))
+    .unwrap()
+}
+
 /// The change is applied; the caller hears `code` instead of the answer.
 fn lost<T>(result: Result<T, Error>, lose: Option<u16>) -> Result<T, Error> {
     match (result, lose) {
@@ -342,34 +598,103 @@ impl MemoryApi for FakeMemory {
             if let (Some(r), _) = self.pre(Op::List, None).await {
                 return r;
             }
-            let inner = self.lock();
-            let Some(memories) = inner.stores.get(store) else {
-                return Err(status(404, "not_found_error"));
+            self.listing(store, view, limit, "/", false, page)
+        })
+    }
+
+    fn list_under<'a>(
+        &'a self,
+        store: &'a str,
+        view: View,
+        limit: u32,
+        prefix: Option<&'a str>,
+        depth: Option<u32>,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
+        if !self.lock().feed {
+            // The trait's default: a client without prefix listings.
+            if prefix.is_none() && depth.is_none() {
+                return self.list(store, view, limit, page);
+            }
+            return Box::pin(async { Err(Error::Config("no prefix listings".into())) });
+        }
+        Box::pin(async move {
+            self.lock().calls.push(Call::ListUnder {
+                prefix: prefix.map(str::to_string),
+                depth,
+            });
+            if let (Some(r), _) = self.pre(Op::ListUnder, prefix).await {
+                return r;
+            }
+            // As the devserver: depth 0 or absent is recursive, 1 rolls up
+            // folders into prefixes, anything else is refused; a prefix
+            // starts and ends with `/`.
+            let rollup = match depth {
+                None | Some(0) => false,
+                Some(1) => true,
+                Some(_) => return Err(status(400, "invalid_request_error")),
             };
-            let limit = if view == View::Full {
-                limit.min(20)
-            } else {
-                limit
-            } as usize;
-            let start = page.as_deref().map(str::to_string);
-            let items: Vec<(&String, &Stored)> = memories
+            let prefix = prefix.unwrap_or("/");
+            if !prefix.starts_with('/') || !prefix.ends_with('/') || prefix.contains("//") {
+                return Err(status(400, "invalid_request_error"));
+            }
+            self.listing(store, view, limit, prefix, rollup, page)
+        })
+    }
+
+    fn versions<'a>(
+        &'a self,
+        store: &'a str,
+        since_micros: Option<i64>,
+        limit: u32,
+        page: Option<String>,
+    ) -> BoxFuture<'a, Result<VersionsPage, Error>> {
+        if !self.lock().feed {
+            return Box::pin(async { Err(Error::Config("no version history".into())) });
+        }
+        Box::pin(async move {
+            self.lock().calls.push(Call::Versions { since_micros });
+            let (early, lose) = self.pre(Op::Versions, None).await;
+            if let Some(r) = early {
+                return r;
+            }
+            let mut inner = self.lock();
+            if !inner.stores.contains_key(store) {
+                return Err(status(404, "not_found_error"));
+            }
+            if !(1..=100).contains(&limit) {
+                return Err(status(400, "invalid_request_error"));
+            }
+            // The devserver's cursor: the position (`seq`) of the last
+            // version served; the next page starts strictly before it.
+            let before = match page.as_deref().filter(|p| !p.is_empty()) {
+                None => inner.log.len(),
+                Some(p) => p
+                    .strip_prefix("before_")
+                    .and_then(|n| n.parse().ok())
+                    .ok_or_else(|| status(400, "invalid_request_error"))?,
+            };
+            let limit = inner.versions_page_cap.unwrap_or(limit).min(limit) as usize;
+            // Newest first in commit order, `created_at >= since`.
+            let rows: Vec<(usize, &Logged)> = inner.log[..before.min(inner.log.len())]
                 .iter()
-                .filter(|(p, _)| start.as_ref().is_none_or(|s| p.as_str() > s.as_str()))
+                .enumerate()
+                .rev()
+                .filter(|(_, v)| v.store == store)
+                .filter(|(_, v)| since_micros.is_none_or(|t| v.created_at >= t))
                 .take(limit + 1)
                 .collect();
-            let next = (items.len() > limit).then(|| items[limit - 1].0.clone());
-            let mut data: Vec<MemoryListItem> = items
-                .into_iter()
+            let next_page = (rows.len() > limit).then(|| format!("before_{}", rows[limit - 1].0));
+            let data = rows
+                .iter()
                 .take(limit)
-                .map(|(p, m)| MemoryListItem::Memory(Self::memory(store, p, m, view == View::Full)))
+                .map(|(_, v)| version_json(v))
                 .collect();
-            if start.is_none() {
-                data.extend(inner.extra_items.iter().cloned());
-            }
-            Ok(Page {
-                data,
-                next_page: next,
-            })
+            // `Date` is whole seconds (HTTP dates have no fraction), and
+            // may be off the clock that stamps the versions.
+            let date = inner.clock() + inner.date_skew_micros;
+            let date = date - date.rem_euclid(1_000_000);
+            lost(Ok((Page { data, next_page }, Some(date))), lose)
         })
     }
 
@@ -433,7 +758,9 @@ impl MemoryApi for FakeMemory {
                 version: 1,
             };
             let memory = Self::memory(store, path, &stored, false);
+            let id = stored.id.clone();
             memories.insert(path.into(), stored);
+            inner.record(store, &id, MemoryOperation::Created, path, Some(content), 0);
             let call = Call::Create {
                 path: path.into(),
                 content: content.into(),
@@ -477,7 +804,8 @@ impl MemoryApi for FakeMemory {
             if sha(&m.content) != expected && m.content != content {
                 return Err(status(409, "memory_precondition_failed_error"));
             }
-            if m.content != content {
+            let changed = m.content != content;
+            if changed {
                 m.content = content.into();
                 m.version += 1;
             }
@@ -487,6 +815,17 @@ impl MemoryApi for FakeMemory {
                 content: content.into(),
                 expected: expected.into(),
             };
+            if changed {
+                let path = p.clone();
+                inner.record(
+                    store,
+                    id,
+                    MemoryOperation::Modified,
+                    &path,
+                    Some(content),
+                    0,
+                );
+            }
             inner.applied.push((tokio::time::Instant::now(), call));
             lost(Ok(memory), lose)
         })
@@ -523,6 +862,7 @@ impl MemoryApi for FakeMemory {
                 return Err(status(409, "memory_precondition_failed_error"));
             }
             memories.remove(&path);
+            inner.record(store, id, MemoryOperation::Deleted, &path, None, 0);
             let call = Call::Delete {
                 path,
                 expected: expected.into(),
