@@ -646,3 +646,92 @@ async fn the_root_removed_during_a_write_is_not_recreated_by_it() {
     );
     assert!(h.fake.take_writes().is_empty());
 }
+
+/// v1's update is cut off in flight and commits late (answer never heard);
+/// another writer writes D before our next listing (server wins: D on disk);
+/// later another writer writes v1's bytes back (a restore). The agent never
+/// touches the file again. The restore must stay.
+#[tokio::test(start_paused = true)]
+async fn a_stale_in_flight_record_never_claims_another_writers_restore() {
+    let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    h.write("s", "a.md", "v1");
+    h.fake.fault(
+        Op::Update,
+        Some("a.md"),
+        Fault::Delay(Duration::from_secs(3600)),
+    );
+    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
+    assert!(cut.is_err(), "cut off with v1 in flight");
+    h.fake.clear_faults();
+    h.fake.put("s", "a.md", "v1"); // our v1 commits late
+    h.fake.put("s", "a.md", "D"); // another writer, before our next listing
+    h.stores.sync_now().await;
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("D"));
+    assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("D"));
+    h.fake.put("s", "a.md", "v1"); // another writer restores v1
+    h.fake.take_calls();
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    let writes = h.fake.take_writes();
+    assert_eq!(
+        h.fake.get("s", "a.md").as_deref(),
+        Some("v1"),
+        "the other writer's restore was reverted by the worker: {writes:?}"
+    );
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("v1"));
+}
+
+/// A create cut off in flight that never lands; the agent removes the file;
+/// later another writer creates the same path with the same bytes (an empty
+/// placeholder). The worker must pull it, not delete it.
+#[tokio::test(start_paused = true)]
+async fn a_stale_in_flight_create_never_deletes_another_writers_memory() {
+    let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
+    h.write("s", "n.md", "");
+    h.fake.fault(
+        Op::Create,
+        Some("n.md"),
+        Fault::Delay(Duration::from_secs(3600)),
+    );
+    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
+    assert!(cut.is_err());
+    h.fake.clear_faults();
+    h.rm("s", "n.md");
+    h.stores.sync_now().await;
+    h.fake.put("s", "n.md", ""); // another writer
+    for _ in 0..4 {
+        h.stores.sync_now().await;
+        tokio::time::sleep(Duration::from_secs(20)).await;
+    }
+    assert_eq!(
+        h.fake.get("s", "n.md").as_deref(),
+        Some(""),
+        "another writer's memory was deleted"
+    );
+    assert_eq!(h.read("s", "n.md").as_deref(), Some(""));
+}
+
+/// As `an_upload_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit`,
+/// but v1's update is answered 504 by a gateway while the backend still
+/// commits it later (just before v2's update).
+#[tokio::test(start_paused = true)]
+async fn a_gateway_504_that_commits_late_never_beats_the_newer_edit() {
+    let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    h.write("s", "a.md", "v1");
+    h.fake.fault(Op::Update, Some("a.md"), Fault::Status(504));
+    h.stores.sync_now().await;
+    h.write("s", "a.md", "v2");
+    h.fake.fault(
+        Op::Update,
+        Some("a.md"),
+        Fault::before(|stores| {
+            let m = stores.get_mut("s").unwrap().get_mut("/a.md").unwrap();
+            m.content = "v1".into();
+            m.version += 1;
+        }),
+    );
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v2"));
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("v2"));
+}

@@ -19,6 +19,31 @@ use super::journal::{Journal, MapKind, Snapshot, Tracked};
 /// Uploads without an answer remembered per path (older ones are forgotten:
 /// a request cut off that long ago is settled one way or the other).
 pub(super) const IN_FLIGHT_KEPT: usize = 4;
+/// ...and in all, whatever the agent floods.
+pub(super) const IN_FLIGHT_TOTAL: usize = 1_024;
+/// How long a request without an answer may still land: well past the
+/// client's 60 s request timeout. Older records are dropped.
+pub(super) const IN_FLIGHT_FOR: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// An upload sent that never got an answer: it may still land, but only
+/// while the memory holds what it was guarded by.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct InFlight {
+    /// The hash of the content sent.
+    pub(super) sha: String,
+    /// The update's `expected_content_sha256`; `None` for a create (which
+    /// lands only on a free path).
+    pub(super) guard: Option<String>,
+    pub(super) at: Instant,
+}
+
+impl InFlight {
+    /// Could this request still land, given what a listing shows at its
+    /// path (`None`: no memory there)?
+    fn may_land(&self, listed: Option<&str>, now: Instant) -> bool {
+        now.saturating_duration_since(self.at) < IN_FLIGHT_FOR && self.guard.as_deref() == listed
+    }
+}
 
 /// One store's sync state. `baseline`, `tentative`, `pending` and `sent`
 /// are journaled: every change to them is appended to the store's journal
@@ -38,8 +63,10 @@ pub(super) struct State {
     /// `sent` record (settled, then dropped, by the next listing) these
     /// outlive it. A 409 whose current server hash is one of them is our
     /// own late write, not another writer's (see `AttachedStore::upload`).
-    /// Memory only, at most [`IN_FLIGHT_KEPT`] a path.
-    pub(super) in_flight: HashMap<String, Vec<String>>,
+    /// Memory only, at most [`IN_FLIGHT_KEPT`] a path and
+    /// [`IN_FLIGHT_TOTAL`] in all; each listing drops those that can no
+    /// longer land ([`State::settle_in_flight`]).
+    pub(super) in_flight: HashMap<String, Vec<InFlight>>,
     /// Names already reported as unsyncable.
     pub(super) warned_names: HashSet<String>,
     /// Paths already reported as unreadable or too large (each warned once).
@@ -125,13 +152,66 @@ impl State {
         }
     }
 
-    /// An upload of `sha` to `rel` is about to go out.
-    pub(super) fn sending(&mut self, rel: &str, sha: &str) {
+    /// An upload of `sha` to `rel`, guarded by `guard` (`None`: a create),
+    /// is about to go out at `now`.
+    pub(super) fn sending(&mut self, rel: &str, sha: &str, guard: Option<&str>, now: Instant) {
         let sent = self.in_flight.entry(rel.to_string()).or_default();
-        sent.push(sha.to_string());
+        // The same request again (a retry) is one record: four retries of
+        // one edit must not push out an older request that may still land.
+        sent.retain(|r| !(r.sha == sha && r.guard.as_deref() == guard));
+        sent.push(InFlight {
+            sha: sha.to_string(),
+            guard: guard.map(str::to_string),
+            at: now,
+        });
         if sent.len() > IN_FLIGHT_KEPT {
             sent.remove(0);
         }
+        let total: usize = self.in_flight.values().map(Vec::len).sum();
+        if total > IN_FLIGHT_TOTAL {
+            // The oldest record of all goes.
+            let oldest = self
+                .in_flight
+                .iter()
+                .filter_map(|(rel, sent)| Some((sent.first()?.at, rel.clone())))
+                .min();
+            if let Some((_, rel)) = oldest {
+                self.answered_oldest(&rel);
+            }
+        }
+    }
+
+    fn answered_oldest(&mut self, rel: &str) {
+        if let Some(sent) = self.in_flight.get_mut(rel) {
+            sent.remove(0);
+            if sent.is_empty() {
+                self.in_flight.remove(rel);
+            }
+        }
+    }
+
+    /// A listing (`remote`) seen at `now`: the records it shows landed are
+    /// returned (path, hash, was it a create), and every record that can no
+    /// longer land is dropped — its guard is gone from the memory (another
+    /// writer moved it on), its path is taken (a create), or it is older
+    /// than [`IN_FLIGHT_FOR`]. So a record never claims bytes another
+    /// writer puts back later.
+    pub(super) fn settle_in_flight(
+        &mut self,
+        remote: &std::collections::BTreeMap<String, crate::api::types::MemoryIndexEntry>,
+        now: Instant,
+    ) -> Vec<(String, String, bool)> {
+        let mut landed = Vec::new();
+        self.in_flight.retain(|rel, sent| {
+            let listed = remote.get(rel).map(|m| m.content_sha256.as_str());
+            if let Some(r) = sent.iter().find(|r| Some(r.sha.as_str()) == listed) {
+                landed.push((rel.clone(), r.sha.clone(), r.guard.is_none()));
+                return false;
+            }
+            sent.retain(|r| r.may_land(listed, now));
+            !sent.is_empty()
+        });
+        landed
     }
 
     /// The upload of `sha` to `rel` was answered: it can no longer land
@@ -144,7 +224,7 @@ impl State {
         };
         if landed {
             sent.clear();
-        } else if let Some(at) = sent.iter().position(|s| s == sha) {
+        } else if let Some(at) = sent.iter().position(|r| r.sha == sha) {
             sent.remove(at);
         }
         if sent.is_empty() {
@@ -158,7 +238,7 @@ impl State {
         let found = self
             .in_flight
             .get(rel)
-            .is_some_and(|sent| sent.iter().any(|s| s == sha));
+            .is_some_and(|sent| sent.iter().any(|r| r.sha == sha));
         if found {
             self.answered(rel, sha, false);
         }
@@ -208,5 +288,80 @@ impl std::ops::DerefMut for StateGuard<'_> {
 impl Drop for StateGuard<'_> {
     fn drop(&mut self) {
         self.state.commit(self.store_id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state() -> State {
+        State::new(None, Snapshot::default())
+    }
+
+    /// Retries of one edit are one record: they never push out an older
+    /// request that may still land (the 409 would then read as another
+    /// writer's change, and the agent's newer edit would lose).
+    #[test]
+    fn retries_of_one_upload_keep_an_older_request_in_flight() {
+        let mut s = state();
+        let now = Instant::now();
+        s.sending("a.md", "v1", Some("v0"), now);
+        for _ in 0..IN_FLIGHT_KEPT {
+            s.sending("a.md", "v2", Some("v0"), now);
+        }
+        assert_eq!(s.in_flight["a.md"].len(), 2);
+        assert!(s.take_in_flight("a.md", "v1"));
+    }
+
+    /// However many paths the agent floods with failing uploads, the
+    /// records stay bounded, and the oldest go first.
+    #[test]
+    fn records_in_flight_are_bounded_in_all() {
+        let mut s = state();
+        let start = Instant::now();
+        for i in 0..IN_FLIGHT_TOTAL + 10 {
+            let at = start + std::time::Duration::from_millis(i as u64);
+            s.sending(&format!("f{i}.md"), "sha", None, at);
+        }
+        let total: usize = s.in_flight.values().map(Vec::len).sum();
+        assert_eq!(total, IN_FLIGHT_TOTAL);
+        assert!(!s.in_flight.contains_key("f0.md"), "the oldest stayed");
+        assert!(s.in_flight.contains_key(&format!("f{}.md", IN_FLIGHT_TOTAL + 9)));
+    }
+
+    /// A listing drops what can no longer land: an update whose guard the
+    /// memory no longer holds, a create whose path is taken, a record older
+    /// than `IN_FLIGHT_FOR`; it returns what it shows landed.
+    #[test]
+    fn a_listing_settles_what_landed_and_drops_what_cannot_land() {
+        use crate::api::types::{IndexKind, MemoryIndexEntry};
+        let entry = |sha: &str| MemoryIndexEntry {
+            kind: IndexKind::Memory,
+            id: "m".into(),
+            path: String::new(),
+            content_sha256: sha.into(),
+        };
+        let mut s = state();
+        let now = Instant::now();
+        s.sending("moved.md", "v1", Some("v0"), now);
+        s.sending("held.md", "v1", Some("v0"), now);
+        s.sending("taken.md", "n1", None, now);
+        s.sending("free.md", "n1", None, now);
+        s.sending("landed.md", "v1", Some("v0"), now);
+        s.sending("old.md", "v1", Some("v0"), now);
+        let remote = std::collections::BTreeMap::from([
+            ("moved.md".to_string(), entry("D")),
+            ("held.md".to_string(), entry("v0")),
+            ("taken.md".to_string(), entry("other")),
+            ("landed.md".to_string(), entry("v1")),
+            ("old.md".to_string(), entry("v0")),
+        ]);
+        s.in_flight.get_mut("old.md").unwrap()[0].at = now - IN_FLIGHT_FOR;
+        let landed = s.settle_in_flight(&remote, now);
+        assert_eq!(landed, [("landed.md".to_string(), "v1".to_string(), false)]);
+        let mut kept: Vec<&str> = s.in_flight.keys().map(String::as_str).collect();
+        kept.sort();
+        assert_eq!(kept, ["free.md", "held.md"]);
     }
 }

@@ -610,17 +610,15 @@ impl AttachedStore {
                 state.baseline.insert(rel, sha);
             }
         }
-        let landed: Vec<(String, String)> = state
-            .in_flight
-            .iter()
-            .filter_map(|(rel, shas)| {
-                let listed = &remote.get(rel)?.content_sha256;
-                shas.contains(listed).then(|| (rel.clone(), listed.clone()))
-            })
-            .collect();
-        for (rel, sha) in landed {
-            state.answered(&rel, &sha, true);
-            state.baseline.insert(rel, sha);
+        for (rel, sha, create) in state.settle_in_flight(remote, Instant::now()) {
+            if create {
+                // A create of ours that landed late — or another writer's
+                // memory with the same bytes: it tells the agent's newer
+                // edit from a conflict, but never drives a delete.
+                state.tentative.insert(rel, sha);
+            } else {
+                state.baseline.insert(rel, sha);
+            }
         }
     }
 
@@ -650,6 +648,7 @@ impl AttachedStore {
             let old = state.baseline.take();
             state.tentative.extend(old);
             state.sent.clear();
+            state.in_flight.clear();
             // The disk was just rebuilt: earlier absences mean nothing.
             state.pending.clear();
         }
@@ -1226,7 +1225,8 @@ impl AttachedStore {
                 state.sent.insert(rel.to_string(), sending.clone());
                 // Stays if this future is dropped mid-flight (a bound cut
                 // the pass off): the request may still land.
-                state.sending(rel, &sending);
+                let guard = update.as_ref().map(|(_, expected)| expected.as_str());
+                state.sending(rel, &sending, guard, Instant::now());
             }
             // The folder returns only UTF-8 for a memory store.
             let content = String::from_utf8_lossy(&data);
@@ -1235,12 +1235,13 @@ impl AttachedStore {
                 None => api.create(&self.id, &path, &content).await,
                 Some((id, expected)) => api.update(&self.id, id, &content, expected).await,
             };
-            // An answer (any status) settles the request; a transport
-            // failure or a timeout does not: the server may apply it later.
-            if result
-                .as_ref()
-                .map_or_else(|e| e.status().is_some(), |_| true)
-            {
+            // An answer settles the request; a transport failure, a timeout
+            // or a gateway's answer (408, 502, 504: the backend may still
+            // apply it) does not.
+            if result.as_ref().map_or_else(
+                |e| e.status().is_some_and(|s| !matches!(s, 408 | 502 | 504)),
+                |_| true,
+            ) {
                 self.state().answered(rel, &sending, result.is_ok());
             }
             match result {
