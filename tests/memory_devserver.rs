@@ -247,6 +247,34 @@ async fn an_idle_sync_after_the_mount_costs_one_request() {
     );
 }
 
+/// A store written in a burst of more versions than one poll may read
+/// (over 10 pages) just before the mount: once the server's clock says the
+/// burst is older than the overlap window, idle syncs cost one request —
+/// even when they come every second. Without the server's clock each poll
+/// of the window gave up and listed the store, and the listing's new seed
+/// restarted the 5 s wait: ~21 requests a sync for as long as syncs came
+/// faster than that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_before_the_mount_stops_costing_once_the_server_says_it_is_old() {
+    let t = one_store_of(1_100).await;
+    let mut costs = Vec::new();
+    for _ in 0..9 {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let before = t.calls.total();
+        t.stores.sync_now().await;
+        costs.push(t.calls.total() - before);
+    }
+    // The last three syncs come well after the burst is 5 s old.
+    assert!(
+        costs[6..].iter().all(|&c| c <= 2),
+        "requests per idle sync, one a second: {costs:?}"
+    );
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(&t.ids[0]).await
+    );
+}
+
 /// Issue 16: a create, a modification, a deletion and a rename by another
 /// key arrive through the feed (no listing) and leave the folder as the
 /// full listing would.

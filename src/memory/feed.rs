@@ -150,6 +150,30 @@ impl RemoteIndex {
         Ok(index)
     }
 
+    /// The server's clock (its `Date`, microseconds) when it answered a
+    /// poll or the seeding page. It never sets the window's start, which
+    /// stays at or below the newest `created_at` actually seen, so a clock
+    /// ahead cannot skip a version created after it; it only tells that the
+    /// high-water is older than [`OVERLAP`], so that every version stamped
+    /// before it committed long ago and the window may start at the
+    /// high-water at once. Without it, a store written in a burst just
+    /// before the mount would re-read the burst's last five seconds
+    /// (2,000 versions: more than [`MAX_FEED_PAGES`], so a full listing)
+    /// until a poll five seconds later by this machine's clock — and every
+    /// sync before that lists the store again. A clock more than OVERLAP
+    /// ahead can hide only a write in flight at that poll and stamped
+    /// before the high-water, until the next full listing.
+    pub(crate) fn server_clock(&mut self, date: Option<i64>) {
+        if let (Some(date), Some(high)) = (date, self.high)
+            && date - OVERLAP.as_micros() as i64 >= high
+        {
+            self.settled = Some(self.settled.map_or(high, |s| s.max(high)));
+            if let Some(f) = self.floor() {
+                self.seen.retain(|_, at| *at >= f);
+            }
+        }
+    }
+
     /// The `created_at[gte]` of the next poll (microseconds), `None` for no
     /// filter (a store without any version yet).
     pub(crate) fn floor(&self) -> Option<i64> {
@@ -436,6 +460,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(i.map["b.md"].content_sha256, "sha-v4");
+    }
+
+    #[test]
+    fn the_servers_clock_only_settles_a_high_water_older_than_the_overlap() {
+        // Seeded from a burst that ended at 100 s.
+        let mut i = listed();
+        assert_eq!(i.floor(), Some(95 * S));
+        // A clock 2 s past the high-water: versions stamped before it may
+        // still commit; the window stays.
+        i.server_clock(Some(102 * S));
+        assert_eq!(i.floor(), Some(95 * S));
+        // Past the overlap: the window starts at the high-water at once.
+        i.server_clock(Some(106 * S));
+        assert_eq!(i.floor(), Some(100 * S));
+        // A clock far ahead never lifts the window above what was seen.
+        i.server_clock(Some(10_000 * S));
+        assert_eq!(i.floor(), Some(100 * S));
+        let later = v("v9", "m1", Modified, Some("/a.md"), 101 * S);
+        i.advance(std::slice::from_ref(&later), Instant::now())
+            .unwrap();
+        assert_eq!(i.map["a.md"].content_sha256, "sha-v9");
     }
 
     #[test]

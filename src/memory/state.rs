@@ -327,7 +327,10 @@ mod tests {
         let total: usize = s.in_flight.values().map(Vec::len).sum();
         assert_eq!(total, IN_FLIGHT_TOTAL);
         assert!(!s.in_flight.contains_key("f0.md"), "the oldest stayed");
-        assert!(s.in_flight.contains_key(&format!("f{}.md", IN_FLIGHT_TOTAL + 9)));
+        assert!(
+            s.in_flight
+                .contains_key(&format!("f{}.md", IN_FLIGHT_TOTAL + 9))
+        );
     }
 
     /// A listing drops what can no longer land: an update whose guard the

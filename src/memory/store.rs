@@ -492,9 +492,17 @@ impl AttachedStore {
     /// The feed's index from a full listing and the versions page read
     /// before it; `None` (the next sync lists again) without that page or
     /// when the listing is in doubt.
-    fn seed(&self, listed: RemoteMap, newest: Option<Vec<MemoryVersion>>) -> Option<RemoteIndex> {
-        match RemoteIndex::seeded(listed, &newest?, Instant::now()) {
-            Ok(index) => Some(index),
+    fn seed(
+        &self,
+        listed: RemoteMap,
+        newest: Option<(Vec<MemoryVersion>, Option<i64>)>,
+    ) -> Option<RemoteIndex> {
+        let (newest, date) = newest?;
+        match RemoteIndex::seeded(listed, &newest, Instant::now()) {
+            Ok(mut index) => {
+                index.server_clock(date);
+                Some(index)
+            }
             Err(doubt) => {
                 debug!(memory_store.id = %self.id, reason = %doubt, "the memory store listing is in doubt; listing it again next sync");
                 None
@@ -504,11 +512,14 @@ impl AttachedStore {
 
     /// The first page of the version history (newest first), to seed the
     /// feed; `None` when it cannot be read (the feed is then off until the
-    /// next full listing). The answer's `Date` is not used: the feed's
-    /// window follows the versions' own `created_at` (see `super::feed`).
-    async fn newest_versions(&self, api: &dyn MemoryApi) -> Option<Vec<MemoryVersion>> {
+    /// next full listing), and the server's clock when it answered
+    /// (`RemoteIndex::server_clock`).
+    async fn newest_versions(
+        &self,
+        api: &dyn MemoryApi,
+    ) -> Option<(Vec<MemoryVersion>, Option<i64>)> {
         match api.versions(&self.id, None, FEED_PAGE, None).await {
-            Ok((page, _date)) => Some(page.data),
+            Ok((page, date)) => Some((page.data, date)),
             Err(e) => {
                 debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store each sync");
                 None
@@ -530,9 +541,14 @@ impl AttachedStore {
         let before = Arc::clone(&index.map);
         let mut versions = Vec::new();
         let mut page = None;
+        let mut clock = None;
         for _ in 0..MAX_FEED_PAGES {
             let got = match api.versions(&self.id, since, FEED_PAGE, page.take()).await {
-                Ok((got, _date)) => got,
+                Ok((got, date)) => {
+                    // The first page's: the earliest reading.
+                    clock = clock.or(date);
+                    got
+                }
                 Err(e) => {
                     debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store");
                     return None;
@@ -547,6 +563,7 @@ impl AttachedStore {
                         debug!(memory_store.id = %self.id, reason = %doubt, "the memory version feed is in doubt; listing the store");
                         return None;
                     }
+                    index.server_clock(clock);
                     let remote = Arc::clone(&index.map);
                     *self.remote_index() = Some(index);
                     let moved = !Arc::ptr_eq(&before, &remote);
