@@ -248,14 +248,14 @@ async fn an_idle_sync_after_the_mount_costs_one_request() {
 }
 
 /// A store written in a burst of more versions than one poll may read
-/// (over 10 pages) just before the mount: once the server's clock says the
-/// burst is older than the overlap window, idle syncs cost one request —
-/// even when they come every second. Without the server's clock each poll
-/// of the window gave up and listed the store, and the listing's new seed
-/// restarted the 5 s wait: ~21 requests a sync for as long as syncs came
-/// faster than that.
+/// (over 10 pages) just before the mount: each poll of the 5 s overlap
+/// window gives up and lists the store, and until the newest version has
+/// been known for 5 s that is every sync; after, idle syncs cost one
+/// request — even when they come every second. Before, each listing's new
+/// seed restarted the 5 s wait: 22 requests a sync for as long as syncs
+/// came faster than that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_burst_before_the_mount_stops_costing_once_the_server_says_it_is_old() {
+async fn a_burst_before_the_mount_stops_costing_once_it_is_5_s_old() {
     let t = one_store_of(1_100).await;
     let mut costs = Vec::new();
     for _ in 0..9 {
@@ -264,7 +264,7 @@ async fn a_burst_before_the_mount_stops_costing_once_the_server_says_it_is_old()
         t.stores.sync_now().await;
         costs.push(t.calls.total() - before);
     }
-    // The last three syncs come well after the burst is 5 s old.
+    // The last three syncs come 7 s and more after the mount.
     assert!(
         costs[6..].iter().all(|&c| c <= 2),
         "requests per idle sync, one a second: {costs:?}"

@@ -77,6 +77,14 @@ pub(crate) enum Doubt {
     SeenTwice,
 }
 
+/// What an index knew of its high-water's age ([`RemoteIndex::clock`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FeedClock {
+    high: Option<i64>,
+    high_seen_at: Instant,
+    settled: Option<i64>,
+}
+
 /// The store's memories as last known, and where the feed stands.
 #[derive(Debug, Clone)]
 pub(crate) struct RemoteIndex {
@@ -150,24 +158,34 @@ impl RemoteIndex {
         Ok(index)
     }
 
-    /// The server's clock (its `Date`, microseconds) when it answered a
-    /// poll or the seeding page. It never sets the window's start, which
-    /// stays at or below the newest `created_at` actually seen, so a clock
-    /// ahead cannot skip a version created after it; it only tells that the
-    /// high-water is older than [`OVERLAP`], so that every version stamped
-    /// before it committed long ago and the window may start at the
-    /// high-water at once. Without it, a store written in a burst just
-    /// before the mount would re-read the burst's last five seconds
-    /// (2,000 versions: more than [`MAX_FEED_PAGES`], so a full listing)
-    /// until a poll five seconds later by this machine's clock — and every
-    /// sync before that lists the store again. A clock more than OVERLAP
-    /// ahead can hide only a write in flight at that poll and stamped
-    /// before the high-water, until the next full listing.
-    pub(crate) fn server_clock(&mut self, date: Option<i64>) {
-        if let (Some(date), Some(high)) = (date, self.high)
-            && date - OVERLAP.as_micros() as i64 >= high
-        {
-            self.settled = Some(self.settled.map_or(high, |s| s.max(high)));
+    /// What this index knows of the high-water's age, for the index a
+    /// full listing seeds next ([`Self::inherit`]).
+    pub(crate) fn clock(&self) -> FeedClock {
+        FeedClock {
+            high: self.high,
+            high_seen_at: self.high_seen_at,
+            settled: self.settled,
+        }
+    }
+
+    /// Keep what an earlier index of the same store knew of the same
+    /// high-water: when it was first seen, and whether it has settled. A
+    /// full listing (a fallback, the cadence) must not restart the 5 s
+    /// wait, or a store written in a burst of more versions than one poll
+    /// reads would be listed again by every sync that comes within 5 s of
+    /// the last.
+    ///
+    /// `asked`: when this index's versions page was asked for, before its
+    /// listing. If that was at least [`OVERLAP`] after the high-water was
+    /// first seen, every version stamped at or before it had committed, so
+    /// the listing reflects them all: the window starts at the high-water.
+    pub(crate) fn inherit(&mut self, earlier: FeedClock, asked: Instant) {
+        if earlier.high.is_some() && earlier.high == self.high {
+            self.high_seen_at = self.high_seen_at.min(earlier.high_seen_at);
+            self.settled = self.settled.max(earlier.settled);
+            if asked.saturating_duration_since(self.high_seen_at) >= OVERLAP {
+                self.settled = self.settled.max(self.high);
+            }
             if let Some(f) = self.floor() {
                 self.seen.retain(|_, at| *at >= f);
             }
@@ -463,24 +481,25 @@ mod tests {
     }
 
     #[test]
-    fn the_servers_clock_only_settles_a_high_water_older_than_the_overlap() {
-        // Seeded from a burst that ended at 100 s.
+    fn a_new_seed_keeps_the_age_of_the_same_high_water() {
+        let earlier = listed();
+        let seen = earlier.high_seen_at;
+        // Asked again 1 s after the high-water was first seen: still the window.
         let mut i = listed();
+        i.inherit(earlier.clock(), seen + Duration::from_secs(1));
         assert_eq!(i.floor(), Some(95 * S));
-        // A clock 2 s past the high-water: versions stamped before it may
-        // still commit; the window stays.
-        i.server_clock(Some(102 * S));
-        assert_eq!(i.floor(), Some(95 * S));
-        // Past the overlap: the window starts at the high-water at once.
-        i.server_clock(Some(106 * S));
+        // 6 s after: the listing reflects every version up to it.
+        let mut i = listed();
+        i.inherit(earlier.clock(), seen + Duration::from_secs(6));
         assert_eq!(i.floor(), Some(100 * S));
-        // A clock far ahead never lifts the window above what was seen.
-        i.server_clock(Some(10_000 * S));
-        assert_eq!(i.floor(), Some(100 * S));
-        let later = v("v9", "m1", Modified, Some("/a.md"), 101 * S);
-        i.advance(std::slice::from_ref(&later), Instant::now())
+        // Another high-water: nothing is kept.
+        let mut other = listed();
+        other
+            .advance(&[v("v7", "m1", Modified, Some("/a.md"), 120 * S)], seen)
             .unwrap();
-        assert_eq!(i.map["a.md"].content_sha256, "sha-v9");
+        let mut i = listed();
+        i.inherit(other.clock(), seen + Duration::from_secs(60));
+        assert_eq!(i.floor(), Some(95 * S));
     }
 
     #[test]

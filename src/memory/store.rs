@@ -24,7 +24,7 @@ use tracing::{Instrument, debug, info, warn};
 
 use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryListItem, MemoryVersion, View};
 
-use super::feed::{FEED_PAGE, FULL_LISTING_EVERY, MAX_FEED_PAGES, RemoteIndex};
+use super::feed::{FEED_PAGE, FULL_LISTING_EVERY, FeedClock, MAX_FEED_PAGES, RemoteIndex};
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
 use super::journal::{Journal, Snapshot};
 use super::options::DeleteMode;
@@ -205,6 +205,9 @@ pub struct AttachedStore {
     pub(super) pushed: std::sync::atomic::AtomicUsize,
     /// How often the push task woke up (an idle store's should be rare).
     pub(super) push_wakeups: std::sync::atomic::AtomicUsize,
+    /// What the last feed index knew of its high-water's age, for the next
+    /// seed (`RemoteIndex::inherit`).
+    feed_clock: Mutex<Option<FeedClock>>,
     /// Syncs (and flushes) waiting for `pass`: the push gives way to them.
     waiting: std::sync::atomic::AtomicUsize,
 }
@@ -258,6 +261,7 @@ impl AttachedStore {
             remote: Mutex::new(None),
             pushed: std::sync::atomic::AtomicUsize::new(0),
             push_wakeups: std::sync::atomic::AtomicUsize::new(0),
+            feed_clock: Mutex::new(None),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -470,11 +474,16 @@ impl AttachedStore {
         }
         // The feed's high-water is read before the listing, so a change
         // committed while it runs is replayed by the next poll.
+        let asked = Instant::now();
         let newest = self.newest_versions(api).await;
         let remote = Arc::new(self.list_index(api).await?);
         self.remember_ids(&remote);
-        *self.remote_index() = self.seed(Arc::clone(&remote), newest);
+        *self.remote_index() = self.seed(Arc::clone(&remote), newest, asked);
         Ok(remote)
+    }
+
+    fn feed_clock(&self) -> std::sync::MutexGuard<'_, Option<FeedClock>> {
+        self.feed_clock.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn remote_index(&self) -> std::sync::MutexGuard<'_, Option<RemoteIndex>> {
@@ -492,15 +501,19 @@ impl AttachedStore {
     /// The feed's index from a full listing and the versions page read
     /// before it; `None` (the next sync lists again) without that page or
     /// when the listing is in doubt.
+    /// `asked`: when the versions page was asked for, before the listing.
     fn seed(
         &self,
         listed: RemoteMap,
-        newest: Option<(Vec<MemoryVersion>, Option<i64>)>,
+        newest: Option<Vec<MemoryVersion>>,
+        asked: Instant,
     ) -> Option<RemoteIndex> {
-        let (newest, date) = newest?;
-        match RemoteIndex::seeded(listed, &newest, Instant::now()) {
+        let earlier = self.feed_clock().take();
+        match RemoteIndex::seeded(listed, &newest?, Instant::now()) {
             Ok(mut index) => {
-                index.server_clock(date);
+                if let Some(earlier) = earlier {
+                    index.inherit(earlier, asked);
+                }
                 Some(index)
             }
             Err(doubt) => {
@@ -512,14 +525,11 @@ impl AttachedStore {
 
     /// The first page of the version history (newest first), to seed the
     /// feed; `None` when it cannot be read (the feed is then off until the
-    /// next full listing), and the server's clock when it answered
-    /// (`RemoteIndex::server_clock`).
-    async fn newest_versions(
-        &self,
-        api: &dyn MemoryApi,
-    ) -> Option<(Vec<MemoryVersion>, Option<i64>)> {
+    /// next full listing). The answer's `Date` is not used: the feed's
+    /// window follows the versions' own `created_at` (see `super::feed`).
+    async fn newest_versions(&self, api: &dyn MemoryApi) -> Option<Vec<MemoryVersion>> {
         match api.versions(&self.id, None, FEED_PAGE, None).await {
-            Ok((page, date)) => Some((page.data, date)),
+            Ok((page, _date)) => Some(page.data),
             Err(e) => {
                 debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store each sync");
                 None
@@ -532,6 +542,9 @@ impl AttachedStore {
     /// is in doubt.
     async fn follow(&self, api: &dyn MemoryApi) -> Option<(RemoteMap, bool)> {
         let mut index = self.remote_index().take()?;
+        // Whatever this poll ends in, the next seed keeps what this index
+        // knew of the high-water's age (`RemoteIndex::inherit`).
+        *self.feed_clock() = Some(index.clock());
         let now = Instant::now();
         if now.saturating_duration_since(index.listed_at) >= FULL_LISTING_EVERY {
             debug!(memory_store.id = %self.id, "listing the memory store in full (safety cadence)");
@@ -541,14 +554,9 @@ impl AttachedStore {
         let before = Arc::clone(&index.map);
         let mut versions = Vec::new();
         let mut page = None;
-        let mut clock = None;
         for _ in 0..MAX_FEED_PAGES {
             let got = match api.versions(&self.id, since, FEED_PAGE, page.take()).await {
-                Ok((got, date)) => {
-                    // The first page's: the earliest reading.
-                    clock = clock.or(date);
-                    got
-                }
+                Ok((got, _date)) => got,
                 Err(e) => {
                     debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store");
                     return None;
@@ -563,7 +571,6 @@ impl AttachedStore {
                         debug!(memory_store.id = %self.id, reason = %doubt, "the memory version feed is in doubt; listing the store");
                         return None;
                     }
-                    index.server_clock(clock);
                     let remote = Arc::clone(&index.map);
                     *self.remote_index() = Some(index);
                     let moved = !Arc::ptr_eq(&before, &remote);
@@ -673,6 +680,7 @@ impl AttachedStore {
         let marker = marker_content(&self.id);
         blocking(move || put(&folder, MARKER_PATH, marker.as_bytes(), private)).await??;
         // The feed's high-water, read before the listing (see `index`).
+        let asked = Instant::now();
         let newest = self.newest_versions(api).await;
         // The top level with its prefixes rolled up, then each prefix
         // listed on its own, `LIST_CONCURRENCY` at once: the cursor makes
@@ -705,7 +713,7 @@ impl AttachedStore {
         self.state()
             .tentative
             .retain(|rel, _| listed.contains_key(rel));
-        *self.remote_index() = self.seed(listed.into(), newest);
+        *self.remote_index() = self.seed(listed.into(), newest, asked);
         Ok(written)
     }
 
