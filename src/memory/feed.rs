@@ -105,6 +105,9 @@ pub(crate) struct RemoteIndex {
     seen: HashMap<String, i64>,
     /// When the store was last listed in full.
     pub(crate) listed_at: Instant,
+    /// A new number whenever `map` is replaced
+    /// (`super::watch::next_revision`).
+    pub(crate) revision: u64,
 }
 
 fn micros(v: &MemoryVersion) -> i64 {
@@ -147,6 +150,7 @@ impl RemoteIndex {
             settled: None,
             seen: HashMap::new(),
             listed_at: now,
+            revision: super::watch::next_revision(),
         };
         let floor = index.floor();
         for v in newest {
@@ -286,6 +290,7 @@ impl RemoteIndex {
             by_id.insert(memory_id.to_string(), rel);
         }
         self.map = Arc::new(map);
+        self.revision = super::watch::next_revision();
         self.by_id = by_id;
         for v in &fresh {
             self.seen.insert(v.id.clone(), micros(v));

@@ -84,6 +84,10 @@ pub(super) struct State {
     /// An append failed: the journal is left as it was (lagging, which is
     /// safe) and still locked, and nothing more is appended.
     pub(super) journal_failed: bool,
+    /// Bumped at each commit that changed `baseline`, `tentative`,
+    /// `pending` or `sent`: with the folder view's and the remote index's
+    /// revisions, it tells a sync that nothing it plans from has changed.
+    pub(super) revision: u64,
 }
 
 impl State {
@@ -105,6 +109,7 @@ impl State {
             lost_uploads: 0,
             journal,
             journal_failed: false,
+            revision: 0,
         }
     }
 
@@ -126,6 +131,9 @@ impl State {
         self.tentative.drain_changes(&mut records);
         self.pending.drain_changes(&mut records);
         self.sent.drain_changes(&mut records);
+        if !records.is_empty() {
+            self.revision += 1;
+        }
         // After a failed write the journal is rewritten whole at the end of
         // the pass (`end_of_pass`), not appended to.
         if records.is_empty() || self.journal_failed {

@@ -141,6 +141,8 @@ impl LocalFiles {
 /// A scan with the marker checked.
 pub(super) struct Marked {
     pub(super) files: LocalFiles,
+    /// The view's revision ([`Observation::revision`]).
+    revision: u64,
     /// `None` when the marker names this store; otherwise why not.
     distrust: Option<&'static str>,
     /// Entries stat-ed for this scan (only the reported paths, unless full).
@@ -208,6 +210,10 @@ pub struct AttachedStore {
     /// What the last feed index knew of its high-water's age, for the next
     /// seed (`RemoteIndex::inherit`).
     feed_clock: Mutex<Option<FeedClock>>,
+    /// The facts the last sync planned from, when that plan was to do
+    /// nothing at all: (the folder view's revision, the remote index's, the
+    /// state's). A sync that finds the same three plans nothing.
+    quiet: Mutex<Option<(u64, u64, u64)>>,
     /// Syncs (and flushes) waiting for `pass`: the push gives way to them.
     waiting: std::sync::atomic::AtomicUsize,
 }
@@ -262,6 +268,7 @@ impl AttachedStore {
             pushed: std::sync::atomic::AtomicUsize::new(0),
             push_wakeups: std::sync::atomic::AtomicUsize::new(0),
             feed_clock: Mutex::new(None),
+            quiet: Mutex::new(None),
             waiting: std::sync::atomic::AtomicUsize::new(0),
         }
     }
@@ -387,6 +394,7 @@ impl AttachedStore {
     async fn mark(&self, seen: Observation) -> Marked {
         let Observation {
             scan,
+            revision,
             examined,
             full,
             changed: _,
@@ -446,6 +454,7 @@ impl AttachedStore {
         }
         Marked {
             files: LocalFiles(scan),
+            revision,
             distrust,
             examined,
             full,
@@ -888,6 +897,17 @@ impl AttachedStore {
             return Ok(());
         }
 
+        // Nothing the plan reads has changed since a sync that planned
+        // nothing at all (the same folder view, remote index and state, no
+        // delete window running, no tentative baseline — the plan is a pure
+        // function of those and the clock, which only a pending delete
+        // reads): this one would plan nothing either. An idle sync of a
+        // large store then costs no walk over its paths.
+        let facts = self.plan_revisions(&scan, &remote);
+        if !final_sync && facts.is_some() && *self.quiet() == facts {
+            return Ok(());
+        }
+
         // Plan every path.
         let pass = PassFacts {
             read_only: self.read_only,
@@ -895,6 +915,16 @@ impl AttachedStore {
             final_sync,
             now: Instant::now(),
         };
+        let work = self.plan_paths(&scan, &remote, pass);
+        let quiet = work.changes.is_empty()
+            && work.pulls.is_empty()
+            && work.uploads.is_empty()
+            && work.removals.is_empty()
+            && work.deletes.is_empty()
+            && work.notes.is_empty()
+            && work.suppressed == 0;
+        // Recorded only if the state did not move while planning.
+        *self.quiet() = facts.filter(|f| quiet && self.state().revision == f.2);
         let Work {
             changes,
             pulls,
@@ -904,7 +934,7 @@ impl AttachedStore {
             notes,
             suppressed,
             mut budget,
-        } = self.plan_paths(&scan, &remote, pass);
+        } = work;
         for (rel, note) in notes {
             if note == Note::BothChanged {
                 stats.conflicts += 1;
@@ -1007,6 +1037,28 @@ impl AttachedStore {
             );
         }
         Ok(())
+    }
+
+    fn quiet(&self) -> std::sync::MutexGuard<'_, Option<(u64, u64, u64)>> {
+        self.quiet.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What a sync plans from, as revisions: the folder view's, the remote
+    /// index's (the feed's index this pass read), the state's. `None` when
+    /// the plan also reads the clock (a delete window running) or a
+    /// tentative baseline, or the remote map is not the feed's.
+    fn plan_revisions(&self, scan: &Marked, remote: &RemoteMap) -> Option<(u64, u64, u64)> {
+        let remote = self
+            .remote_index()
+            .as_ref()
+            .filter(|index| Arc::ptr_eq(&index.map, remote))
+            .map(|index| index.revision)?;
+        let state = self.state();
+        (state.pending.len() == 0 && state.tentative.len() == 0).then_some((
+            scan.revision,
+            remote,
+            state.revision,
+        ))
     }
 
     /// Carry out a sync's verdict on the folder ([`plan_folder`]): `true`
@@ -1439,6 +1491,7 @@ impl AttachedStore {
             && let Some(entry) = Arc::make_mut(&mut index.map).get_mut(rel)
         {
             entry.content_sha256 = sha.to_string();
+            index.revision = super::watch::next_revision();
         }
     }
 

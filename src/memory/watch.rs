@@ -227,6 +227,8 @@ pub(crate) struct Observer {
     /// `false`: no watch, every pass a full scan (as before the watch; the
     /// benchmark's baseline).
     enabled: bool,
+    /// The revision of `known` ([`Observation::revision`]).
+    revision: u64,
     /// Bumped whenever the watch is replaced or dropped, so that a task
     /// waiting on the old instance's descriptor ([`Observer::wake_fd`])
     /// learns to take the new one.
@@ -237,6 +239,10 @@ pub(crate) struct Observer {
 #[derive(Debug)]
 pub(crate) struct Observation {
     pub(crate) scan: Arc<Scan>,
+    /// Which view this is: a new number whenever any pass (a sync's or a
+    /// push's) saw the folder change, so a sync can tell that nothing
+    /// local changed since an earlier one ([`next_revision`]).
+    pub(crate) revision: u64,
     /// Entries stat-ed to see it.
     pub(crate) examined: usize,
     /// A full scan, not only the reported paths.
@@ -261,6 +267,7 @@ impl Observer {
             last_full: None,
             bound,
             enabled: true,
+            revision: next_revision(),
             replaced: tokio::sync::watch::Sender::new(0),
         }
     }
@@ -311,6 +318,7 @@ impl Observer {
     /// The folder was rebuilt (a re-download): the next pass scans it whole.
     pub(crate) fn forget(&mut self) {
         self.replace_watch(None);
+        self.revision = next_revision();
         self.known = None;
     }
 
@@ -381,12 +389,14 @@ impl Observer {
         }
         if dirty.is_empty() {
             return Some(Observation {
+                revision: self.revision,
                 scan: Arc::clone(known),
                 examined: 0,
                 full: false,
                 changed: Some(dirty),
             });
         }
+        self.revision = next_revision();
         let view = Arc::make_mut(known);
         for rel in &dirty {
             forget_below(view, rel);
@@ -405,6 +415,7 @@ impl Observer {
         view.unreadable.extend(seen.unreadable);
         view.unrepresentable.extend(seen.unrepresentable);
         Some(Observation {
+            revision: self.revision,
             scan: Arc::clone(known),
             examined,
             full: false,
@@ -423,9 +434,11 @@ impl Observer {
         let scan = Arc::new(scan);
         self.replace_watch(watch);
         self.known = Some(Arc::clone(&scan));
+        self.revision = next_revision();
         self.since_full = 0;
         self.last_full = Some(Instant::now());
         Ok(Observation {
+            revision: self.revision,
             scan,
             examined,
             full: true,
@@ -453,4 +466,12 @@ fn forget_below(known: &mut Scan, rel: &str) {
     }
     known.unreadable.retain(|u| !below(u));
     known.unrepresentable.retain(|u| !below(u));
+}
+
+/// A number never handed out before in this process: the revisions of the
+/// folder views and of the remote indexes (a sync compares them with the
+/// last quiet pass's, `AttachedStore::try_sync`).
+pub(crate) fn next_revision() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
