@@ -33,7 +33,7 @@ async def main() -> None:
         await stores.download(session)
         if op in ("noop_sync", "steady_sync"):
             if op == "steady_sync":
-                await asyncio.sleep(2.1)
+                await asyncio.sleep(5.5)
                 await stores._sync_all(final=False)
             wall, cpu = await measured(stores._sync_all(final=False))
         else:

@@ -314,6 +314,30 @@ async fn an_edit_reaches_the_server_within_a_second_without_a_sync() {
 /// its passes, and the sync pulls before it uploads, so a remote edit made
 /// at the mount is on disk within the interval plus 2 s (the agent's calls
 /// check the cadence every 100 ms, as a busy agent's tool calls do).
+/// A file tool's atomic write in progress (its `O_EXCL` temporary file,
+/// before the fsync and the rename) is never pushed: the push runs while
+/// tools run. Found by the chaos test under load: a slow fsync left the
+/// temporary file long enough for a push, and it became a memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_write_in_progress_is_never_pushed() {
+    let t = served_with(notes()).await;
+    let notes = &t.mounts[0];
+    let tmp = notes.join("dir/.envworker-write-0123456789abcdef");
+    std::fs::write(&tmp, "half written").unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        !server(&t)
+            .await
+            .keys()
+            .any(|k| k.contains(".envworker-write-")),
+        "the temporary file of a write in progress was pushed: {:?}",
+        server(&t).await
+    );
+    std::fs::rename(&tmp, notes.join("dir/done.md")).unwrap();
+    let took = visible(&t, "/dir/done.md", "half written", Duration::from_secs(2)).await;
+    assert!(took.is_some(), "the renamed file was not pushed");
+}
+
 /// An idle store's push task sleeps on the kernel's queue instead of
 /// polling it ten times a second (the worker's CPU while the agent is idle,
 /// issue 16), and still wakes for an edit at once — also once a full scan

@@ -325,8 +325,13 @@ fn reported(
             out.insert(rel.clone(), sha.clone());
         }
     }
-    // The marker is never a memory, whatever touched it.
+    // The marker is never a memory, whatever touched it. Nor is a file
+    // tool's write in progress: the push runs while tools run, and the
+    // temporary file of an atomic write (`O_EXCL`, fsync, rename) can sit
+    // there long enough for a pass to see it (a slow fsync); the sync runs
+    // between tool calls, and after a crash recovery removes such debris.
     out.remove(MARKER_PATH);
+    out.retain(|rel, _| !crate::tools::files::is_write_tmp(rel.rsplit('/').next().unwrap_or(rel)));
     out
 }
 
