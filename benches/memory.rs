@@ -20,9 +20,10 @@
 //! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`, `journal`,
 //! `watch`, `idle_syncs`, `edit_latency`, `idle_cpu`); all by default. The
 //! `idle_syncs` row (ours only) runs 100 idle syncs back to back after the
-//! mount, at 0 and 5 ms, and prints the CPU per sync with the safety
-//! cadence's full scans (every 10th sync) averaged in: what an idle
-//! session's syncs cost, not one sync. The `watch` row (ours only, also run with
+//! mount, at 0 and 5 ms, then 100 that are each the safety cadence's full
+//! scan, and prints the CPU per sync of an idle session at the default 15 s
+//! interval, where the cadence (every 5 minutes) makes one sync in 20 a
+//! full scan: what an idle session's syncs cost, not one sync. The `watch` row (ours only, also run with
 //! `steady_sync`) times the idle sync without the folder watch (every file
 //! stat-ed, as before) and with it, and prints the entries each stat-ed.
 //!
@@ -99,6 +100,10 @@ const CONTENT_BYTES: usize = 2_048;
 const STEADY_AFTER: Duration = Duration::from_millis(5_500);
 /// The syncs of the `idle_syncs` row.
 const IDLE_SYNCS: usize = 100;
+/// The folder's safety cadence (`watch::FULL_SCAN_EVERY`) and the worker's
+/// default sync interval: one sync in this many is a full scan.
+const FULL_SCAN_EVERY_S: u64 = 300;
+const SYNCS_PER_SAFETY_SCAN: u64 = FULL_SCAN_EVERY_S / 15;
 const ADMIN_KEY: &str = "bench-admin";
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -152,6 +157,15 @@ async fn child(args: &[String]) {
     if !watched {
         stores = stores.without_watch();
     }
+    // `_scanning`: the safety cadence is due at every sync (each one a
+    // full scan of the folder, as the cadence's own sync is).
+    let (op, scanning) = match op.strip_suffix("_scanning") {
+        Some(op) => (op.to_string(), true),
+        None => (op, false),
+    };
+    if scanning {
+        stores = stores.with_full_scan_every(Duration::ZERO);
+    }
     let op = &op;
     let (wall, cpu);
     let mut examined = 0;
@@ -172,7 +186,7 @@ async fn child(args: &[String]) {
         (wall, cpu) = (w.elapsed().as_secs_f64() * 1e3, cpu_ms() - c);
     } else if op == "idle_syncs" {
         // The idle syncs of a long session: IDLE_SYNCS of them back to back
-        // (the safety cadence's full scans included, every 10th), averaged.
+        // (with `_scanning`, each the safety cadence's full scan), averaged.
         stores.download(&session).await.unwrap();
         tokio::time::sleep(STEADY_AFTER).await;
         stores.sync_now().await;
@@ -318,8 +332,7 @@ const EDIT_PAUSE_MS: u64 = 700;
 const EDIT_SPREAD_MS: u64 = 400;
 /// From the idle session's last tool call to the start of the measured
 /// window, and the window: ten sync intervals, so a worker that synced on a
-/// timer would sync ten times in it, the watch's one full scan in ten
-/// passes (`watch::FULL_SCAN_EVERY_PASSES`) among them.
+/// timer would sync ten times in it.
 const IDLE_SETTLE: Duration = Duration::from_secs(5);
 const IDLE_WINDOW: Duration = Duration::from_secs(10 * WORKER_SYNC_INTERVAL_S);
 /// A fault rule with this many `times` and no effect counts the requests it
@@ -835,6 +848,7 @@ async fn main() {
         "sparse",
         "journal",
         "watch",
+        "idle_syncs",
     ];
     if !legacy.into_iter().any(wanted) {
         return;
@@ -1023,25 +1037,46 @@ async fn main() {
     }
     if wanted("idle_syncs") {
         println!(
-            "idle_syncs: ours, {IDLE_SYNCS} idle syncs back to back after the mount (the safety cadence's full scans included), per sync; median of 3 runs"
+            "idle_syncs: ours, {IDLE_SYNCS} idle syncs back to back after the mount, per sync, median of 3 runs: none due for the safety cadence's full scan (`idle`), then each of them one (`scan`); `session` is the CPU per sync of an idle session at the default 15 s interval, where the cadence (every {} s) makes one sync in {SYNCS_PER_SAFETY_SCAN} a full scan",
+            FULL_SCAN_EVERY_S
         );
         println!(
-            "{:<8} | {:>10} {:>10} | {:>9} {:>10}",
-            "latency", "wall/sync", "cpu/sync", "examined", "full scans"
+            "{:<8} | {:>10} {:>10} {:>9} | {:>10} {:>10} {:>9} | {:>12}",
+            "latency",
+            "idle wall",
+            "idle cpu",
+            "examined",
+            "scan wall",
+            "scan cpu",
+            "examined",
+            "session cpu"
         );
         for latency in [0, 5] {
             memory_latency(&http, &url, latency).await;
-            let runs: Vec<Sample> = (0..3)
-                .map(|_| run_child(&me, &["--child"], &child_args("idle_syncs")))
-                .collect();
-            let m = medians(&runs);
+            let mut median_of = |op: &str| {
+                let runs: Vec<Sample> = (0..3)
+                    .map(|_| run_child(&me, &["--child"], &child_args(op)))
+                    .collect();
+                medians(&runs)
+            };
+            let (idle, scan) = (median_of("idle_syncs"), median_of("idle_syncs_scanning"));
+            assert_eq!(idle.full_scans, 0.0, "a full scan among the idle syncs");
+            assert_eq!(
+                scan.full_scans, IDLE_SYNCS as f64,
+                "a sync without its full scan"
+            );
+            let n = SYNCS_PER_SAFETY_SCAN as f64;
+            let session = (idle.cpu_ms * (n - 1.0) + scan.cpu_ms) / n;
             println!(
-                "{:<8} | {:>8.2}ms {:>8.3}ms | {:>9.1} {:>10}",
+                "{:<8} | {:>8.2}ms {:>8.3}ms {:>9.1} | {:>8.2}ms {:>8.3}ms {:>9.1} | {:>10.3}ms",
                 format!("{latency} ms"),
-                m.wall_ms,
-                m.cpu_ms,
-                m.examined / IDLE_SYNCS as f64,
-                m.full_scans
+                idle.wall_ms,
+                idle.cpu_ms,
+                idle.examined / IDLE_SYNCS as f64,
+                scan.wall_ms,
+                scan.cpu_ms,
+                scan.examined / IDLE_SYNCS as f64,
+                session
             );
         }
     }

@@ -72,6 +72,62 @@ async fn an_idle_sync_examines_nothing_and_an_edit_is_examined_alone() {
     t.stores.dispose().await;
 }
 
+/// A write through a shared mapping is one inotify never reports
+/// (inotify(7)): only the safety cadence's full scan finds it. The cadence
+/// runs by time, not by pass count: an idle store's syncs in between stat
+/// nothing, however many there are (it was every 10th sync).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_safety_cadence_finds_a_write_the_watch_cannot_see() {
+    let every = Duration::from_secs(6);
+    let before_mount = Instant::now();
+    let t = synced_only(|s| s.with_full_scan_every(every)).await;
+    let mounted = Instant::now();
+    let path = t.mounts[0].join("a.md");
+    // A file opened for writing is reported when it is last released
+    // (IN_CLOSE_WRITE), which a mapping defers to its unmapping: the map is
+    // kept until the end.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    // SAFETY: the mapping is this test's alone; nothing else truncates the
+    // file while it is mapped.
+    let mut map = unsafe { memmap2::MmapMut::map_mut(&file) }.unwrap();
+    drop(file);
+    let opened = t.stores.sync_now().await;
+    assert_eq!((opened.full_scans, opened.uploads), (0, 0), "{opened:?}");
+    map[0] = b'A';
+    map.flush().unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "A1");
+
+    // No full scan is due before `every` has passed since the mount's.
+    let mut idle = 0;
+    while before_mount.elapsed() + Duration::from_millis(500) < every {
+        let report = t.stores.sync_now().await;
+        assert_eq!(
+            (report.examined, report.full_scans, report.uploads),
+            (0, 0, 0),
+            "idle sync {idle}: the watch saw the mapped write, or a full scan came early"
+        );
+        idle += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        idle > 10,
+        "only {idle} idle syncs ran before the cadence was due"
+    );
+    assert_eq!(server(&t).await["/a.md"], "a1");
+
+    tokio::time::sleep((mounted + every).saturating_duration_since(Instant::now())).await;
+    let due = t.stores.sync_now().await;
+    assert!(due.full_scans >= 1, "{due:?}");
+    assert_eq!(due.uploads, 1, "{due:?}");
+    assert_eq!(server(&t).await["/a.md"], "A1");
+    drop(map);
+    t.stores.dispose().await;
+}
+
 /// More changed paths than the watch keeps: the sync is a full scan and
 /// gets every change right; the next is incremental again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,8 @@ pub struct SessionMemoryStores {
     /// The most changed paths a store's watch keeps between syncs; `None`:
     /// [`watch::DEFAULT_EVENT_BOUND`].
     watch_bound: Option<usize>,
+    /// The safety cadence's period; `None`: [`watch::FULL_SCAN_EVERY`].
+    full_scan_every: Option<Duration>,
     /// Run the change-driven push (on unless a test turns it off).
     push: bool,
     /// Watch the folders (on unless the benchmark's baseline turns it off).
@@ -156,6 +158,7 @@ impl SessionMemoryStores {
             remap: None,
             state_dir: None,
             watch_bound: None,
+            full_scan_every: None,
             push: true,
             watch: true,
         }
@@ -219,6 +222,28 @@ impl SessionMemoryStores {
     pub fn with_watch_bound(mut self, bound: usize) -> Self {
         self.watch_bound = Some(bound);
         self
+    }
+
+    /// Scan each folder whole at least this often (the safety cadence,
+    /// [`watch::FULL_SCAN_EVERY`] by default); tests and the benchmark
+    /// shorten it.
+    #[doc(hidden)]
+    pub fn with_full_scan_every(mut self, every: Duration) -> Self {
+        self.full_scan_every = Some(every);
+        self
+    }
+
+    /// Apply this set's watch settings to a store just attached.
+    fn configure_watch(&self, store: &AttachedStore) {
+        if let Some(bound) = self.watch_bound {
+            store.set_watch_bound(bound);
+        }
+        if let Some(every) = self.full_scan_every {
+            store.set_full_scan_every(every);
+        }
+        if !self.watch {
+            store.disable_watch();
+        }
     }
 
     pub(crate) fn with_remap(mut self, remap: Option<crate::remap::MountRemap>) -> Self {
@@ -307,12 +332,7 @@ impl SessionMemoryStores {
                             conflicts = pass.conflicts,
                             "recovered memory store folder"
                         );
-                        if let Some(bound) = self.watch_bound {
-                            store.set_watch_bound(bound);
-                        }
-                        if !self.watch {
-                            store.disable_watch();
-                        }
+                        self.configure_watch(&store);
                         self.stores.push(Arc::new(*store));
                         continue;
                     }
@@ -379,12 +399,7 @@ impl SessionMemoryStores {
                         count,
                         "downloaded memories"
                     );
-                    if let Some(bound) = self.watch_bound {
-                        store.set_watch_bound(bound);
-                    }
-                    if !self.watch {
-                        store.disable_watch();
-                    }
+                    self.configure_watch(&store);
                     self.stores.push(Arc::new(store));
                 }
                 Err(e) => {

@@ -327,6 +327,11 @@ impl AttachedStore {
         self.observer().disable();
     }
 
+    /// The safety cadence's period: a full scan at least this often.
+    pub(crate) fn set_full_scan_every(&self, every: std::time::Duration) {
+        self.observer().set_full_scan_every(every);
+    }
+
     /// Lose the watch's queued events as an overflow does (tests).
     pub(crate) fn lose_watch_events(&self) {
         self.observer().lose_events();

@@ -42,11 +42,13 @@ use super::folder::{Folder, FolderError, Scan};
 /// The most changed paths a watch keeps between two passes; past it the
 /// next pass is a full scan (which costs what today's every pass costs).
 pub(crate) const DEFAULT_EVENT_BOUND: usize = 4096;
-/// The safety cadence: every this many incremental passes, a full scan
-/// (it catches anything a watch cannot see, e.g. a write through a bind
-/// mount of the folder elsewhere, which inotify does not report).
-pub(crate) const FULL_SCAN_EVERY_PASSES: u32 = 10;
-/// The safety cadence by time: a full scan at least this often.
+/// The safety cadence: a full scan at least this often, to catch what a
+/// watch cannot see (a write through a shared `mmap`, which inotify does
+/// not report; a change a network or FUSE filesystem's other clients make).
+/// By time, not by pass count, as the remote index's full listing
+/// ([`super::feed::FULL_LISTING_EVERY`]): the safety net costs the same
+/// whatever the sync interval, and an idle store's syncs cost nothing per
+/// file.
 pub(crate) const FULL_SCAN_EVERY: Duration = Duration::from_secs(300);
 
 /// What a directory watch reports: a name created, deleted, renamed,
@@ -221,8 +223,9 @@ pub(crate) struct Observer {
     known: Option<Arc<Scan>>,
     /// The root's identity when the last full scan began.
     root: Option<(u64, u64)>,
-    since_full: u32,
     last_full: Option<Instant>,
+    /// The safety cadence ([`FULL_SCAN_EVERY`]; tests shorten it).
+    full_every: Duration,
     bound: usize,
     /// `false`: no watch, every pass a full scan (as before the watch; the
     /// benchmark's baseline).
@@ -263,8 +266,8 @@ impl Observer {
             watch: None,
             known: None,
             root: None,
-            since_full: 0,
             last_full: None,
+            full_every: FULL_SCAN_EVERY,
             bound,
             enabled: true,
             revision: next_revision(),
@@ -290,6 +293,11 @@ impl Observer {
     fn replace_watch(&mut self, watch: Option<Watch>) {
         self.watch = watch;
         self.replaced.send_modify(|generation| *generation += 1);
+    }
+
+    /// The safety cadence's period (tests and the benchmark shorten it).
+    pub(crate) fn set_full_scan_every(&mut self, every: Duration) {
+        self.full_every = every;
     }
 
     /// The most changed paths kept between passes (tests lower it).
@@ -330,15 +338,13 @@ impl Observer {
         folder: &Folder,
         full: bool,
     ) -> Result<Observation, FolderError> {
-        let due = self.since_full >= FULL_SCAN_EVERY_PASSES
-            || self
-                .last_full
-                .is_none_or(|t| t.elapsed() >= FULL_SCAN_EVERY);
+        let due = self
+            .last_full
+            .is_none_or(|t| t.elapsed() >= self.full_every);
         if !full
             && !due
             && let Some(seen) = self.changed(folder)
         {
-            self.since_full += 1;
             return Ok(seen);
         }
         self.full_scan(folder)
@@ -346,7 +352,6 @@ impl Observer {
 
     /// Only the paths reported since the last pass, for a push; `None`
     /// when the watch cannot vouch for them (the next sync scans whole).
-    /// Not counted towards the safety cadence: that counts syncs.
     pub(crate) fn observe_changed(&mut self, folder: &Folder) -> Option<Observation> {
         self.changed(folder)
     }
@@ -424,18 +429,26 @@ impl Observer {
     }
 
     fn full_scan(&mut self, folder: &Folder) -> Result<Observation, FolderError> {
-        self.known = None;
+        let previous = self.known.take();
         // A new instance: the old one's watches (and whatever it missed) go.
         // Without one (`max_user_instances`), every pass is a full scan.
         self.replace_watch(None);
         let mut watch = self.enabled.then(|| Watch::new(self.bound).ok()).flatten();
         self.root = folder.current_identity();
         let (scan, examined) = folder.scan_watched(watch.as_mut())?;
-        let scan = Arc::new(scan);
+        // A scan that finds the folder exactly as the view already held it
+        // (the safety cadence's, on an idle store) keeps the view and its
+        // revision: the sync then knows nothing local changed and skips its
+        // walk over the paths, as after an incremental pass.
+        let scan = match previous {
+            Some(view) if *view == scan => view,
+            _ => {
+                self.revision = next_revision();
+                Arc::new(scan)
+            }
+        };
         self.replace_watch(watch);
         self.known = Some(Arc::clone(&scan));
-        self.revision = next_revision();
-        self.since_full = 0;
         self.last_full = Some(Instant::now());
         Ok(Observation {
             revision: self.revision,
@@ -474,4 +487,38 @@ fn forget_below(known: &mut Scan, rel: &str) {
 pub(crate) fn next_revision() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A full scan that finds the folder as the view held it (the safety
+    /// cadence on an idle store) keeps the view and its revision, so the
+    /// sync skips its walk; one that finds any change is a new revision.
+    #[test]
+    fn a_full_scan_of_an_unchanged_folder_keeps_the_views_revision() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = Folder::open(&dir.path().join("store"), true).unwrap();
+        folder.create_root().unwrap();
+        folder.put("a/b.md", b"one").unwrap();
+        let mut observer = Observer::default();
+        let first = observer.observe(&folder, true).unwrap();
+        let again = observer.observe(&folder, true).unwrap();
+        assert!(again.full);
+        assert_eq!(again.revision, first.revision);
+        assert!(
+            Arc::ptr_eq(&again.scan, &first.scan),
+            "the view was rebuilt"
+        );
+
+        folder.put("a/b.md", b"two").unwrap();
+        let changed = observer.observe(&folder, true).unwrap();
+        assert_ne!(changed.revision, first.revision);
+        assert_ne!(changed.scan.files, first.scan.files);
+        // After the view was forgotten (a rebuilt folder), never the old one.
+        observer.forget();
+        let rebuilt = observer.observe(&folder, true).unwrap();
+        assert_ne!(rebuilt.revision, changed.revision);
+    }
 }
