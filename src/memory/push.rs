@@ -101,11 +101,12 @@ pub(super) async fn run(
                     wake = None;
                     continue;
                 }
-                ready = readable(wake.as_ref()) => {
-                    if let Ok(mut guard) = ready {
-                        guard.clear_ready();
-                    }
-                }
+                ready = readable(wake.as_ref()) => match ready {
+                    Ok(mut guard) => guard.clear_ready(),
+                    // The reactor let the descriptor go (it is shutting
+                    // down): drop the registration, the tick stands in.
+                    Err(_) => wake = None,
+                },
                 _ = tokio::time::sleep(IDLE_TICK) => {}
             }
         }
