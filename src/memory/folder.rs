@@ -199,10 +199,10 @@ pub(crate) struct Folder {
     utf8_only: bool,
     /// The root and its parent, held from `create_root` on.
     fds: Mutex<Option<RootFds>>,
-    /// The stat cache: path → (stat, hash). Hashed with foldhash, not
-    /// SipHash: a scan looks up every file, and the keys are this folder's
-    /// own paths.
-    cache: Mutex<HashMap<String, (StatKey, String)>>,
+    /// The stat cache: path → (stat, hash, the last scan that saw it).
+    /// Hashed with foldhash, not SipHash: a scan looks up every file, and
+    /// the keys are this folder's own paths.
+    cache: Mutex<StatCache>,
     /// Files [`Folder::put_private`] wrote: device, stat and hash, until
     /// [`Folder::trust_private_writes`] moves them into `cache`.
     private_writes: Mutex<HashMap<String, (u64, StatKey, String)>>,
@@ -315,16 +315,27 @@ fn hash_fresh(
     Ok(Some((sha, trusted.then_some(key))))
 }
 
-/// One scan's walk: the stat cache it reads (`old`) and the one it leaves
-/// (`new`, holding only files it saw).
+/// Path → (stat, hash, the number of the last scan that saw the file; 0:
+/// none yet). Entries are marked where they are, not moved between maps:
+/// a full scan then drops those it did not mark.
+type StatCache = HashMap<String, (StatKey, String, u64)>;
+
+/// A number per walk, for [`StatCache`]'s marks (never 0).
+fn next_walk() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// One scan's walk: the stat cache it reads and marks.
 struct Walk<'w> {
     start: i128,
     /// Each directory listed is watched first, when there is a watch.
     watch: Option<&'w mut Watch>,
     /// Entries stat-ed (files and directories): what the walk cost.
     examined: usize,
-    old: HashMap<String, (StatKey, String)>,
-    new: HashMap<String, (StatKey, String)>,
+    cache: StatCache,
+    /// This walk's mark in the cache ([`next_walk`]).
+    walk: u64,
     /// The files seen, in directory order; sorted into the scan at the end.
     files: Vec<(String, String)>,
     unrepresentable: Vec<String>,
@@ -491,13 +502,17 @@ impl Walk<'_> {
             }
             FileType::RegularFile => {
                 crate::killpoint::hit("memory.scan.file");
-                // A hit moves the entry from the old cache to the new one.
-                if let Some((key, (stat, sha))) = self.old.remove_entry(&rel)
-                    && stat == stat_key(&st)
-                {
-                    self.files.push((rel, sha.clone()));
-                    self.new.insert(key, (stat, sha));
-                    return None;
+                // A hit is marked as seen by this walk; a stale entry goes.
+                match self.cache.get_mut(rel.as_str()) {
+                    Some((stat, sha, seen)) if *stat == stat_key(&st) => {
+                        *seen = self.walk;
+                        self.files.push((rel, sha.clone()));
+                        return None;
+                    }
+                    Some(_) => {
+                        self.cache.remove(rel.as_str());
+                    }
+                    None => {}
                 }
                 let hashed = match hash_fresh(dir, name, self.start) {
                     Ok(hashed) => hashed,
@@ -508,7 +523,8 @@ impl Walk<'_> {
                 };
                 if let Some((sha, cacheable)) = hashed {
                     if let Some(stat) = cacheable {
-                        self.new.insert(rel.clone(), (stat, sha.clone()));
+                        self.cache
+                            .insert(rel.clone(), (stat, sha.clone(), self.walk));
                     }
                     self.files.push((rel, sha));
                 }
@@ -813,7 +829,7 @@ impl Folder {
         let mut trusted = 0;
         for (rel, (dev, key, sha)) in writes {
             if dev == probe_stat.st_dev && key.mtime_ns.max(key.ctime_ns) < now {
-                cache.insert(rel, (key, sha));
+                cache.insert(rel, (key, sha, 0));
                 trusted += 1;
             }
         }
@@ -928,7 +944,7 @@ impl Folder {
         }
         let key = comps.join("/");
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((stat, sha)) = cache.get(&key)
+        if let Some((stat, sha, _)) = cache.get(&key)
             && *stat == stat_key(&st)
         {
             return Ok(Some(sha.clone()));
@@ -937,7 +953,7 @@ impl Folder {
         Ok(hashed.map(|(sha, cacheable)| {
             match cacheable {
                 Some(stat) => {
-                    cache.insert(key, (stat, sha.clone()));
+                    cache.insert(key, (stat, sha.clone(), 0));
                 }
                 None => {
                     cache.remove(&key);
@@ -965,22 +981,24 @@ impl Folder {
         let Some(root) = self.root_fd()? else {
             return Ok((Scan::default(), 0));
         };
-        // The scan rebuilds the cache from what it sees, so entries of files
-        // that are gone drop out with the old map.
+        // The scan keeps of the cache only what it saw, so entries of files
+        // that are gone drop out.
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let old = std::mem::take(&mut *cache);
+        let cached = std::mem::take(&mut *cache);
         let mut walk = Walk {
             start,
             watch,
             examined: 0,
-            new: HashMap::with_capacity(old.len()),
-            files: Vec::with_capacity(old.len()),
+            files: Vec::with_capacity(cached.len()),
             unrepresentable: Vec::new(),
             unreadable: Vec::new(),
-            old,
+            cache: cached,
+            walk: next_walk(),
         };
         walk.tree(&root);
-        *cache = walk.new;
+        let seen = walk.walk;
+        walk.cache.retain(|_, (_, _, by)| *by == seen);
+        *cache = std::mem::take(&mut walk.cache);
         Ok((
             Scan {
                 files: BTreeMap::from_iter(walk.files),
@@ -1007,16 +1025,16 @@ impl Folder {
             return Ok(None);
         };
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let old = std::mem::take(&mut *cache);
+        let cached = std::mem::take(&mut *cache);
         let mut walk = Walk {
             start,
             watch: Some(watch),
             examined: 0,
-            new: HashMap::new(),
             files: Vec::new(),
             unrepresentable: Vec::new(),
             unreadable: Vec::new(),
-            old,
+            cache: cached,
+            walk: next_walk(),
         };
         let mut result = Ok(());
         for rel in paths {
@@ -1051,10 +1069,8 @@ impl Folder {
                 walk.subtree(&root, sub, sub_rel, comps.len());
             }
         }
-        // Entries of the files seen move to the new map; the rest stay.
-        let mut old = std::mem::take(&mut walk.old);
-        old.extend(std::mem::take(&mut walk.new));
-        *cache = old;
+        // Only the examined paths were looked at: every other entry stays.
+        *cache = std::mem::take(&mut walk.cache);
         result?;
         Ok(Some((
             Scan {
@@ -1406,7 +1422,7 @@ mod tests {
         {
             let cache = f.cache.lock().unwrap();
             assert_eq!(
-                cache.get("d/a.md").map(|(_, sha)| sha.as_str()),
+                cache.get("d/a.md").map(|(_, sha, _)| sha.as_str()),
                 Some(hex::encode(Sha256::digest(b"v1")).as_str())
             );
             assert!(!cache.contains_key("b.md"), "written in the probe's tick");
