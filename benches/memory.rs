@@ -1053,7 +1053,7 @@ async fn main() {
         );
         for latency in [0, 5] {
             memory_latency(&http, &url, latency).await;
-            let mut median_of = |op: &str| {
+            let median_of = |op: &str| {
                 let runs: Vec<Sample> = (0..3)
                     .map(|_| run_child(&me, &["--child"], &child_args(op)))
                     .collect();

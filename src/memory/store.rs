@@ -345,7 +345,20 @@ impl AttachedStore {
     /// vouch for what it did not report), else only the paths the kernel
     /// reported since the last scan ([`Observer`]).
     pub(super) async fn scan(&self, full: bool) -> Result<Marked, PassError> {
-        let seen = self.observing(move |o, f| o.observe(f, full)).await??;
+        // An idle folder is seen here; anything else (a path to examine, a
+        // full scan, a push holding the observer) on a blocking thread.
+        let idle = if full {
+            None
+        } else {
+            self.observer
+                .try_lock()
+                .ok()
+                .and_then(|mut o| o.observe_idle(&self.folder))
+        };
+        let seen = match idle {
+            Some(seen) => seen,
+            None => self.observing(move |o, f| o.observe(f, full)).await??,
+        };
         Ok(self.mark(seen).await)
     }
 

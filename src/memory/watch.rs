@@ -350,6 +350,37 @@ impl Observer {
         self.full_scan(folder)
     }
 
+    /// The pass of an idle folder, without examining anything: `Some` only
+    /// when no full scan is asked for or due, the watch reported nothing
+    /// and the root is the one scanned. Cheap enough to run on the async
+    /// thread (one non-blocking read of the queue, one `stat` of the root):
+    /// an idle sync then costs no hand-off to a blocking thread. `None`:
+    /// ask [`observe`](Self::observe), which finds the same reports.
+    pub(crate) fn observe_idle(&mut self, folder: &Folder) -> Option<Observation> {
+        if self
+            .last_full
+            .is_none_or(|t| t.elapsed() >= self.full_every)
+        {
+            return None;
+        }
+        let watch = self.watch.as_mut()?;
+        let known = self.known.as_ref()?;
+        watch.drain();
+        if watch.full().is_some() || !watch.dirty.is_empty() {
+            return None;
+        }
+        if folder.current_identity() != self.root {
+            return None;
+        }
+        Some(Observation {
+            revision: self.revision,
+            scan: Arc::clone(known),
+            examined: 0,
+            full: false,
+            changed: Some(BTreeSet::new()),
+        })
+    }
+
     /// Only the paths reported since the last pass, for a push; `None`
     /// when the watch cannot vouch for them (the next sync scans whole).
     pub(crate) fn observe_changed(&mut self, folder: &Folder) -> Option<Observation> {
@@ -520,5 +551,48 @@ mod tests {
         observer.forget();
         let rebuilt = observer.observe(&folder, true).unwrap();
         assert_ne!(rebuilt.revision, changed.revision);
+    }
+
+    /// The idle pass answers only for a folder the watch reported nothing
+    /// of, and leaves every report to the full pass that follows.
+    #[test]
+    fn the_idle_pass_answers_only_when_nothing_was_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let folder = Folder::open(&dir.path().join("store"), true).unwrap();
+        folder.create_root().unwrap();
+        folder.put("a/b.md", b"one").unwrap();
+        let mut observer = Observer::default();
+        assert!(observer.observe_idle(&folder).is_none(), "never scanned");
+        let scanned = observer.observe(&folder, true).unwrap();
+        let idle = observer.observe_idle(&folder).expect("an idle folder");
+        assert_eq!(
+            (idle.revision, idle.examined, idle.full),
+            (scanned.revision, 0, false)
+        );
+
+        std::fs::write(folder.root().join("a/b.md"), "two").unwrap();
+        assert!(
+            observer.observe_idle(&folder).is_none(),
+            "a write was reported"
+        );
+        assert!(
+            observer.observe_idle(&folder).is_none(),
+            "the report is kept"
+        );
+        let seen = observer.observe(&folder, false).unwrap();
+        assert!(!seen.full);
+        assert_eq!(seen.changed, Some(BTreeSet::from(["a/b.md".to_string()])));
+        assert_ne!(seen.revision, scanned.revision);
+        assert_eq!(
+            observer.observe_idle(&folder).unwrap().revision,
+            seen.revision
+        );
+
+        // Due for the safety cadence: only the full pass answers.
+        observer.set_full_scan_every(Duration::ZERO);
+        assert!(
+            observer.observe_idle(&folder).is_none(),
+            "the cadence is due"
+        );
     }
 }
