@@ -456,23 +456,28 @@ async fn another_writers_edit_after_a_lost_upload_response_still_wins() {
     assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("someone else"));
 }
 
-/// The agent writes `v1` at `rel`, and a sync is cut off by its bound
-/// (30 s, as the periodic sync's) with v1's `op` in flight; then the agent
-/// writes `v2`, and v1 lands just before the next `op` of `rel` does
-/// (`land` applies it to the server).
-async fn cut_off_then_landing_late(
-    h: &H,
-    op: Op,
-    rel: &str,
-    land: impl Fn(&mut common::fake_memory::Stores) + Send + Sync + 'static,
-) {
-    h.write("s", rel, "v1");
+/// The agent writes `content` at `rel`, and a sync is cut off by its bound
+/// (30 s, as the periodic sync's) with that `op` of `rel` in flight, never
+/// answered.
+async fn cut_off_in_flight(h: &H, op: Op, rel: &str, content: &str) {
+    h.write("s", rel, content);
     h.fake
         .fault(op, Some(rel), Fault::Delay(Duration::from_secs(3600)));
     let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
-    assert!(cut.is_err(), "the sync was cut off with v1 in flight");
+    assert!(
+        cut.is_err(),
+        "the sync was cut off with {op:?} {rel} in flight"
+    );
+    h.fake.clear_faults();
+}
+
+/// v1's `op` of `rel` is cut off in flight ([`cut_off_in_flight`]); then
+/// the agent writes `v2`, and v1 lands just before the next `op` of `rel`
+/// does (`land` applies it to the server).
+async fn cut_off_then_landing_late(h: &H, op: Op, rel: &str, land: Fault) {
+    cut_off_in_flight(h, op, rel, "v1").await;
     h.write("s", rel, "v2");
-    h.fake.fault(op, Some(rel), Fault::before(land));
+    h.fake.fault(op, Some(rel), land);
 }
 
 /// A sync cut off by its bound with v1's update in flight (the periodic
@@ -485,12 +490,7 @@ async fn cut_off_then_landing_late(
 async fn an_upload_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit() {
     let logs = Logs::capture();
     let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
-    cut_off_then_landing_late(&h, Op::Update, "a.md", |stores| {
-        let m = stores.get_mut("s").unwrap().get_mut("/a.md").unwrap();
-        m.content = "v1".into();
-        m.version += 1;
-    })
-    .await;
+    cut_off_then_landing_late(&h, Op::Update, "a.md", Fault::edit_first("s", "a.md", "v1")).await;
     h.stores.sync_now().await;
     h.stores.sync_now().await;
     assert_eq!(
@@ -516,15 +516,15 @@ async fn an_upload_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit(
 #[tokio::test(start_paused = true)]
 async fn a_create_cut_off_in_flight_that_lands_late_never_beats_the_newer_edit() {
     let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
-    cut_off_then_landing_late(&h, Op::Create, "new.md", |stores| {
+    let late = Fault::before(|stores| {
         let late = common::fake_memory::Stored {
             id: "mem_late".into(),
             content: "v1".into(),
             version: 1,
         };
         stores.get_mut("s").unwrap().insert("/new.md".into(), late);
-    })
-    .await;
+    });
+    cut_off_then_landing_late(&h, Op::Create, "new.md", late).await;
     h.stores.sync_now().await;
     h.stores.sync_now().await;
     assert_eq!(h.fake.get("s", "new.md").as_deref(), Some("v2"));
@@ -654,15 +654,7 @@ async fn the_root_removed_during_a_write_is_not_recreated_by_it() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_in_flight_record_never_claims_another_writers_restore() {
     let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
-    h.write("s", "a.md", "v1");
-    h.fake.fault(
-        Op::Update,
-        Some("a.md"),
-        Fault::Delay(Duration::from_secs(3600)),
-    );
-    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
-    assert!(cut.is_err(), "cut off with v1 in flight");
-    h.fake.clear_faults();
+    cut_off_in_flight(&h, Op::Update, "a.md", "v1").await;
     h.fake.put("s", "a.md", "v1"); // our v1 commits late
     h.fake.put("s", "a.md", "D"); // another writer, before our next listing
     h.stores.sync_now().await;
@@ -687,15 +679,7 @@ async fn a_stale_in_flight_record_never_claims_another_writers_restore() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_in_flight_create_never_deletes_another_writers_memory() {
     let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
-    h.write("s", "n.md", "");
-    h.fake.fault(
-        Op::Create,
-        Some("n.md"),
-        Fault::Delay(Duration::from_secs(3600)),
-    );
-    let cut = tokio::time::timeout(Duration::from_secs(30), h.stores.sync_now()).await;
-    assert!(cut.is_err());
-    h.fake.clear_faults();
+    cut_off_in_flight(&h, Op::Create, "n.md", "").await;
     h.rm("s", "n.md");
     h.stores.sync_now().await;
     h.fake.put("s", "n.md", ""); // another writer
@@ -724,11 +708,7 @@ async fn a_gateway_504_that_commits_late_never_beats_the_newer_edit() {
     h.fake.fault(
         Op::Update,
         Some("a.md"),
-        Fault::before(|stores| {
-            let m = stores.get_mut("s").unwrap().get_mut("/a.md").unwrap();
-            m.content = "v1".into();
-            m.version += 1;
-        }),
+        Fault::edit_first("s", "a.md", "v1"),
     );
     h.stores.sync_now().await;
     h.stores.sync_now().await;

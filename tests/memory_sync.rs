@@ -440,11 +440,7 @@ async fn an_upload_that_loses_the_race_pulls_the_winner_next_sync() {
     h.fake.fault(
         Op::Update,
         Some("a.md"),
-        Fault::before(|stores| {
-            let m = stores.get_mut("s").unwrap().get_mut("/a.md").unwrap();
-            m.content = "the winner".into();
-            m.version += 1;
-        }),
+        Fault::edit_first("s", "a.md", "the winner"),
     );
     h.stores.sync_now().await;
     assert_eq!(

@@ -66,6 +66,25 @@ impl Fault {
     pub fn before(f: impl Fn(&mut Stores) + Send + Sync + 'static) -> Fault {
         Fault::Before(std::sync::Arc::new(f))
     }
+
+    /// Before the call is served, `content` lands as a new version of the
+    /// memory at `path` in `store`: another writer's edit, or a request of
+    /// ours committing late.
+    pub fn edit_first(store: &str, path: &str, content: &str) -> Fault {
+        let (store, path, content) = (
+            store.to_string(),
+            format!("/{}", path.trim_start_matches('/')),
+            content.to_string(),
+        );
+        Fault::before(move |stores| {
+            let m = stores
+                .get_mut(&store)
+                .and_then(|s| s.get_mut(&path))
+                .expect("the memory an edit lands on");
+            m.content = content.clone();
+            m.version += 1;
+        })
+    }
 }
 
 impl Call {
