@@ -20,10 +20,11 @@
 //! (`mount`, `noop_sync`, `steady_sync`, `flush`, `sparse`, `journal`,
 //! `watch`, `idle_syncs`, `edit_latency`, `idle_cpu`); all by default. The
 //! `idle_syncs` row (ours only) runs 100 idle syncs back to back after the
-//! mount, at 0 and 5 ms, then 100 that are each the safety cadence's full
-//! scan, and prints the CPU per sync of an idle session at the default 15 s
-//! interval, where the cadence (every 5 minutes) makes one sync in 20 a
-//! full scan: what an idle session's syncs cost, not one sync. The `watch` row (ours only, also run with
+//! mount, at 0 and 5 ms, then 100 that are each due for the safety
+//! cadences (a full scan of the folder, a full listing of the store), and
+//! prints the CPU per sync of an idle session at the default 15 s interval,
+//! where the cadences (every 5 minutes) make one sync in 20 such a sync:
+//! what an idle session's syncs cost, not one sync. The `watch` row (ours only, also run with
 //! `steady_sync`) times the idle sync without the folder watch (every file
 //! stat-ed, as before) and with it, and prints the entries each stat-ed.
 //!
@@ -100,8 +101,9 @@ const CONTENT_BYTES: usize = 2_048;
 const STEADY_AFTER: Duration = Duration::from_millis(5_500);
 /// The syncs of the `idle_syncs` row.
 const IDLE_SYNCS: usize = 100;
-/// The folder's safety cadence (`watch::FULL_SCAN_EVERY`) and the worker's
-/// default sync interval: one sync in this many is a full scan.
+/// The safety cadences (`watch::FULL_SCAN_EVERY`, `feed::FULL_LISTING_EVERY`,
+/// crate-private) and the worker's default sync interval (15 s): one sync
+/// in this many scans the folder and lists the store whole.
 const FULL_SCAN_EVERY_S: u64 = 300;
 const SYNCS_PER_SAFETY_SCAN: u64 = FULL_SCAN_EVERY_S / 15;
 const ADMIN_KEY: &str = "bench-admin";
@@ -157,14 +159,15 @@ async fn child(args: &[String]) {
     if !watched {
         stores = stores.without_watch();
     }
-    // `_scanning`: the safety cadence is due at every sync (each one a
-    // full scan of the folder, as the cadence's own sync is).
+    // `_scanning`: the safety cadences are due at every sync (each one a
+    // full scan of the folder and a full listing of the store, as the
+    // cadences' own syncs are).
     let (op, scanning) = match op.strip_suffix("_scanning") {
         Some(op) => (op.to_string(), true),
         None => (op, false),
     };
     if scanning {
-        stores = stores.with_full_scan_every(Duration::ZERO);
+        stores = stores.with_safety_cadence(Duration::ZERO);
     }
     let op = &op;
     let (wall, cpu);
@@ -1037,7 +1040,7 @@ async fn main() {
     }
     if wanted("idle_syncs") {
         println!(
-            "idle_syncs: ours, {IDLE_SYNCS} idle syncs back to back after the mount, per sync, median of 3 runs: none due for the safety cadence's full scan (`idle`), then each of them one (`scan`); `session` is the CPU per sync of an idle session at the default 15 s interval, where the cadence (every {} s) makes one sync in {SYNCS_PER_SAFETY_SCAN} a full scan",
+            "idle_syncs: ours, {IDLE_SYNCS} idle syncs back to back after the mount, per sync, median of 3 runs: none due for a safety cadence (`idle`), then each of them due for both (`scan`: a full scan of the folder and a full listing of the store); `session` is the CPU per sync of an idle session at the default 15 s interval, where the cadences (every {} s) make one sync in {SYNCS_PER_SAFETY_SCAN} such a sync",
             FULL_SCAN_EVERY_S
         );
         println!(

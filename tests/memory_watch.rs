@@ -80,7 +80,7 @@ async fn an_idle_sync_examines_nothing_and_an_edit_is_examined_alone() {
 async fn the_safety_cadence_finds_a_write_the_watch_cannot_see() {
     let every = Duration::from_secs(6);
     let before_mount = Instant::now();
-    let t = synced_only(|s| s.with_full_scan_every(every)).await;
+    let t = synced_only(|s| s.with_safety_cadence(every)).await;
     let mounted = Instant::now();
     let path = t.mounts[0].join("a.md");
     // A file opened for writing is reported when it is last released
@@ -397,7 +397,7 @@ async fn a_tools_write_in_progress_is_never_pushed() {
 /// An idle store's push task sleeps on the kernel's queue instead of
 /// polling it ten times a second (the worker's CPU while the agent is idle,
 /// issue 16), and still wakes for an edit at once — also once a full scan
-/// has replaced the watch (the safety cadence does every 10th sync), whose
+/// has replaced the watch (as the safety cadence does every 5 minutes), whose
 /// old descriptor reports nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_push_sleeps_on_the_kernel_and_wakes_for_an_edit() {

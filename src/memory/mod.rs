@@ -81,8 +81,9 @@ pub struct SessionMemoryStores {
     /// The most changed paths a store's watch keeps between syncs; `None`:
     /// [`watch::DEFAULT_EVENT_BOUND`].
     watch_bound: Option<usize>,
-    /// The safety cadence's period; `None`: [`watch::FULL_SCAN_EVERY`].
-    full_scan_every: Option<Duration>,
+    /// The safety cadences' period; `None`: 5 minutes
+    /// ([`watch::FULL_SCAN_EVERY`], [`feed::FULL_LISTING_EVERY`]).
+    safety_cadence: Option<Duration>,
     /// Run the change-driven push (on unless a test turns it off).
     push: bool,
     /// Watch the folders (on unless the benchmark's baseline turns it off).
@@ -158,7 +159,7 @@ impl SessionMemoryStores {
             remap: None,
             state_dir: None,
             watch_bound: None,
-            full_scan_every: None,
+            safety_cadence: None,
             push: true,
             watch: true,
         }
@@ -224,22 +225,22 @@ impl SessionMemoryStores {
         self
     }
 
-    /// Scan each folder whole at least this often (the safety cadence,
-    /// [`watch::FULL_SCAN_EVERY`] by default); tests and the benchmark
-    /// shorten it.
+    /// Scan each folder whole and list each store whole at least this
+    /// often (the safety cadences, 5 minutes by default); tests and the
+    /// benchmark shorten it.
     #[doc(hidden)]
-    pub fn with_full_scan_every(mut self, every: Duration) -> Self {
-        self.full_scan_every = Some(every);
+    pub fn with_safety_cadence(mut self, every: Duration) -> Self {
+        self.safety_cadence = Some(every);
         self
     }
 
     /// Apply this set's watch settings to a store just attached.
-    fn configure_watch(&self, store: &AttachedStore) {
+    fn configure_watch(&self, store: &mut AttachedStore) {
         if let Some(bound) = self.watch_bound {
             store.set_watch_bound(bound);
         }
-        if let Some(every) = self.full_scan_every {
-            store.set_full_scan_every(every);
+        if let Some(every) = self.safety_cadence {
+            store.set_safety_cadence(every);
         }
         if !self.watch {
             store.disable_watch();
@@ -322,7 +323,7 @@ impl SessionMemoryStores {
                 // A dead worker's folder is recovered; anything else refuses.
                 match recovery::adopt(self.state_dir.as_ref(), &root, &id, &session.id, read_only)?
                 {
-                    Adopted::Store(store) => {
+                    Adopted::Store(mut store) => {
                         let pass = store.sync(self.api.as_ref(), self.deletions, false).await;
                         info!(
                             memory_store.id = %id,
@@ -332,7 +333,7 @@ impl SessionMemoryStores {
                             conflicts = pass.conflicts,
                             "recovered memory store folder"
                         );
-                        self.configure_watch(&store);
+                        self.configure_watch(&mut store);
                         self.stores.push(Arc::new(*store));
                         continue;
                     }
@@ -390,7 +391,7 @@ impl SessionMemoryStores {
                     journal.remove();
                 }
             }
-            let store = AttachedStore::new(id.clone(), read_only, folder, journal);
+            let mut store = AttachedStore::new(id.clone(), read_only, folder, journal);
             match store.mount(self.api.as_ref()).await {
                 Ok(count) => {
                     info!(
@@ -399,7 +400,7 @@ impl SessionMemoryStores {
                         count,
                         "downloaded memories"
                     );
-                    self.configure_watch(&store);
+                    self.configure_watch(&mut store);
                     self.stores.push(Arc::new(store));
                 }
                 Err(e) => {

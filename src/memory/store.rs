@@ -198,6 +198,10 @@ pub struct AttachedStore {
     observer: Arc<Mutex<Observer>>,
     /// Held for a whole pass (sync, flush, push): passes never interleave.
     pub(super) pass: tokio::sync::Mutex<()>,
+    /// The remote index's safety cadence: the store is listed whole at
+    /// least this often ([`FULL_LISTING_EVERY`]; tests and the benchmark
+    /// shorten it).
+    full_listing_every: std::time::Duration,
     /// The remote index the version feed advances between full listings
     /// (see `super::feed`); `None` until a full listing seeds it, and
     /// after a doubt.
@@ -264,6 +268,7 @@ impl AttachedStore {
             state: Mutex::new(State::new(journal, state)),
             observer: Arc::new(Mutex::new(Observer::default())),
             pass: tokio::sync::Mutex::new(()),
+            full_listing_every: FULL_LISTING_EVERY,
             remote: Mutex::new(None),
             pushed: std::sync::atomic::AtomicUsize::new(0),
             push_wakeups: std::sync::atomic::AtomicUsize::new(0),
@@ -327,8 +332,10 @@ impl AttachedStore {
         self.observer().disable();
     }
 
-    /// The safety cadence's period: a full scan at least this often.
-    pub(crate) fn set_full_scan_every(&self, every: std::time::Duration) {
+    /// The safety cadences' period: the folder scanned whole and the store
+    /// listed whole at least this often.
+    pub(crate) fn set_safety_cadence(&mut self, every: std::time::Duration) {
+        self.full_listing_every = every;
         self.observer().set_full_scan_every(every);
     }
 
@@ -353,7 +360,7 @@ impl AttachedStore {
             self.observer
                 .try_lock()
                 .ok()
-                .and_then(|mut o| o.observe_idle(&self.folder))
+                .and_then(|o| o.observe_idle(&self.folder))
         };
         let seen = match idle {
             Some(seen) => seen,
@@ -573,7 +580,7 @@ impl AttachedStore {
         // knew of the high-water's age (`RemoteIndex::inherit`).
         *self.feed_clock() = Some(index.clock());
         let now = Instant::now();
-        if now.saturating_duration_since(index.listed_at) >= FULL_LISTING_EVERY {
+        if now.saturating_duration_since(index.listed_at) >= self.full_listing_every {
             debug!(memory_store.id = %self.id, "listing the memory store in full (safety cadence)");
             return None;
         }

@@ -5,7 +5,8 @@
 //! Built on `rustix::fs::inotify` (rustix is already a dependency; the
 //! `notify` crate brings a thread and a channel per watcher, and the
 //! `inotify` crate's stream is not needed: a sync drains the non-blocking
-//! descriptor in one go, on the blocking thread that examines the paths).
+//! descriptor in one go, on the blocking thread that examines the paths;
+//! the push task sleeps on a duplicate of it, see `memory::push`).
 //!
 //! Watches are added by descriptor, never by path: each directory is opened
 //! beneath the root with `O_NOFOLLOW | O_DIRECTORY` (the folder's confined
@@ -25,8 +26,10 @@
 //! reports both its names, each examined (the old one is then a local
 //! delete, corroborated like any other).
 //!
-//! Everything here blocks (or rather, never waits: the descriptor is
-//! non-blocking); callers run it on a blocking thread.
+//! Nothing here waits (the descriptor is non-blocking), but reading events
+//! and examining paths cost what the agent makes them cost: callers run
+//! them on a blocking thread. Only [`Observer::observe_idle`], which reads
+//! no event and examines nothing, runs on the async thread.
 
 use std::collections::{BTreeSet, HashMap};
 use std::mem::MaybeUninit;
@@ -43,8 +46,12 @@ use super::folder::{Folder, FolderError, Scan};
 /// next pass is a full scan (which costs what today's every pass costs).
 pub(crate) const DEFAULT_EVENT_BOUND: usize = 4096;
 /// The safety cadence: a full scan at least this often, to catch what a
-/// watch cannot see (a write through a shared `mmap`, which inotify does
-/// not report; a change a network or FUSE filesystem's other clients make).
+/// watch cannot see but a file's stat shows (a write through a shared
+/// `mmap`, which inotify does not report, moves the file's mtime at its
+/// first fault; a change a network or FUSE filesystem's other clients
+/// make). What changes no stat at all — later writes through a mapping
+/// still live on tmpfs — no scan sees: the stat cache trusts an unchanged
+/// stat, as it did before the watch.
 /// By time, not by pass count, as the remote index's full listing
 /// ([`super::feed::FULL_LISTING_EVERY`]): the safety net costs the same
 /// whatever the sync interval, and an idle store's syncs cost nothing per
@@ -121,6 +128,15 @@ impl Watch {
     fn fall_back(&mut self, why: &'static str) {
         self.full.get_or_insert(why);
         self.dirty.clear();
+    }
+
+    /// Nothing reported and nothing queued: the kernel holds no event
+    /// (`FIONREAD`), none is read. Cheap on any thread, whatever the agent
+    /// floods the queue with.
+    fn is_quiet(&self) -> bool {
+        self.full.is_none()
+            && self.dirty.is_empty()
+            && rustix::io::ioctl_fionread(&self.fd).is_ok_and(|queued| queued == 0)
     }
 
     /// Read every queued event (the descriptor never blocks).
@@ -351,25 +367,21 @@ impl Observer {
     }
 
     /// The pass of an idle folder, without examining anything: `Some` only
-    /// when no full scan is asked for or due, the watch reported nothing
-    /// and the root is the one scanned. Cheap enough to run on the async
-    /// thread (one non-blocking read of the queue, one `stat` of the root):
-    /// an idle sync then costs no hand-off to a blocking thread. `None`:
-    /// ask [`observe`](Self::observe), which finds the same reports.
-    pub(crate) fn observe_idle(&mut self, folder: &Folder) -> Option<Observation> {
+    /// when no full scan is asked for or due, the watch holds no report and
+    /// the kernel no event, and the root is the one scanned. Cheap enough
+    /// to run on the async thread (one `ioctl` on the queue, which reads no
+    /// event; one `stat` of the root): an idle sync then costs no hand-off
+    /// to a blocking thread. `None`: ask [`observe`](Self::observe), which
+    /// reads the events.
+    pub(crate) fn observe_idle(&self, folder: &Folder) -> Option<Observation> {
         if self
             .last_full
             .is_none_or(|t| t.elapsed() >= self.full_every)
         {
             return None;
         }
-        let watch = self.watch.as_mut()?;
         let known = self.known.as_ref()?;
-        watch.drain();
-        if watch.full().is_some() || !watch.dirty.is_empty() {
-            return None;
-        }
-        if folder.current_identity() != self.root {
+        if !self.watch.as_ref()?.is_quiet() || folder.current_identity() != self.root {
             return None;
         }
         Some(Observation {
