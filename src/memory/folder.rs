@@ -56,7 +56,7 @@ use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
 use sha2::{Digest, Sha256};
 
-use super::watch::Watch;
+use super::watch::{Watch, next_revision};
 
 /// Directories are owner-only.
 const DIR_MODE: u32 = 0o700;
@@ -320,12 +320,6 @@ fn hash_fresh(
 /// a full scan then drops those it did not mark.
 type StatCache = HashMap<String, (StatKey, String, u64)>;
 
-/// A number per walk, for [`StatCache`]'s marks (never 0).
-fn next_walk() -> u64 {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-}
-
 /// One scan's walk: the stat cache it reads and marks.
 struct Walk<'w> {
     start: i128,
@@ -334,7 +328,7 @@ struct Walk<'w> {
     /// Entries stat-ed (files and directories): what the walk cost.
     examined: usize,
     cache: StatCache,
-    /// This walk's mark in the cache ([`next_walk`]).
+    /// This walk's mark in the cache (a fresh [`next_revision`], never 0).
     walk: u64,
     /// The files seen, in directory order; sorted into the scan at the end.
     files: Vec<(String, String)>,
@@ -993,7 +987,7 @@ impl Folder {
             unrepresentable: Vec::new(),
             unreadable: Vec::new(),
             cache: cached,
-            walk: next_walk(),
+            walk: next_revision(),
         };
         walk.tree(&root);
         let seen = walk.walk;
@@ -1034,7 +1028,7 @@ impl Folder {
             unrepresentable: Vec::new(),
             unreadable: Vec::new(),
             cache: cached,
-            walk: next_walk(),
+            walk: next_revision(),
         };
         let mut result = Ok(());
         for rel in paths {
@@ -1147,11 +1141,11 @@ impl Folder {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use std::os::unix::fs::{PermissionsExt, symlink};
 
-    fn folder() -> (tempfile::TempDir, Folder) {
+    pub(crate) fn folder() -> (tempfile::TempDir, Folder) {
         let dir = tempfile::tempdir().unwrap();
         let f = Folder::open(&dir.path().join("store"), true).unwrap();
         assert!(f.removed_on_dispose());

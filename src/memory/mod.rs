@@ -234,8 +234,9 @@ impl SessionMemoryStores {
         self
     }
 
-    /// Apply this set's watch settings to a store just attached.
-    fn configure_watch(&self, store: &mut AttachedStore) {
+    /// Apply this set's watch and safety-cadence settings to a store just
+    /// attached.
+    fn configure(&self, store: &mut AttachedStore) {
         if let Some(bound) = self.watch_bound {
             store.set_watch_bound(bound);
         }
@@ -333,7 +334,7 @@ impl SessionMemoryStores {
                             conflicts = pass.conflicts,
                             "recovered memory store folder"
                         );
-                        self.configure_watch(&mut store);
+                        self.configure(&mut store);
                         self.stores.push(Arc::new(*store));
                         continue;
                     }
@@ -400,7 +401,7 @@ impl SessionMemoryStores {
                         count,
                         "downloaded memories"
                     );
-                    self.configure_watch(&mut store);
+                    self.configure(&mut store);
                     self.stores.push(Arc::new(store));
                 }
                 Err(e) => {

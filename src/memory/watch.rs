@@ -354,16 +354,19 @@ impl Observer {
         folder: &Folder,
         full: bool,
     ) -> Result<Observation, FolderError> {
-        let due = self
-            .last_full
-            .is_none_or(|t| t.elapsed() >= self.full_every);
         if !full
-            && !due
+            && !self.cadence_due()
             && let Some(seen) = self.changed(folder)
         {
             return Ok(seen);
         }
         self.full_scan(folder)
+    }
+
+    /// The safety cadence's full scan is due (or none was made yet).
+    fn cadence_due(&self) -> bool {
+        self.last_full
+            .is_none_or(|t| t.elapsed() >= self.full_every)
     }
 
     /// The pass of an idle folder, without examining anything: `Some` only
@@ -374,10 +377,7 @@ impl Observer {
     /// to a blocking thread. `None`: ask [`observe`](Self::observe), which
     /// reads the events.
     pub(crate) fn observe_idle(&self, folder: &Folder) -> Option<Observation> {
-        if self
-            .last_full
-            .is_none_or(|t| t.elapsed() >= self.full_every)
-        {
+        if self.cadence_due() {
             return None;
         }
         let known = self.known.as_ref()?;
@@ -524,9 +524,10 @@ fn forget_below(known: &mut Scan, rel: &str) {
     known.unrepresentable.retain(|u| !below(u));
 }
 
-/// A number never handed out before in this process: the revisions of the
-/// folder views and of the remote indexes (a sync compares them with the
-/// last quiet pass's, `AttachedStore::try_sync`).
+/// A number never handed out before in this process (never 0): the
+/// revisions of the folder views and of the remote indexes (a sync compares
+/// them with the last quiet pass's, `AttachedStore::try_sync`), and the
+/// stat cache's walk marks.
 pub(crate) fn next_revision() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -541,9 +542,7 @@ mod tests {
     /// sync skips its walk; one that finds any change is a new revision.
     #[test]
     fn a_full_scan_of_an_unchanged_folder_keeps_the_views_revision() {
-        let dir = tempfile::tempdir().unwrap();
-        let folder = Folder::open(&dir.path().join("store"), true).unwrap();
-        folder.create_root().unwrap();
+        let (_dir, folder) = crate::memory::folder::tests::folder();
         folder.put("a/b.md", b"one").unwrap();
         let mut observer = Observer::default();
         let first = observer.observe(&folder, true).unwrap();
@@ -569,9 +568,7 @@ mod tests {
     /// of, and leaves every report to the full pass that follows.
     #[test]
     fn the_idle_pass_answers_only_when_nothing_was_reported() {
-        let dir = tempfile::tempdir().unwrap();
-        let folder = Folder::open(&dir.path().join("store"), true).unwrap();
-        folder.create_root().unwrap();
+        let (_dir, folder) = crate::memory::folder::tests::folder();
         folder.put("a/b.md", b"one").unwrap();
         let mut observer = Observer::default();
         assert!(observer.observe_idle(&folder).is_none(), "never scanned");
