@@ -93,11 +93,23 @@ pub struct WorkerArgs {
     #[arg(long, env = "ANTHROPIC_BASE_URL", default_value = crate::api::DEFAULT_BASE_URL)]
     pub(crate) base_url: String,
 
-    /// The work root: each item runs in its own fresh `session-<random>` directory under it,
-    /// removed at the item's end; stores without a mount path land in its `memory/` (default: the
-    /// current directory).
+    /// The agent's working directory, with whatever it holds (a checked-out project, a dataset):
+    /// the shell's cwd and the file tools' base; skills land in its `skills/`, stores without a
+    /// mount path in its `memory/` (default: the current directory).
     #[arg(long, env = "ENVWORKER_WORKDIR")]
     pub workdir: Option<PathBuf>,
+
+    /// Give each work item a fresh, empty, private `session-<random>` directory under the workdir
+    /// as its working directory, removed at the item's end, instead of the workdir itself (on by
+    /// itself when --max-concurrent-items is above 1).
+    #[arg(long, env = "ENVWORKER_FRESH_WORKDIR", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub(crate) fresh_workdir: bool,
+
+    /// Upload what the agent writes to a memory store within about a second, instead of at the
+    /// next sync: each edit burst becomes its own memory version, and write requests grow with the
+    /// agent's edit rate (they count against the organisation's rate limits).
+    #[arg(long, env = "ENVWORKER_MEMORY_PUSH", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false")]
+    pub(crate) memory_push: bool,
 
     /// Stop serving a session this long after its turn ended with no new event, at most 24h (`off` never stops).
     #[arg(long, env = "ENVWORKER_MAX_IDLE", default_value = "60s")]

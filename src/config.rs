@@ -156,6 +156,12 @@ pub struct EndpointFile {
     pub memory_sync_deletions: Option<String>,
     #[serde(default)]
     pub max_concurrent_items: Option<usize>,
+    /// Each item in a fresh directory of its own (`--fresh-workdir`).
+    #[serde(default)]
+    pub fresh_workdir: Option<bool>,
+    /// The change-driven push (`--memory-push`).
+    #[serde(default)]
+    pub memory_push: Option<bool>,
     /// Headers added to every API request of this endpoint.
     #[serde(default)]
     pub extra_headers: BTreeMap<String, String>,
@@ -184,6 +190,8 @@ pub struct Endpoint {
     pub memory_sync_interval: Option<SyncInterval>,
     pub memory_sync_deletions: Option<DeleteMode>,
     pub max_concurrent_items: usize,
+    pub fresh_workdir: Option<bool>,
+    pub memory_push: Option<bool>,
     pub extra_headers: Vec<(String, String)>,
     /// The variables this endpoint's secrets live in (kept from the agent's shell).
     pub secret_env_vars: Vec<String>,
@@ -363,6 +371,8 @@ impl ServeFile {
                 memory_sync_interval,
                 memory_sync_deletions,
                 max_concurrent_items,
+                fresh_workdir: file.fresh_workdir,
+                memory_push: file.memory_push,
                 extra_headers: file
                     .extra_headers
                     .iter()
@@ -406,6 +416,8 @@ max_idle = "90s"
 memory_sync_interval = "off"
 memory_sync_deletions = "log_only"
 max_concurrent_items = 2
+fresh_workdir = true
+memory_push = true
 extra_headers = { "x-team" = "a" }
 
 [[endpoint]]
@@ -434,6 +446,11 @@ environment_key_env = "B_ENV_KEY"
         assert_eq!(a.memory_sync_interval, Some(SyncInterval::OFF));
         assert_eq!(a.memory_sync_deletions, Some(DeleteMode::LogOnly));
         assert_eq!(a.max_concurrent_items, 2);
+        assert_eq!((a.fresh_workdir, a.memory_push), (Some(true), Some(true)));
+        assert_eq!(
+            (endpoints[1].fresh_workdir, endpoints[1].memory_push),
+            (None, None)
+        );
         assert_eq!(
             a.extra_headers,
             vec![("x-team".to_string(), "a".to_string())]

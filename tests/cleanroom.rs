@@ -129,7 +129,9 @@ fn read(path: &Path) -> String {
 /// parent's (the supervisor's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sessions_files_and_processes_are_gone_before_the_next_session_starts() {
-    let s = stack(&[]).await;
+    // Files: with a fresh directory per item (by default the sessions share
+    // the workdir, as the reference's do); processes: always.
+    let s = stack(&["--fresh-workdir"]).await;
     let ctl = tempfile::tempdir().unwrap();
     let c = ctl.path().display().to_string();
     let outside = ctl.path().join("outside");
@@ -478,8 +480,9 @@ fn kill_tree_kills_even_with_no_time_to_freeze() {
 
 /// Review item 5: the session directories a SIGKILLed worker left (its
 /// lock gone with it), and `trash-*` ones whose background removal it did
-/// not finish, are removed when the next worker on the same root starts;
-/// a session directory another live worker holds stays.
+/// not finish, are removed when the next worker on the same root starts
+/// with fresh directories; a session directory another live worker holds
+/// stays, and a worker whose sessions share the workdir touches none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_workers_rooms_are_removed_at_the_next_start_and_a_live_one_kept() {
     let s = stack(&[]).await;
@@ -517,7 +520,15 @@ async fn a_dead_workers_rooms_are_removed_at_the_next_start_and_a_live_one_kept(
     std::thread::sleep(Duration::from_millis(300));
     dead_holder.kill().unwrap();
     dead_holder.wait().unwrap();
-    let (mut poller, _stderr) = s.poller(&[]);
+    // A worker whose sessions share the workdir leaves every `session-*`
+    // and `trash-*` there alone: they are the operator's files.
+    let (mut sharing, _stderr) = s.poller(&[]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let untouched = dead.exists() && trash.exists();
+    let _ = sharing.kill();
+    let _ = sharing.wait();
+    assert!(untouched, "a worker with a shared workdir swept it");
+    let (mut poller, _stderr) = s.poller(&["--fresh-workdir"]);
     let removed = eventually(Duration::from_secs(10), || {
         !dead.exists() && !trash.exists()
     });

@@ -949,3 +949,70 @@ async fn a_restart_fails_a_scenario_that_was_running() {
         "{failures}"
     );
 }
+
+/// `GET /dev/requests` logs what a client sent (a memory write as digests),
+/// the status it got (an injected one included) and how it authenticated;
+/// a scenario's `faults` step adds rules at its point of the session.
+#[tokio::test]
+async fn the_request_log_and_a_scenarios_faults_step() {
+    let s = TestServer::start().await;
+    let store = s.create_store("Logged").await;
+    s.create_memory(&store, "/a.md", "alpha").await;
+    s.add_faults(vec![
+        json!({"method": "GET", "path": "/v1/memory_stores/*/memories", "status": 503, "times": 1}),
+    ])
+    .await;
+    s.memory(
+        Method::GET,
+        &format!("/v1/memory_stores/{store}/memories"),
+        None,
+    )
+    .await;
+    let log = s.dev(Method::GET, "/dev/requests", None).await.ok();
+    let entries = log["data"].as_array().unwrap();
+    let write = entries
+        .iter()
+        .find(|e| e["memory_write"]["path"] == "/a.md")
+        .expect("the create is logged");
+    assert_eq!(write["method"], "POST");
+    assert_eq!(write["auth"], "api_key");
+    assert_eq!(
+        write["memory_write"]["content_sha256"],
+        common::sha256("alpha")
+    );
+    assert!(
+        !log.to_string().contains("\"alpha\""),
+        "content is never logged"
+    );
+    let listed = entries.last().unwrap();
+    assert_eq!(
+        (listed["method"].as_str(), listed["status"].as_u64()),
+        (Some("GET"), Some(503))
+    );
+    assert!(
+        entries
+            .windows(2)
+            .all(|w| w[0]["seq"].as_u64() < w[1]["seq"].as_u64())
+    );
+    s.dev(Method::DELETE, "/dev/requests", None).await.ok();
+    assert_eq!(
+        s.dev(Method::GET, "/dev/requests", None).await.ok()["data"],
+        json!([])
+    );
+
+    // The rule is in place once the step ran (the tool call after it waits
+    // for an answer that never comes, and fails after its timeout).
+    let started = s
+        .start_scenario(&json!({"name": "faulty", "steps": [
+            {"faults": [{"method": "DELETE", "path": "/v1/nowhere", "status": 500}]},
+            {"tool": "bash", "input": {"command": "true"}, "timeout_ms": 300}
+        ]}))
+        .await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while s.faults().await.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no rule added");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(s.faults().await[0]["path"], "/v1/nowhere");
+    let _ = started;
+}

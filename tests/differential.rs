@@ -1,10 +1,69 @@
-//! Differential test: every scenario under `events/scenarios/` is served by
-//! envworker and by the official SDK's worker, each on a fresh devserver.
-//! Both reports must pass and the stores must end up identical.
+//! Differential test: each case is served by envworker and by the official
+//! SDK's worker (`anthropic==2.10.0`), each on a fresh devserver and a fresh
+//! host prepared the same way. Both reports must pass, and the two runs
+//! must agree on what a user or the API can see: the steps that passed,
+//! the stores' final contents, the memory versions the session made (the
+//! uploads that landed, in order), the contents of the uploads each worker
+//! sent, and the workdir each left behind.
+//!
+//! The cases: every scenario file of `events/scenarios/`, and one per rule
+//! of the reference's contract that envworker once changed (issue 24).
 
 mod common;
 
-use common::served;
+use std::collections::BTreeSet;
+
+use common::served::{self, Case, Served};
+use serde_json::json;
+
+/// What both workers must agree on.
+fn assert_same(case: &Case, ours: &Served, theirs: &Served) {
+    let name = &case.name;
+    assert_eq!(
+        ours.report["final_contents"], theirs.report["final_contents"],
+        "{name}: the stores differ between envworker and the SDK worker"
+    );
+    let statuses = |r: &serde_json::Value| -> Vec<String> {
+        r["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| format!("{} {}", s["index"], s["status"]))
+            .collect()
+    };
+    assert_eq!(
+        statuses(&ours.report),
+        statuses(&theirs.report),
+        "{name}: steps"
+    );
+    assert_eq!(
+        ours.versions, theirs.versions,
+        "{name}: the memory versions the session made differ (envworker left, SDK right)"
+    );
+    let sent = |s: &Served| -> BTreeSet<(Option<String>, Option<String>)> {
+        s.writes
+            .iter()
+            .map(|w| (w.path.clone(), w.content_sha256.clone()))
+            .collect()
+    };
+    assert_eq!(
+        sent(ours),
+        sent(theirs),
+        "{name}: the uploads sent differ (envworker left, SDK right)"
+    );
+    assert_eq!(
+        ours.workdir_tree(),
+        theirs.workdir_tree(),
+        "{name}: the workdirs differ (envworker left, SDK right)"
+    );
+}
+
+/// Serve `case` with both workers side by side and compare.
+async fn both(case: Case) -> (Served, Served) {
+    let (ours, theirs) = tokio::join!(served::by_envworker(&case), served::by_the_sdk(&case));
+    assert_same(&case, &ours, &theirs);
+    (ours, theirs)
+}
 
 fn scenario_names() -> Vec<String> {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("events/scenarios");
@@ -27,23 +86,116 @@ async fn every_scenario_ends_the_same_with_envworker_and_with_the_sdk_worker() {
     let names = scenario_names();
     assert!(names.len() >= 3, "{names:?}");
     for name in names {
-        let (ours, theirs) = tokio::join!(served::by_envworker(&name), served::by_the_sdk(&name));
-        assert_eq!(
-            ours.report["final_contents"], theirs.report["final_contents"],
-            "{name}: the stores differ between envworker and the SDK worker"
-        );
-        let passed = |r: &serde_json::Value| {
-            r["steps"]
-                .as_array()
-                .unwrap()
+        both(Case::file(&name)).await;
+    }
+}
+
+/// The agent works in the configured workdir, with what the operator put
+/// there: the file tools reach it by relative and absolute path, `glob` and
+/// `grep` search it, `bash` starts in it, and what the agent changes stays.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_agent_works_in_the_prepared_workdir() {
+    let (ours, _) = both(Case::new(
+        "prepared-workdir",
+        json!({
+            "name": "prepared-workdir",
+            "prepare": {"files": {
+                "{workdir}/README.md": "A project checked out into the image. needle\n",
+                "{workdir}/src/lib.rs": "pub fn answer() -> u32 { 41 }\n",
+                "{workdir}/data/rows.csv": "a,b\n1,2\n"
+            }},
+            "steps": [
+                {"tool": "read", "input": {"file_path": "README.md"},
+                 "expect": {"is_error": false, "contains": "checked out"}},
+                {"tool": "read", "input": {"file_path": "{workdir}/data/rows.csv"},
+                 "expect": {"is_error": false, "contains": "1,2"}},
+                {"tool": "edit", "input": {"file_path": "src/lib.rs", "old_string": "41", "new_string": "42"},
+                 "expect": {"is_error": false}},
+                {"tool": "edit", "input": {"file_path": "{workdir}/README.md", "old_string": "image.", "new_string": "image, edited."},
+                 "expect": {"is_error": false}},
+                {"tool": "bash", "input": {"command": "pwd; cat src/lib.rs; ls"},
+                 "expect": {"is_error": false, "contains": ["{workdir}\n", "{ 42 }", "README.md", "data"]}},
+                {"tool": "glob", "input": {"pattern": "**/*.rs"},
+                 "expect": {"is_error": false, "contains": "{workdir}/src/lib.rs"}},
+                {"tool": "glob", "input": {"pattern": "*.csv", "path": "{workdir}/data"},
+                 "expect": {"is_error": false, "contains": "{workdir}/data/rows.csv"}},
+                {"tool": "grep", "input": {"pattern": "needle"},
+                 "expect": {"is_error": false, "contains": "README.md"}},
+                {"tool": "grep", "input": {"pattern": "42", "path": "src"},
+                 "expect": {"is_error": false, "contains": "lib.rs"}},
+                {"tool": "write", "input": {"file_path": "notes/plan.md", "content": "ship it\n"},
+                 "expect": {"is_error": false}},
+                {"tool": "read", "input": {"file_path": "{workdir}/notes/plan.md"},
+                 "expect": {"is_error": false, "contains": "ship it"}}
+            ]
+        }),
+    ))
+    .await;
+    // Not only the same on both: what the agent changed is in the workdir.
+    let tree = ours.workdir_tree();
+    assert_eq!(
+        tree["src/lib.rs"], "file: pub fn answer() -> u32 { 42 }\n",
+        "{tree:#?}"
+    );
+    assert_eq!(tree["notes/plan.md"], "file: ship it\n", "{tree:#?}");
+}
+
+/// Skills land in `<workdir>/skills/<name>/`, and a store without a mount
+/// path in `<workdir>/memory/<name>/`, where the agent reaches both by
+/// relative path; both are gone after the session.
+#[tokio::test(flavor = "multi_thread")]
+async fn skills_and_a_store_without_a_mount_path_land_in_the_workdir() {
+    let case = Case::new(
+        "skills-and-pathless-store",
+        json!({
+            "name": "skills-and-pathless-store",
+            "agent": {"name": "with skills", "skills": [
+                {"type": "custom", "skill_id": "{skill:report-writer}", "version": "latest"}
+            ]},
+            "memory_stores": [
+                {"key": "notes", "name": "team-notes", "access": "read_write", "mount_path": null,
+                 "memories": {"/a.md": "alpha\n"}}
+            ],
+            "steps": [
+                {"tool": "read", "input": {"file_path": "skills/report-writer/SKILL.md"},
+                 "expect": {"is_error": false, "contains": "Write reports."}},
+                {"tool": "bash", "input": {"command": "sh skills/report-writer/scripts/run.sh"},
+                 "expect": {"is_error": false, "contains": "skill ran"}},
+                {"tool": "read", "input": {"file_path": "memory/team-notes/a.md"},
+                 "expect": {"is_error": false, "contains": "alpha"}},
+                {"tool": "read", "input": {"file_path": "{workdir}/memory/team-notes/a.md"},
+                 "expect": {"is_error": false, "contains": "alpha"}},
+                {"tool": "write", "input": {"file_path": "memory/team-notes/b.md", "content": "beta\n"},
+                 "expect": {"is_error": false}},
+                {"tool": "bash", "input": {"command": "cat memory/team-notes/b.md"},
+                 "expect": {"is_error": false, "contains": "beta"}}
+            ],
+            "expect_final": {"notes": {"/a.md": "alpha\n", "/b.md": "beta\n"}}
+        }),
+    )
+    .skill(json!({"name": "report-writer", "files": {
+        "SKILL.md": "---\nname: report-writer\n---\nWrite reports.\n",
+        "scripts/run.sh": {"content": "#!/bin/sh\necho skill ran\n", "executable": true}
+    }}));
+    let (ours, theirs) = both(case).await;
+    // The comparison of uploads is not vacuous: both sent `/b.md`'s bytes.
+    for served in [&ours, &theirs] {
+        assert!(
+            served
+                .writes
                 .iter()
-                .filter(|s| s["status"] == "passed")
-                .count()
-        };
-        assert_eq!(
-            passed(&ours.report),
-            passed(&theirs.report),
-            "{name}: steps passed"
+                .any(|w| w.path.as_deref() == Some("/b.md")
+                    && w.content_sha256.as_deref() == Some(common::sha256("beta\n").as_str())
+                    && w.status < 300),
+            "{:?}",
+            served.writes
         );
     }
+    let tree = ours.workdir_tree();
+    assert!(
+        !tree
+            .keys()
+            .any(|p| p.starts_with("skills/") || p.starts_with("memory/")),
+        "the skill and the store folder are removed after the session: {tree:#?}"
+    );
 }

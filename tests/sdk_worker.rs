@@ -9,7 +9,7 @@ use serde_json::Value;
 
 /// Run one scenario file end to end with the SDK worker; returns its report.
 async fn served_by_the_sdk(name: &str) -> Value {
-    served::by_the_sdk(name).await.report
+    served::by_the_sdk(&served::Case::file(name)).await.report
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -908,3 +908,114 @@ async fn serve_with_a_refused_key_is_unready_and_says_why() {
     let r = http.get(format!("{url}/healthz")).send().await.unwrap();
     assert_eq!(r.status(), 200);
 }
+
+/// A `serve` started with these flags and these variables, and what it must show.
+type ServeCase<'a, T> = (&'a [&'a str], &'a [(&'a str, &'a str)], T);
+
+/// Wait until serve's logs hold `want`, at most 20 s.
+async fn logged(stack: &common::serve_stack::Stack, want: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !stack.serve.logs().contains(want) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {want:?} in:\n{}",
+            stack.serve.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_says_at_start_where_sessions_work_and_names_the_flag() {
+    let shared = "sessions run one after another in the shared workdir";
+    let cases: [ServeCase<&str>; 5] = [
+        (&[], &[], shared),
+        (&[], &[], "--fresh-workdir (ENVWORKER_FRESH_WORKDIR"),
+        (
+            &["--fresh-workdir"],
+            &[],
+            "own fresh directory under the workdir (--fresh-workdir)",
+        ),
+        (
+            &[],
+            &[("ENVWORKER_FRESH_WORKDIR", "true")],
+            "own fresh directory under the workdir (--fresh-workdir)",
+        ),
+        (
+            &["--max-concurrent-items", "2"],
+            &[],
+            "own fresh directory under the workdir, as several run at once",
+        ),
+    ];
+    for (extra, envs, want) in cases {
+        let stack = common::serve_stack::stack_without_webhooks_env(extra, envs).await;
+        logged(&stack, want).await;
+        if want != shared && !want.contains("ENVWORKER_FRESH_WORKDIR") {
+            assert!(!stack.serve.logs().contains(shared), "{extra:?} {envs:?}");
+        }
+    }
+}
+
+/// With a 60 s interval, an edit the agent makes is on the server within a
+/// few seconds only when the change-driven push was asked for: by default
+/// (as the reference) it waits for the next sync, here the final one.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_memory_push_is_off_by_default_and_on_with_its_flag_or_its_variable() {
+    let cases: [ServeCase<bool>; 4] = [
+        (&["--memory-sync-interval", "60s"], &[], false),
+        (
+            &["--memory-sync-interval", "60s", "--memory-push"],
+            &[],
+            true,
+        ),
+        (
+            &["--memory-sync-interval", "60s"],
+            &[("ENVWORKER_MEMORY_PUSH", "true")],
+            true,
+        ),
+        (
+            &["--memory-sync-interval", "60s", "--memory-push=false"],
+            &[],
+            false,
+        ),
+    ];
+    for (extra, envs, pushed) in cases {
+        let stack = common::serve_stack::stack_without_webhooks_env(extra, envs).await;
+        let started = stack
+            .start(json!({
+                "name": "push",
+                "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {"/a.md": "alpha\n"}}],
+                "steps": [
+                    {"tool": "write", "input": {"file_path": "{mount:notes}/pushed.md", "content": "edited\n"}},
+                    {"wait_ms": 6000},
+                    {"tool": "bash", "input": {"command": "true"}}
+                ]
+            }))
+            .await;
+        stack
+            .deliver_run_started(&reqwest::Client::new(), "msg_push", &started.session_id)
+            .await
+            .unwrap();
+        while stack
+            .server
+            .tool_results(&started.session_id)
+            .await
+            .is_empty()
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        let on_server = stack
+            .server
+            .session_memories(&started.session_id)
+            .await
+            .contains_key("/pushed.md");
+        assert_eq!(on_server, pushed, "{extra:?} {envs:?}");
+        // Either way the edit is saved by the session's end.
+        let report = stack.passed_report(&started.session_id).await;
+        assert_eq!(
+            report["final_contents"]["notes"]["/pushed.md"], "edited\n",
+            "{extra:?} {envs:?}"
+        );
+    }
+}

@@ -1039,7 +1039,7 @@ async fn the_worker_flushes_and_disposes_even_when_skill_teardown_throws() {
             "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write",
                                "memories": {"/a.md": "alpha\n"}}],
             "steps": [
-                {"tool": "bash", "input": {"command": "chmod 555 skills/report-writer && pwd > ../room && echo locked"},
+                {"tool": "bash", "input": {"command": "chmod 555 skills/report-writer && echo locked"},
                  "expect": {"contains": "locked"}},
                 {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "beta\n"}}
             ]
@@ -1047,20 +1047,12 @@ async fn the_worker_flushes_and_disposes_even_when_skill_teardown_throws() {
         .await;
     let logs = Logs::capture();
     let items = drain(&env.worker(&started, |_| {})).await;
-    // The skills live in the session's own directory, which goes at the
-    // end of the teardown whatever the agent locked in it.
-    let room = std::path::PathBuf::from(
-        std::fs::read_to_string(env.work.path().join("room"))
-            .unwrap()
-            .trim(),
-    );
     let item = &items[0];
     assert_eq!(item.outcome, ItemOutcome::Served(RunEnd::Idle));
     assert_eq!(logs.count("skill cleanup failed"), 1, "{}", logs.text());
-    assert!(
-        !room.exists(),
-        "the session directory was removed, the locked skill with it"
-    );
+    // As the reference: the skill the agent locked stays in the workdir
+    // (only a fresh directory per item would take it along).
+    assert!(env.work.path().join("skills/report-writer").exists());
     assert!(item.teardown.final_sync.is_some(), "{item:?}");
     assert_eq!(
         env.report(&started).await["final_contents"]["notes"]["/b.md"],
@@ -1213,9 +1205,8 @@ async fn the_last_sync_runs_after_the_skill_teardown_and_after_the_tools_are_clo
             }
             Some(json!({
                 "job_alive": read_pid(&pid_file).map(process_alive),
-                // In the session's own directory, `<work>/session-*/`.
-                "skills_present": std::fs::read_dir(&work).into_iter().flatten().flatten()
-                    .any(|e| e.path().join("skills/report-writer").exists()),
+                // In the workdir, `<work>/skills/`.
+                "skills_present": work.join("skills/report-writer").exists(),
             }))
         })
     };
@@ -1228,7 +1219,7 @@ async fn the_last_sync_runs_after_the_skill_teardown_and_after_the_tools_are_clo
             "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write",
                                "memories": {"/a.md": "alpha\n"}}],
             "steps": [
-                {"tool": "bash", "input": {"command": "sleep 300 >/dev/null 2>&1 & echo $! > ../bg.pid; echo started"},
+                {"tool": "bash", "input": {"command": "sleep 300 >/dev/null 2>&1 & echo $! > bg.pid; echo started"},
                  "expect": {"contains": "started"}},
                 {"tool": "write", "input": {"file_path": "{mount:notes}/last.md", "content": "written by the last call\n"}}
             ]
@@ -1744,4 +1735,140 @@ async fn a_drain_with_a_free_slot_claims_new_work_when_woken() {
         .unwrap()
         .items;
     assert_eq!(items.len(), 2, "{items:?}");
+}
+
+// ---------------------------------------------------------------------------
+// Where the agent works (issue 24 item 1): the workdir itself by default, as
+// the reference; a fresh directory per item when asked, or when items run
+// side by side.
+// ---------------------------------------------------------------------------
+
+/// A session of `steps` in the environment of `first` (a fresh one when `None`).
+async fn start_in(env: &Env, first: Option<&Started>, steps: Value) -> Started {
+    let mut doc = json!({"name": "workdir", "steps": steps});
+    if let Some(first) = first {
+        doc["environment_id"] = json!(first.environment_id);
+    }
+    env.server.start_scenario(&doc).await
+}
+
+fn passed(report: &Value) {
+    assert_eq!(report["status"], "passed", "{report:#}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn by_default_the_agent_works_in_the_workdir_and_the_next_session_finds_what_it_left() {
+    let env = Env::new().await;
+    std::fs::write(
+        env.work.path().join("project.txt"),
+        "the operator's project\n",
+    )
+    .unwrap();
+    let first = start_in(
+        &env,
+        None,
+        json!([
+            {"tool": "read", "input": {"file_path": "project.txt"},
+             "expect": {"is_error": false, "contains": "operator's project"}},
+            {"tool": "bash", "input": {"command": "pwd"},
+             "expect": {"is_error": false, "contains": env.work.path().to_str().unwrap()}},
+            {"tool": "write", "input": {"file_path": "left.txt", "content": "from the first session\n"}}
+        ]),
+    )
+    .await;
+    let items = drain(&env.worker(&first, |_| {})).await;
+    assert_eq!(items.len(), 1);
+    passed(&env.report(&first).await);
+    let second = start_in(
+        &env,
+        Some(&first),
+        json!([
+            {"tool": "read", "input": {"file_path": "left.txt"},
+             "expect": {"is_error": false, "contains": "from the first session"}}
+        ]),
+    )
+    .await;
+    drain(&env.worker(&first, |_| {})).await;
+    passed(&env.report(&second).await);
+    let names: Vec<String> = std::fs::read_dir(env.work.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !names
+            .iter()
+            .any(|n| n.starts_with("session-") || n.starts_with("trash-")),
+        "no directory of the worker's own in the workdir: {names:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn with_fresh_workdir_each_item_starts_empty_and_its_directory_goes_with_it() {
+    let env = Env::new().await;
+    std::fs::write(
+        env.work.path().join("project.txt"),
+        "the operator's project\n",
+    )
+    .unwrap();
+    let started = start_in(
+        &env,
+        None,
+        json!([
+            {"tool": "read", "input": {"file_path": "project.txt"},
+             "expect": {"is_error": true, "contains": "no such file"}},
+            {"tool": "bash", "input": {"command": "pwd; ls -A | wc -l"},
+             "expect": {"is_error": false, "contains": ["/session-", "\n0"]}},
+            {"tool": "write", "input": {"file_path": "left.txt", "content": "gone with the item\n"}}
+        ]),
+    )
+    .await;
+    drain(&env.worker(&started, |o| o.fresh_workdir = true)).await;
+    passed(&env.report(&started).await);
+    // The directory is renamed away at once and removed in the background.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let names: Vec<String> = std::fs::read_dir(env.work.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        if names == ["project.txt"] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left in the workdir: {names:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_drain_serving_items_side_by_side_gives_each_its_own_fresh_directory() {
+    let env = Env::new().await;
+    // Each session holds its slot until the other has started too, so they
+    // overlap, and writes the same name: in one shared directory the second
+    // write would find the first one's file.
+    let steps = |tag: &str| {
+        json!([
+            {"tool": "bash", "input": {"command": format!(
+                "pwd; test ! -e mine.txt && echo {tag} > mine.txt && sleep 2 && cat mine.txt")},
+             "expect": {"is_error": false, "contains": ["/session-", tag]}}
+        ])
+    };
+    let a = start_in(&env, None, steps("first")).await;
+    let b = start_in(&env, Some(&a), steps("second")).await;
+    let worker = env.worker(&a, |_| {});
+    let report = tokio::time::timeout(
+        Duration::from_secs(90),
+        worker.drain(
+            CancellationToken::new(),
+            DrainOptions {
+                max_concurrent_items: 2,
+                ..Default::default()
+            },
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(report.items.len(), 2);
+    passed(&env.report(&a).await);
+    passed(&env.report(&b).await);
 }

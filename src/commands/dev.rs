@@ -45,6 +45,18 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         .prefix("envworker-dev-")
         .tempdir()?;
     let root = tmp.path().to_path_buf();
+    // What the scenario's host must hold first (`prepare`), with `{root}`
+    // and `{workdir}` replaced throughout, as any runner of a worker does.
+    let work = root.join("work");
+    std::fs::create_dir_all(&work)?;
+    let scenario = crate::devserver::scenario::format::substitute_host(&scenario, &root, &work);
+    if let Some(prepare) = scenario.get("prepare") {
+        let prepare: crate::devserver::scenario::format::Prepare =
+            serde_json::from_value(prepare.clone()).context("the scenario's prepare")?;
+        prepare
+            .apply(&root, &work)
+            .context("cannot prepare the scenario's host")?;
+    }
     let admin_key = format!("dev-admin-{:016x}", rand::random::<u64>());
     let (signing_key, signing_secret) = SigningKey::generate();
 
@@ -84,7 +96,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let (events, mut timeline) = mpsc::unbounded_channel();
     let mut options = WorkerOptions::new(&environment_id, &api);
     options.environment_key = Some(Redacted::new(environment_key));
-    options.workdir = root.join("work");
+    options.workdir = work.clone();
     options.state_dir = Some(root.join("state"));
     options.max_idle = Some(Duration::from_secs(2));
     options.memory_sync_interval = SyncInterval::every(Duration::from_secs(5))?;

@@ -31,6 +31,8 @@ pub fn worker_options(
     let mut options = WorkerOptions::new(environment_id, args.base_url.trim_end_matches('/'));
     options.environment_key = environment_key.filter(|k| !k.is_empty()).map(Redacted::new);
     options.workdir = workdir;
+    options.fresh_workdir = args.fresh_workdir;
+    options.memory_push = args.memory_push;
     // This very binary, even if its file was replaced since it started.
     options.supervisor = Some(PathBuf::from("/proc/self/exe"));
     options.max_idle = args.max_idle.0;
@@ -70,10 +72,15 @@ pub fn recover_left_folders(options: &WorkerOptions) {
     }
 }
 
-/// At start: remove the session directories a dead worker left in the work
-/// root (and unfinished `trash-*` ones); a live worker's stay (see
-/// [`crate::cleanroom::sweep_left_rooms`]). Once per process.
-pub fn sweep_left_rooms(options: &WorkerOptions) {
+/// At start, when items get fresh directories (`fresh`): remove the
+/// session directories a dead worker left in the work root (and unfinished
+/// `trash-*` ones); a live worker's stay (see
+/// [`crate::cleanroom::sweep_left_rooms`]). Never in a shared workdir: its
+/// `session-*` entries are the operator's. Once per process.
+pub fn sweep_left_rooms(options: &WorkerOptions, fresh: bool) {
+    if !fresh {
+        return;
+    }
     static DONE: std::sync::Once = std::sync::Once::new();
     DONE.call_once(|| {
         let root = options.workdir.clone();
@@ -87,6 +94,25 @@ pub fn sweep_left_rooms(options: &WorkerOptions) {
                 }
             });
     });
+}
+
+/// Say once at start where the agent of `endpoint` works: in the shared
+/// workdir, one session after another (the reference's contract: what one
+/// session leaves there the next one sees), or in a fresh directory per item
+/// (the flag, or several sessions at once). Deployments that relied on the
+/// fresh directory, once the default, find the flag named here.
+pub fn announce_workdir(endpoint: &str, options: &WorkerOptions, concurrency: usize) {
+    let workdir = options.workdir.display();
+    if concurrency > 1 {
+        tracing::info!(endpoint, workdir.path = %workdir, max_concurrent_items = concurrency,
+            "each session works in its own fresh directory under the workdir, as several run at once");
+    } else if options.fresh_workdir {
+        tracing::info!(endpoint, workdir.path = %workdir,
+            "each session works in its own fresh directory under the workdir (--fresh-workdir)");
+    } else {
+        tracing::info!(endpoint, workdir.path = %workdir,
+            "sessions run one after another in the shared workdir, as the official worker runs them: what one session leaves there the next one sees; --fresh-workdir (ENVWORKER_FRESH_WORKDIR, the endpoint file's fresh_workdir) gives each its own empty directory");
+    }
 }
 
 /// On Lambda only `/tmp` is writable: stores advertised under `/mnt/memory`

@@ -39,7 +39,10 @@ pub async fn run(args: PollArgs) -> anyhow::Result<()> {
         Some(&args.environment_key),
     )?;
     super::recover_left_folders(&options);
-    super::sweep_left_rooms(&options);
+    super::sweep_left_rooms(&options, options.fresh_workdir);
+    if args.on_work.is_none() {
+        super::announce_workdir("poll", &options, 1);
+    }
     let worker = EnvironmentWorker::new(options)?;
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();

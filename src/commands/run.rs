@@ -41,7 +41,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.environment_key.as_deref(),
     )?;
     super::recover_left_folders(&options);
-    super::sweep_left_rooms(&options);
+    super::sweep_left_rooms(&options, options.fresh_workdir);
     let worker = EnvironmentWorker::new(options)?;
     let item = WorkItem {
         id: work_id,

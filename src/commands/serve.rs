@@ -49,7 +49,9 @@ pub fn endpoints_with_metrics(
             super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
         options.observers.push(metrics.for_endpoint("default"));
         super::recover_left_folders(&options);
-        super::sweep_left_rooms(&options);
+        let concurrency = args.max_concurrent_items;
+        super::sweep_left_rooms(&options, options.fresh_workdir || concurrency > 1);
+        super::announce_workdir("default", &options, concurrency);
         let worker = EnvironmentWorker::new(options)?;
         out.push(Endpoint::new(
             "default",
@@ -94,11 +96,19 @@ pub fn endpoints_with_metrics(
         if let Some(deletions) = endpoint.memory_sync_deletions {
             options.memory_sync_deletions = deletions;
         }
+        if let Some(fresh) = endpoint.fresh_workdir {
+            options.fresh_workdir = fresh;
+        }
+        if let Some(push) = endpoint.memory_push {
+            options.memory_push = push;
+        }
         options.extra_headers.extend(endpoint.extra_headers.clone());
         options.secret_env_vars = all_secret_vars.clone();
         options.observers.push(metrics.for_endpoint(&endpoint.name));
         super::recover_left_folders(&options);
-        super::sweep_left_rooms(&options);
+        let concurrency = endpoint.max_concurrent_items;
+        super::sweep_left_rooms(&options, options.fresh_workdir || concurrency > 1);
+        super::announce_workdir(&endpoint.name, &options, concurrency);
         let worker = EnvironmentWorker::new(options)
             .with_context(|| format!("endpoint {:?}", endpoint.name))?;
         out.push(Endpoint::new(

@@ -5,7 +5,8 @@
 //! It serves self-hosted environments and their work queue, sessions and
 //! their events (list, send, SSE), memory stores, skills (uploaded with
 //! `/dev/skills`), scripted sessions driven by scenario files
-//! (`/dev/scenarios`), signed webhooks, and injected faults.
+//! (`/dev/scenarios`), signed webhooks, injected faults (`/dev/faults`), and
+//! a log of the requests it received (`/dev/requests`).
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -28,6 +29,7 @@ pub(crate) mod http;
 pub(crate) mod ids;
 pub(crate) mod live;
 mod memory;
+pub mod requests;
 pub mod scenario;
 pub(crate) mod sessions;
 pub(crate) mod skills;
@@ -338,6 +340,10 @@ pub fn app(state: AppState) -> Router {
                 state.clone(),
                 faults::inject,
             ))
+            .layer(middleware::from_fn_with_state(
+                state.clone(),
+                requests::record,
+            ))
     };
     let managed_agents = Router::new()
         .route(
@@ -402,6 +408,7 @@ pub fn app(state: AppState) -> Router {
             "/dev/faults",
             get(faults::list).post(faults::add).delete(faults::clear),
         )
+        .route("/dev/requests", get(requests::list).delete(requests::clear))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             http::check_admin,

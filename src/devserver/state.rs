@@ -14,6 +14,7 @@ use super::db::Db;
 use super::error::HttpResult;
 use super::faults::Faults;
 use super::live::{Effects, Live};
+use super::requests::RequestLog;
 use super::webhooks::WebhookSender;
 
 /// Shared state of every handler.
@@ -32,6 +33,7 @@ struct StateInner {
     date_skew_seconds: i64,
     live: Live,
     faults: Faults,
+    requests: RequestLog,
     webhook: Option<WebhookSender>,
     shutdown: CancellationToken,
 }
@@ -56,6 +58,7 @@ impl AppState {
                 date_skew_seconds: config.date_skew_seconds,
                 live: Live::default(),
                 faults: Faults::new(config.faults),
+                requests: RequestLog::default(),
                 webhook,
                 shutdown: CancellationToken::new(),
             }),
@@ -72,6 +75,11 @@ impl AppState {
 
     pub fn faults(&self) -> &Faults {
         &self.inner.faults
+    }
+
+    /// Every API request received (`GET /dev/requests`).
+    pub fn requests(&self) -> &RequestLog {
+        &self.inner.requests
     }
 
     pub fn mount_root(&self) -> String {

@@ -5,7 +5,8 @@
 //! session, fetched once → the memory gate → skills → memory download →
 //! the tool runner (a due sync after each call) → teardown: tools closed →
 //! skills removed → final sync on a clean end (≤ 30 s) → flush (≤ 30 s,
-//! always) → dispose → the session directory removed → heartbeat stopped →
+//! always) → dispose → the item's own directory removed (when it has one:
+//! [`Workdir::Fresh`]) → heartbeat stopped →
 //! force-stop unless the lease was lost. The teardown runs whatever failed before it.
 //!
 //! Two ways to end a session early, told apart. The lease's end (lost, or a
@@ -50,6 +51,17 @@ use super::{EnvironmentWorker, WorkerError, WorkerEvent};
 
 /// The bound of the force-stop on the way out.
 pub(crate) const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where an item's agent works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workdir {
+    /// The configured workdir itself, with its content: the reference's
+    /// contract (files the operator put there are what the tools see).
+    Shared,
+    /// A fresh, empty, private directory below the workdir, removed at the
+    /// item's end ([`crate::cleanroom`]).
+    Fresh,
+}
 
 /// A claimed item: what the poll answered, or what a sandbox was handed.
 #[derive(Clone)]
@@ -199,6 +211,24 @@ impl EnvironmentWorker {
         cancel: CancellationToken,
         deadline: Option<Instant>,
     ) -> ItemReport {
+        let workdir = if self.options().fresh_workdir {
+            Workdir::Fresh
+        } else {
+            Workdir::Shared
+        };
+        self.handle_item_in(item, cancel, deadline, workdir).await
+    }
+
+    /// [`Self::handle_item`] with the agent working in `workdir`: a drain
+    /// serving several items at once gives each a fresh directory, whatever
+    /// the options say.
+    pub(crate) async fn handle_item_in(
+        &self,
+        item: WorkItem,
+        cancel: CancellationToken,
+        deadline: Option<Instant>,
+        workdir: Workdir,
+    ) -> ItemReport {
         // The span of the item from its claim to its force-stop: the parent
         // of its tool calls, syncs and flushes (the logs' fields too).
         let span = info_span!(
@@ -209,7 +239,7 @@ impl EnvironmentWorker {
             duration_ms = tracing::field::Empty,
         );
         let report = self
-            .serve(item, cancel, deadline)
+            .serve(item, cancel, deadline, workdir)
             .instrument(span.clone())
             .await;
         span.record("stopped", report.stopped);
@@ -222,6 +252,7 @@ impl EnvironmentWorker {
         item: WorkItem,
         cancel: CancellationToken,
         deadline: Option<Instant>,
+        workdir: Workdir,
     ) -> ItemReport {
         let started = Instant::now();
         let mut report = ItemReport::new(&item);
@@ -236,6 +267,7 @@ impl EnvironmentWorker {
             return report;
         };
         let mut run = ItemRun::start(self, item, credential, report, cancel, deadline, started);
+        run.workdir = workdir;
         run.report.outcome = run.run_session().await;
         run.teardown_memory().await;
         run.clear_room().await;
@@ -273,7 +305,9 @@ struct ItemRun<'w> {
     /// What the runner said when the shutdown ended it: whether the session
     /// still needs a worker.
     mid_turn: Option<bool>,
-    /// This item's own working directory, removed at teardown.
+    /// Where the agent works: the workdir, or a fresh directory of its own.
+    workdir: Workdir,
+    /// This item's own working directory ([`Workdir::Fresh`]), removed at teardown.
     room: Option<crate::cleanroom::SessionDir>,
     report: ItemReport,
 }
@@ -355,6 +389,7 @@ impl<'w> ItemRun<'w> {
             started,
             stores: None,
             mid_turn: None,
+            workdir: Workdir::Shared,
             room: None,
             report,
         }
@@ -423,35 +458,15 @@ impl<'w> ItemRun<'w> {
             debug!("memory stores disabled for this item");
         }
 
-        // A fresh private directory for this item alone (the clean room),
-        // removed at teardown.
-        let root = opts.workdir.clone();
-        let room =
-            match tokio::task::spawn_blocking(move || crate::cleanroom::create_session_dir(&root))
-                .await
-            {
-                Ok(Ok(dir)) => dir,
-                Ok(Err(e)) => {
-                    return ItemOutcome::Failed(format!(
-                        "cannot create a session directory in the workdir {}: {e}",
-                        opts.workdir.display()
-                    ));
-                }
-                Err(e) => {
-                    return ItemOutcome::Failed(format!(
-                        "cannot create the session directory: {e}"
-                    ));
-                }
-            };
-        debug!(workdir.path = %room.path.display(), "session directory created");
-        let room_path = room.path.clone();
-        self.room = Some(room);
-        let room = room_path;
+        let work = match self.working_directory().await {
+            Ok(work) => work,
+            Err(why) => return ItemOutcome::Failed(why),
+        };
 
         // Skills: a failure is logged by the download and never fails the item.
         let skills = tokio::select! {
             _ = self.ending() => return ItemOutcome::Served(RunEnd::Cancelled),
-            dirs = crate::skills::download_session_skills(&self.client, &session, &room) => dirs,
+            dirs = crate::skills::download_session_skills(&self.client, &session, &work) => dirs,
         };
         let outcome = self.serve_tools(&session, memory_on && has_stores).await;
         // The runner closed the tools; the skills go before the memory teardown.
@@ -459,16 +474,47 @@ impl<'w> ItemRun<'w> {
         outcome
     }
 
+    /// The agent's working directory, created when missing: the workdir
+    /// itself, or (fresh) a new private directory below it, kept in
+    /// `self.room` for the teardown to remove.
+    async fn working_directory(&mut self) -> Result<std::path::PathBuf, String> {
+        let root = self.worker.options().workdir.clone();
+        let shown = root.display().to_string();
+        let fresh = self.workdir == Workdir::Fresh;
+        let made = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+            if fresh {
+                crate::cleanroom::create_session_dir(&root).map(Some)
+            } else {
+                std::fs::create_dir_all(&root).map(|()| None)
+            }
+        })
+        .await
+        .map_err(|e| format!("cannot create the working directory: {e}"))?;
+        match made {
+            Ok(Some(room)) => {
+                debug!(workdir.path = %room.path.display(), "session directory created");
+                let path = room.path.clone();
+                self.room = Some(room);
+                Ok(path)
+            }
+            Ok(None) => Ok(self.worker.options().workdir.clone()),
+            Err(e) if fresh => Err(format!(
+                "cannot create a session directory in the workdir {shown}: {e}"
+            )),
+            Err(e) => Err(format!("cannot create the workdir {shown}: {e}")),
+        }
+    }
+
     /// Mount the stores (when the session has them and memory is on), then
     /// run the tools until the session ends, a due sync after each call.
     async fn serve_tools(&mut self, session: &Session, with_memory: bool) -> ItemOutcome {
         let opts = self.worker.options();
-        let room = self
+        let work = self
             .room
             .as_ref()
             .map(|r| r.path.clone())
             .unwrap_or_else(|| opts.workdir.clone());
-        let mut ctx = ToolContext::new(room);
+        let mut ctx = ToolContext::new(work);
         ctx.supervisor = opts.supervisor.clone();
         ctx.max_file_bytes = opts.max_file_bytes;
         ctx.bash_env = scrubbed_env(&opts.secret_env_vars);

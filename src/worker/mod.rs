@@ -100,11 +100,22 @@ pub struct WorkerOptions {
     /// Polls with it, and serves items whose secret carries no sessions token.
     pub environment_key: Option<Redacted>,
     pub base_url: String,
-    /// The work root: each item works in its own fresh `session-*`
-    /// directory below it (see [`crate::cleanroom`]); stores without a mount
-    /// path land in `<workdir>/memory/`, outside the session's directory, so
-    /// a dead worker's folder is still found and recovered by the next claim.
+    /// The agent's working directory, as the reference's `workdir`: the
+    /// shell's cwd and the file tools' base, with whatever the operator put
+    /// there; skills land in `<workdir>/skills/<name>/` and stores without a
+    /// mount path in `<workdir>/memory/<name>/`. With
+    /// [`fresh_workdir`](Self::fresh_workdir) it is the root of each item's
+    /// own directory instead.
     pub workdir: PathBuf,
+    /// Give each item a fresh, empty, private `<workdir>/session-<random>/`
+    /// as its working directory, removed at the item's end (see
+    /// [`crate::cleanroom`]), instead of the workdir itself. Off by default
+    /// (the reference's contract); a drain serving several items at once
+    /// turns it on for its items, as two sessions cannot share one working
+    /// directory. Stores without a mount path still land in
+    /// `<workdir>/memory/`, outside the item's directory, so a dead worker's
+    /// folder is found and recovered by the session's next claim.
+    pub fresh_workdir: bool,
     /// Our own binary, run as each session's supervisor
     /// (`envworker __supervise`); `None` when the library runs inside
     /// another program (the shell is then its own subreaper).
@@ -114,8 +125,11 @@ pub struct WorkerOptions {
     pub memory_sync_interval: SyncInterval,
     pub memory_sync_deletions: DeleteMode,
     /// Push what the agent writes within about a second (the change-driven
-    /// push, `memory::push`); off, edits leave with the periodic syncs, the
-    /// final sync and the flush only.
+    /// push, `memory::push`). Off by default, as the reference: edits leave
+    /// with the periodic syncs, the final sync and the flush only. On, each
+    /// edit burst becomes its own memory version and the write requests grow
+    /// with the agent's edit rate (they count against the organisation's
+    /// rate limits for writes).
     pub memory_push: bool,
     /// Sent as `Anthropic-Worker-ID` on polls.
     pub worker_id: String,
@@ -153,6 +167,7 @@ impl std::fmt::Debug for WorkerOptions {
             .field("environment_id", &self.environment_id)
             .field("base_url", &self.base_url)
             .field("workdir", &self.workdir)
+            .field("fresh_workdir", &self.fresh_workdir)
             .field("max_idle", &self.max_idle)
             .field("memory_sync_interval", &self.memory_sync_interval)
             .field("memory_sync_deletions", &self.memory_sync_deletions)
@@ -185,11 +200,12 @@ impl WorkerOptions {
             environment_key: None,
             base_url: base_url.into(),
             workdir: std::env::current_dir().unwrap_or_else(|_| PathBuf::from(".")),
+            fresh_workdir: false,
             supervisor: None,
             max_idle: Some(DEFAULT_MAX_IDLE),
             memory_sync_interval: SyncInterval::default(),
             memory_sync_deletions: DeleteMode::default(),
-            memory_push: true,
+            memory_push: false,
             worker_id: default_worker_id(),
             extra_headers: Vec::new(),
             tool_timeout: DEFAULT_TOOL_TIMEOUT,

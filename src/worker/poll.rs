@@ -21,7 +21,7 @@ use tracing::{Instrument, debug, info, warn};
 use crate::api::types::{PollWork, Work};
 use crate::api::{Client, Error};
 
-use super::item::{ItemReport, WorkItem};
+use super::item::{ItemReport, WorkItem, Workdir};
 use super::{EnvironmentWorker, WorkerError};
 
 pub(crate) const POLL_BLOCK_MS: u32 = 999;
@@ -222,6 +222,16 @@ impl EnvironmentWorker {
         }
     }
 
+    /// Where a drain's items work: two sessions cannot share one working
+    /// directory, so items served side by side each get a fresh one.
+    pub(crate) fn drain_workdir(&self, options: &DrainOptions) -> Workdir {
+        if self.options().fresh_workdir || options.max_concurrent_items > 1 {
+            Workdir::Fresh
+        } else {
+            Workdir::Shared
+        }
+    }
+
     /// Claim and serve items until the queue is empty: non-blocking polls
     /// that reclaim items whose worker went quiet for 2 s; at most
     /// `max_concurrent_items` at once. Returns when every item it claimed
@@ -309,12 +319,13 @@ impl EnvironmentWorker {
                     }
                     let (worker, cancel, deadline) =
                         (self.clone(), cancel.clone(), options.deadline);
+                    let workdir = self.drain_workdir(&options);
                     // In the drain's span: its items are its children in a trace.
                     running.spawn(
                         async move {
                             let _permit = permit;
                             worker
-                                .handle_item(WorkItem::from(work), cancel, deadline)
+                                .handle_item_in(WorkItem::from(work), cancel, deadline, workdir)
                                 .await
                         }
                         .in_current_span(),

@@ -127,13 +127,18 @@ pub fn spawn_script(script: &str, env: &[(&str, &str)]) -> std::process::Child {
 /// Run a script from `tests/conformance/` with the SDK; panics with its
 /// output unless it exits 0. Returns its stdout.
 pub fn run_script(script: &str, env: &[(&str, &str)]) -> String {
+    run_script_with_stderr(script, env).0
+}
+
+/// [`run_script`], returning its stdout and its stderr (the SDK's logs).
+pub fn run_script_with_stderr(script: &str, env: &[(&str, &str)]) -> (String, String) {
     let output = script_command(script, env).output().expect("python runs");
     let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&output.stderr).to_string();
     assert!(
         output.status.success(),
-        "{script} failed ({}):\n{stdout}\n{}",
+        "{script} failed ({}):\n{stdout}\n{stderr}",
         output.status,
-        String::from_utf8_lossy(&output.stderr)
     );
-    stdout
+    (stdout, stderr)
 }

@@ -6,7 +6,8 @@ hand each item to `EnvironmentWorker.handle_item`.
 Environment: ENVWORKER_URL, ENVWORKER_ENVIRONMENT_ID, ENVWORKER_ENVIRONMENT_KEY,
 ENVWORKER_WORKDIR; optional SDK_WORKER_ITEMS (items to serve, default 1),
 SDK_WORKER_TIMEOUT (seconds, default 120), SDK_MAX_IDLE (default 1),
-SDK_SYNC_INTERVAL (default 5).
+SDK_SYNC_INTERVAL (default 5), SDK_FLUSH_TIMEOUT (the bound of the final
+sync and of the flush, seconds; default the SDK's own, 30).
 
 SIGTERM and SIGINT cancel the task serving the item, as the SDK tells an
 embedding program to do (it installs no handlers of its own); the script then
@@ -23,6 +24,7 @@ import sys
 import time
 
 import anthropic
+from anthropic.lib.environments import _worker
 
 logging.basicConfig(
     level=logging.INFO,
@@ -36,6 +38,9 @@ ENV = os.environ["ENVWORKER_ENVIRONMENT_ID"]
 KEY = os.environ["ENVWORKER_ENVIRONMENT_KEY"]
 WORKDIR = os.environ["ENVWORKER_WORKDIR"]
 ITEMS = int(os.environ.get("SDK_WORKER_ITEMS", "1"))
+if "SDK_FLUSH_TIMEOUT" in os.environ:
+    # The worker reads the module's constant at each teardown.
+    _worker.MEMORY_FLUSH_TIMEOUT = float(os.environ["SDK_FLUSH_TIMEOUT"])
 TIMEOUT = float(os.environ.get("SDK_WORKER_TIMEOUT", "120"))
 
 

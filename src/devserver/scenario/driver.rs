@@ -124,6 +124,15 @@ async fn play(state: &AppState, run: &mut Run) {
                     .map_err(|e| StepAbort(format!("cannot terminate the session: {e}")))
             }
             Step::Tool(tool) => call_tool(state, run, index, tool, &mut events, &mut denied).await,
+            Step::Faults(rules) => state
+                .faults()
+                .add(rules.clone())
+                .map(|()| None)
+                .map_err(StepAbort),
+            Step::ClearFaults => {
+                state.faults().clear();
+                Ok(None)
+            }
         };
         let slot = &mut run.report.steps[index];
         match outcome {
@@ -202,6 +211,8 @@ fn describe(step: &Step) -> String {
         Step::Remote(op) => format!("remote {} {}", op.op, op.path),
         Step::Wait(ms) => format!("wait {ms}ms"),
         Step::Terminate => "terminate".to_string(),
+        Step::Faults(rules) => format!("faults ({} rules)", rules.len()),
+        Step::ClearFaults => "clear_faults".to_string(),
     }
 }
 
@@ -540,7 +551,7 @@ pub fn initial_outcomes(steps: &[Step]) -> Vec<StepOutcome> {
             name: match step {
                 Step::Tool(t) => Some(t.name.clone()),
                 Step::Remote(op) => Some(op.op.clone()),
-                Step::Wait(_) | Step::Terminate => None,
+                Step::Wait(_) | Step::Terminate | Step::Faults(_) | Step::ClearFaults => None,
             },
             status: StepStatus::Pending,
             tool_use_id: None,

@@ -16,8 +16,13 @@
 //! Extensions beyond version 1 (none renames a field): `custom_tool` steps
 //! (an `agent.custom_tool_use`), `remote.op` `rename` (with `new_path`), a
 //! per-step `timeout_ms`, store `description` and `instructions`, an
-//! optional `agent` (tools, skills) for the session, and a
-//! `{"terminate": true}` step that ends the session.
+//! optional `agent` (tools, skills) for the session, a
+//! `{"terminate": true}` step that ends the session, `{"faults": [rule…]}`
+//! and `{"clear_faults": true}` steps that add and clear `/dev/faults` rules
+//! at that point of the session, a store's `mount_path` (a string used
+//! verbatim, or `null` for none: the worker then falls back to
+//! `<workdir>/memory/<name>`), and `prepare`: what the worker's host holds
+//! before the session (see [`Prepare`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -57,6 +62,138 @@ pub struct Scenario {
     pub(crate) steps: Vec<Value>,
     #[serde(default)]
     pub(crate) expect_final: Option<BTreeMap<String, BTreeMap<String, String>>>,
+    /// What the worker's host holds before the session starts. The
+    /// devserver only checks it; whoever runs the worker prepares it.
+    #[serde(default)]
+    pub prepare: Option<Prepare>,
+}
+
+/// Files, directories and symlinks a scenario needs on the worker's host
+/// before its session starts: a project in the agent's working directory, a
+/// link for the agent to follow. Paths are absolute once `{root}` (a
+/// directory the runner of the worker chooses for the scenario) and
+/// `{workdir}` (the worker's working directory) are replaced
+/// ([`substitute_host`]), and must lie under `{root}`; symlink targets are
+/// written as given (after the same replacement), so a link may point
+/// anywhere, dangling or outside.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Prepare {
+    #[serde(default)]
+    pub dirs: Vec<String>,
+    /// Path → content (UTF-8); parents are created.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Link path → target.
+    #[serde(default)]
+    pub symlinks: BTreeMap<String, String>,
+}
+
+/// Entries of a [`Prepare`], all kinds together.
+pub const MAX_PREPARED: usize = 1_000;
+
+impl Prepare {
+    fn check(&self) -> Result<(), FormatError> {
+        let count = self.dirs.len() + self.files.len() + self.symlinks.len();
+        if count > MAX_PREPARED {
+            return Err(format!("prepare: {count} entries; at most {MAX_PREPARED}"));
+        }
+        let paths = self
+            .dirs
+            .iter()
+            .chain(self.files.keys())
+            .chain(self.symlinks.keys());
+        for path in paths {
+            if !(path.starts_with('/')
+                || path.starts_with("{root}/")
+                || path.starts_with("{workdir}"))
+            {
+                return Err(format!(
+                    "prepare: {path:?} must be absolute, or start with {{root}}/ or {{workdir}}"
+                ));
+            }
+            if path.split('/').any(|c| c == "..") || path.contains('\0') {
+                return Err(format!("prepare: {path:?} has a .. component or a NUL"));
+            }
+        }
+        for content in self.files.values() {
+            validate::content(content).map_err(|e| format!("prepare.files: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Create the entries on this host, `{root}` and `{workdir}` replaced:
+    /// directories, then files (parents created), then symlinks. Refuses
+    /// (before writing anything) a path that does not lie under `root`.
+    pub fn apply(&self, root: &std::path::Path, workdir: &std::path::Path) -> std::io::Result<()> {
+        let host = |p: &str| std::path::PathBuf::from(substitute_host_str(p, root, workdir));
+        let outside = |p: &std::path::Path| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{} is not under {}", p.display(), root.display()),
+            )
+        };
+        let all: Vec<std::path::PathBuf> = self
+            .dirs
+            .iter()
+            .chain(self.files.keys())
+            .chain(self.symlinks.keys())
+            .map(|p| host(p))
+            .collect();
+        if let Some(bad) = all.iter().find(|p| !p.starts_with(root)) {
+            return Err(outside(bad));
+        }
+        for dir in &self.dirs {
+            std::fs::create_dir_all(host(dir))?;
+        }
+        for (path, content) in &self.files {
+            let path = host(path);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, content)?;
+        }
+        for (link, target) in &self.symlinks {
+            let link = host(link);
+            if let Some(parent) = link.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::os::unix::fs::symlink(substitute_host_str(target, root, workdir), link)?;
+        }
+        Ok(())
+    }
+}
+
+/// `{root}` and `{workdir}` replaced in `s`.
+pub fn substitute_host_str(s: &str, root: &std::path::Path, workdir: &std::path::Path) -> String {
+    s.replace("{root}", &root.display().to_string())
+        .replace("{workdir}", &workdir.display().to_string())
+}
+
+/// Replace `{root}` and `{workdir}` in every string of a scenario document:
+/// what the runner of the worker does before posting it (the devserver does
+/// not know the worker's host).
+pub fn substitute_host(doc: &Value, root: &std::path::Path, workdir: &std::path::Path) -> Value {
+    match doc {
+        Value::String(s) => Value::String(substitute_host_str(s, root, workdir)),
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .map(|v| substitute_host(v, root, workdir))
+                .collect(),
+        ),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    (
+                        substitute_host_str(k, root, workdir),
+                        substitute_host(v, root, workdir),
+                    )
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -72,6 +209,17 @@ pub struct StoreSpec {
     pub instructions: Option<String>,
     #[serde(default)]
     pub(crate) memories: BTreeMap<String, String>,
+    /// The session resource's `mount_path`, replacing the derived one: a
+    /// string used verbatim, or `null` for none. Absent: derived from the
+    /// name under the devserver's mount root, as the API does.
+    #[serde(default, deserialize_with = "present")]
+    pub(crate) mount_path: Option<Option<String>>,
+}
+
+/// A field that is present, `null` included (absent stays `None` through
+/// `#[serde(default)]`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<String>>, D::Error> {
+    Option::<String>::deserialize(d).map(Some)
 }
 
 impl StoreSpec {
@@ -145,6 +293,11 @@ pub enum Step {
     Wait(u64),
     /// End the session (`session.status_terminated`); later steps are skipped.
     Terminate,
+    /// Add these `/dev/faults` rules now (a lost or stuck request at a
+    /// chosen point of the session).
+    Faults(Vec<crate::devserver::faults::FaultRule>),
+    /// Clear every `/dev/faults` rule.
+    ClearFaults,
 }
 
 impl Step {
@@ -155,6 +308,8 @@ impl Step {
             Step::Remote(_) => "remote",
             Step::Wait(_) => "wait",
             Step::Terminate => "terminate",
+            Step::Faults(_) => "faults",
+            Step::ClearFaults => "clear_faults",
         }
     }
 }
@@ -235,6 +390,35 @@ fn parse_step(index: usize, raw: &Value, stores: &BTreeSet<&str>) -> Result<Step
             }
         }
         return Ok(Step::Remote(op));
+    }
+    if obj.contains_key("faults") {
+        if obj.len() != 1 {
+            return Err(step_error(
+                index,
+                "a faults step is exactly {\"faults\": [rule…]}",
+            ));
+        }
+        let rules: Vec<crate::devserver::faults::FaultRule> =
+            serde_json::from_value(obj["faults"].clone()).map_err(|e| step_error(index, e))?;
+        for rule in &rules {
+            rule.check().map_err(|e| step_error(index, e))?;
+        }
+        if rules.len() > crate::devserver::faults::MAX_RULES {
+            return Err(step_error(
+                index,
+                crate::devserver::faults::too_many_rules(rules.len()),
+            ));
+        }
+        return Ok(Step::Faults(rules));
+    }
+    if obj.contains_key("clear_faults") {
+        if obj.len() != 1 || obj["clear_faults"] != Value::Bool(true) {
+            return Err(step_error(
+                index,
+                "a clear_faults step is exactly {\"clear_faults\": true}",
+            ));
+        }
+        return Ok(Step::ClearFaults);
     }
     if obj.contains_key("terminate") {
         if obj.len() != 1 || obj["terminate"] != Value::Bool(true) {
@@ -345,7 +529,7 @@ fn parse_step(index: usize, raw: &Value, stores: &BTreeSet<&str>) -> Result<Step
     }
     Err(step_error(
         index,
-        "a step is a tool, custom_tool, remote, wait_ms or terminate step",
+        "a step is a tool, custom_tool, remote, wait_ms, terminate, faults or clear_faults step",
     ))
 }
 
@@ -452,6 +636,18 @@ pub fn parse(doc: Value) -> Result<Checked, FormatError> {
                 .map_err(|e| format!("memory_stores[{i}].memories[{path:?}]: {e}"))?;
         }
     }
+    if let Some(prepare) = &scenario.prepare {
+        prepare.check()?;
+    }
+    for (i, store) in scenario.memory_stores.iter().enumerate() {
+        if let Some(Some(path)) = &store.mount_path
+            && (path.len() > 1024 || path.contains('\0'))
+        {
+            return Err(format!(
+                "memory_stores[{i}].mount_path: at most 1024 bytes, no NUL"
+            ));
+        }
+    }
     let steps = scenario
         .steps
         .iter()
@@ -478,6 +674,7 @@ pub fn parse(doc: Value) -> Result<Checked, FormatError> {
 mod tests {
     use super::*;
     use serde_json::json;
+    use std::path::Path;
 
     fn design_example() -> Value {
         json!({
@@ -546,11 +743,97 @@ mod tests {
             ),
             (json!({"expect_final": {"ghost": {}}}), "ghost"),
             (json!({"surprise": 1}), "unknown field"),
+            (
+                json!({"steps": [{"faults": [{"path": "/x", "rate": 3}]}]}),
+                "rate must be between",
+            ),
+            (
+                json!({"steps": [{"faults": [], "wait_ms": 1}]}),
+                "a faults step is exactly",
+            ),
+            (json!({"steps": [{"clear_faults": false}]}), "clear_faults"),
+            (
+                json!({"prepare": {"files": {"relative/x": "y"}}}),
+                "must be absolute",
+            ),
+            (
+                json!({"prepare": {"dirs": ["{root}/../escape"]}}),
+                ".. component",
+            ),
+            (
+                json!({"memory_stores": [{"key": "a", "name": "A", "mount_path": "x\u{0}"}]}),
+                "mount_path",
+            ),
         ];
         for (doc, needle) in cases {
             let err = parse(doc.clone()).unwrap_err();
             assert!(err.contains(needle), "{doc}: {err}");
         }
+    }
+
+    #[test]
+    fn extensions_parse_faults_steps_mount_paths_and_prepare() {
+        let checked = parse(json!({
+            "memory_stores": [
+                {"key": "a", "name": "A", "mount_path": null},
+                {"key": "b", "name": "B", "mount_path": "/srv/b"},
+                {"key": "c", "name": "C"}
+            ],
+            "prepare": {"dirs": ["{root}/d"], "files": {"{workdir}/f": "x"}, "symlinks": {"{root}/l": "/etc"}},
+            "steps": [
+                {"faults": [{"method": "POST", "path": "/v1/memory_stores/*", "status": 503, "times": 1}]},
+                {"clear_faults": true}
+            ]
+        }))
+        .unwrap();
+        let kinds: Vec<_> = checked.steps.iter().map(Step::kind).collect();
+        assert_eq!(kinds, ["faults", "clear_faults"]);
+        let paths: Vec<_> = checked
+            .scenario
+            .memory_stores
+            .iter()
+            .map(|s| s.mount_path.clone())
+            .collect();
+        assert_eq!(paths, [Some(None), Some(Some("/srv/b".into())), None]);
+    }
+
+    #[test]
+    fn prepare_builds_the_host_under_its_root_and_refuses_to_leave_it() {
+        let t = tempfile::tempdir().unwrap();
+        let (root, work) = (t.path(), t.path().join("work"));
+        let doc = substitute_host(
+            &json!({"prepare": {
+                "dirs": ["{root}/real"],
+                "files": {"{workdir}/src/a.rs": "fn a() {}\n"},
+                "symlinks": {"{root}/via": "{root}/real", "{workdir}/rel": "src"}
+            }, "steps": [{"tool": "read", "input": {"file_path": "{workdir}/src/a.rs"}}]}),
+            root,
+            &work,
+        );
+        assert_eq!(
+            doc["steps"][0]["input"]["file_path"],
+            format!("{}/src/a.rs", work.display())
+        );
+        let prepare: Prepare = serde_json::from_value(doc["prepare"].clone()).unwrap();
+        prepare.apply(root, &work).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(work.join("src/a.rs")).unwrap(),
+            "fn a() {}\n"
+        );
+        assert_eq!(
+            std::fs::read_link(root.join("via")).unwrap(),
+            root.join("real")
+        );
+        assert_eq!(
+            std::fs::read_link(work.join("rel")).unwrap(),
+            Path::new("src")
+        );
+        let outside = Prepare {
+            files: BTreeMap::from([("/etc/evil".to_string(), "x".to_string())]),
+            ..Default::default()
+        };
+        assert!(outside.apply(root, &work).is_err());
+        assert!(!Path::new("/etc/evil").exists());
     }
 
     #[test]

@@ -74,7 +74,8 @@ pub async fn start(
                 "metadata": {"scenario": scenario.name.chars().take(512).collect::<String>()},
             }))
             .map_err(|e| HttpError::internal(format!("cannot build the session: {e}")))?;
-            let session = sessions::insert(tx, fx, &st, body)?;
+            let mut session = sessions::insert(tx, fx, &st, body)?;
+            override_mount_paths(tx, &mut session, &scenario.memory_stores)?;
 
             let mut stores = BTreeMap::new();
             for (spec, resource) in scenario.memory_stores.iter().zip(&session.resources) {
@@ -141,6 +142,31 @@ pub async fn start(
     };
     tokio::spawn(driver::drive(state.clone(), run));
     Ok(Json(started))
+}
+
+/// Write a scenario's `mount_path` overrides over the paths the session
+/// derived (a path used verbatim, or none at all).
+fn override_mount_paths(
+    tx: &rusqlite::Transaction<'_>,
+    session: &mut crate::api::types::Session,
+    specs: &[format::StoreSpec],
+) -> HttpResult<()> {
+    let mut changed = false;
+    for (spec, resource) in specs.iter().zip(session.resources.iter_mut()) {
+        if let (Some(path), SessionResource::MemoryStore(m)) = (&spec.mount_path, resource) {
+            m.mount_path = path.clone();
+            changed = true;
+        }
+    }
+    if changed {
+        let resources = serde_json::to_string(&session.resources)
+            .map_err(|e| HttpError::internal(format!("cannot store the session: {e}")))?;
+        tx.execute(
+            "UPDATE sessions SET resources = ?2 WHERE id = ?1",
+            params![session.id, resources],
+        )?;
+    }
+    Ok(())
 }
 
 pub async fn report(
