@@ -58,9 +58,21 @@ fn assert_same(case: &Case, ours: &Served, theirs: &Served) {
     );
 }
 
-/// Serve `case` with both workers side by side and compare.
+/// Serve `case` with both workers side by side and compare. Each run is a
+/// task of its own, so one that fails lets the other finish (its devserver
+/// must outlive its worker) before the failure is raised.
 async fn both(case: Case) -> (Served, Served) {
-    let (ours, theirs) = tokio::join!(served::by_envworker(&case), served::by_the_sdk(&case));
+    let (ours, theirs) = {
+        let (a, b) = (case.clone(), case.clone());
+        tokio::join!(
+            tokio::spawn(async move { served::by_envworker(&a).await }),
+            tokio::spawn(async move { served::by_the_sdk(&b).await })
+        )
+    };
+    let unwrap = |r: Result<Served, tokio::task::JoinError>| {
+        r.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+    };
+    let (ours, theirs) = (unwrap(ours), unwrap(theirs));
     assert_same(&case, &ours, &theirs);
     (ours, theirs)
 }
@@ -197,5 +209,154 @@ async fn skills_and_a_store_without_a_mount_path_land_in_the_workdir() {
             .keys()
             .any(|p| p.starts_with("skills/") || p.starts_with("memory/")),
         "the skill and the store folder are removed after the session: {tree:#?}"
+    );
+}
+
+/// The store of the memory cases: one writable store holding `/f.md`.
+fn notes(memories: serde_json::Value) -> serde_json::Value {
+    json!([{"key": "notes", "name": "notes", "access": "read_write", "memories": memories}])
+}
+
+/// A tool call after a pause past the 5 s interval: the sync it triggers.
+fn sync_step() -> [serde_json::Value; 2] {
+    [
+        json!({"wait_ms": 5500}),
+        json!({"tool": "bash", "input": {"command": "true"}, "expect": {"is_error": false}}),
+    ]
+}
+
+/// Steps, with `"sync"` standing for [`sync_step`]'s two.
+fn steps(items: Vec<serde_json::Value>) -> serde_json::Value {
+    let mut out = Vec::new();
+    for item in items {
+        if item == json!("sync") {
+            out.extend(sync_step());
+        } else {
+            out.push(item);
+        }
+    }
+    serde_json::Value::Array(out)
+}
+
+/// Uploads leave at the sync cadence, one pass per interval: three edits
+/// between two syncs make one version (the last), not three — no upload
+/// between syncs (the change-driven push is opt-in).
+#[tokio::test(flavor = "multi_thread")]
+async fn edits_between_two_syncs_make_one_version() {
+    let (ours, _) = both(Case::new(
+        "one-version-per-sync",
+        json!({
+            "name": "one-version-per-sync",
+            "memory_stores": notes(json!({"/f.md": "v0\n"})),
+            "steps": steps(vec![
+                json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v1\n"}}),
+                json!({"wait_ms": 1500}),
+                json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v2\n"}}),
+                json!({"wait_ms": 1500}),
+                json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v3\n"}}),
+                json!("sync"),
+                json!({"tool": "write", "input": {"file_path": "{mount:notes}/g.md", "content": "g\n"}}),
+            ]),
+            "expect_final": {"notes": {"/f.md": "v3\n", "/g.md": "g\n"}}
+        }),
+    ))
+    .await;
+    let f = &ours.versions["notes"]["/f.md"];
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(f[0].content_sha256.as_deref(), Some(common::sha256("v3\n").as_str()));
+}
+
+/// An edit whose content the server already holds (another writer set the
+/// same bytes) is adopted: no upload, no version of the session's.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_edit_the_server_already_holds_is_adopted_without_an_upload() {
+    let (ours, theirs) = both(Case::new(
+        "adopted-edit",
+        json!({
+            "name": "adopted-edit",
+            "memory_stores": notes(json!({"/f.md": "v0\n"})),
+            "steps": steps(vec![
+                json!({"remote": {"op": "update", "store": "notes", "path": "/f.md", "content": "same\n"}}),
+                json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "same\n"}}),
+                json!("sync"),
+                json!({"tool": "read", "input": {"file_path": "{mount:notes}/f.md"},
+                       "expect": {"is_error": false, "contains": "same"}}),
+            ]),
+            "expect_final": {"notes": {"/f.md": "same\n"}}
+        }),
+    ))
+    .await;
+    for served in [&ours, &theirs] {
+        assert!(served.writes.is_empty(), "{:?}", served.writes);
+        assert!(served.versions["notes"].is_empty(), "{:?}", served.versions);
+    }
+}
+
+/// The lost-send sequence (issue 24 item 2): the agent writes v1, whose
+/// upload is lost; it reverts to v0 and a sync sees the server at v0; then
+/// another writer sets v1 while the agent writes v2. The server wins: it
+/// keeps the other writer's v1, and the agent's file becomes v1 too.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_send_seen_superseded_never_overwrites_another_writer() {
+    let (ours, theirs) = both(Case::new(
+        "lost-send",
+        json!({
+            "name": "lost-send",
+            "memory_stores": notes(json!({"/f.md": "v0\n"})),
+            "steps": steps(vec![
+                json!({"faults": [{"method": "POST", "path": "/v1/memory_stores/*/memories/*", "status": 503, "times": 50}]}),
+                json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v1\n"}}),
+                json!("sync"),
+                json!({"clear_faults": true}),
+                json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v0\n"}}),
+                json!("sync"),
+                json!({"remote": {"op": "update", "store": "notes", "path": "/f.md", "content": "v1\n"}}),
+                json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v2\n"}}),
+                json!("sync"),
+                json!({"wait_ms": 500}),
+                json!({"tool": "read", "input": {"file_path": "{mount:notes}/f.md"},
+                       "expect": {"is_error": false, "contains": "v1"}}),
+            ]),
+            "expect_final": {"notes": {"/f.md": "v1\n"}}
+        }),
+    ))
+    .await;
+    for served in [&ours, &theirs] {
+        assert!(
+            served.writes.iter().all(|w| w.status >= 500),
+            "nothing of the session's landed: {:?}",
+            served.writes
+        );
+    }
+}
+
+/// An upload stuck at teardown holds only itself: the other file written
+/// in the session still reaches the server, and the stuck one is reported
+/// (the final sync and the flush each cut off at their bound, 5 s here).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stuck_upload_at_teardown_holds_back_no_other_file() {
+    let case = Case::new(
+        "stuck-upload",
+        json!({
+            "name": "stuck-upload",
+            "memory_stores": notes(json!({"/a.md": "a0\n"})),
+            "steps": [
+                {"tool": "write", "input": {"file_path": "{mount:notes}/a.md", "content": "a1\n"}},
+                // Every update hangs (longer than both bounds); creates go through.
+                {"faults": [{"method": "POST", "path": "/v1/memory_stores/*/memories/*", "latency_ms": 120000}]},
+                {"tool": "write", "input": {"file_path": "{mount:notes}/b.md", "content": "b1\n"}}
+            ],
+            "expect_final": {"notes": {"/a.md": "a0\n", "/b.md": "b1\n"}}
+        }),
+    )
+    .knobs(served::Knobs {
+        flush_timeout: std::time::Duration::from_secs(5),
+        ..Default::default()
+    });
+    let (_, theirs) = both(case).await;
+    assert!(
+        theirs.log.contains("memory flush cut off"),
+        "{}",
+        theirs.log
     );
 }
