@@ -715,3 +715,108 @@ async fn a_gateway_504_that_commits_late_never_beats_the_newer_edit() {
     assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v2"));
     assert_eq!(h.read("s", "a.md").as_deref(), Some("v2"));
 }
+
+// ------------------------------------------ sends a later pass saw superseded
+
+/// The agent writes v1 and its update never reaches the server (a
+/// gateway's 502: nothing committed, no answer a client can trust); the
+/// agent reverts the file, and a sync sees the file and the server agree.
+async fn lost_then_seen_reverted(h: &H) {
+    h.write("s", "a.md", "v1");
+    h.fake.fault(Op::Update, Some("a.md"), Fault::Status(502));
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v0"));
+    h.write("s", "a.md", "v0");
+    h.stores.sync_now().await;
+}
+
+/// After [`lost_then_seen_reverted`], another writer writes v1's bytes and
+/// the agent writes v2: the flush (whose listing used to take the other
+/// writer's v1 for our own late landing) leaves the remote version.
+#[tokio::test]
+async fn a_send_seen_superseded_never_claims_another_writers_edit_at_the_flush() {
+    let logs = Logs::capture();
+    let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    lost_then_seen_reverted(&h).await;
+    h.fake.put("s", "a.md", "v1");
+    h.write("s", "a.md", "v2");
+    h.stores.flush_writes().await;
+    assert_eq!(
+        h.fake.get("s", "a.md").as_deref(),
+        Some("v1"),
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("memory changed both locally and remotely; the flush leaves the remote version"),
+        1,
+        "{}",
+        logs.text()
+    );
+}
+
+/// The same at a sync without the version feed (each sync lists whole) and
+/// at a push pass: the other writer's v1 wins, with the conflict warned.
+#[tokio::test]
+async fn a_send_seen_superseded_never_claims_another_writers_edit_at_a_listing_or_a_push() {
+    for push in [false, true] {
+        let logs = Logs::capture();
+        let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+        lost_then_seen_reverted(&h).await;
+        h.fake.put("s", "a.md", "v1");
+        h.write("s", "a.md", "v2");
+        if push {
+            h.stores.push_now().await;
+        }
+        h.stores.sync_now().await;
+        assert_eq!(
+            h.fake.get("s", "a.md").as_deref(),
+            Some("v1"),
+            "push {push}\n{}",
+            logs.text()
+        );
+        assert_eq!(h.read("s", "a.md").as_deref(), Some("v1"));
+        assert!(logs.count("memory changed both locally and remotely") >= 1);
+        assert_eq!(logs.count("landed late"), 0, "{}", logs.text());
+    }
+}
+
+/// A create lost before the server; the agent removes the file and a sync
+/// sees the path absent on both sides. Another writer then creates the path
+/// with the same bytes and the agent writes it anew: the other writer's
+/// memory wins (it was taken for our own late create, a tentative baseline
+/// the agent's edit then went out over).
+#[tokio::test]
+async fn a_create_seen_superseded_never_claims_another_writers_memory() {
+    let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
+    h.write("s", "n.md", "v1");
+    h.fake.fault(Op::Create, Some("n.md"), Fault::Status(502));
+    h.stores.sync_now().await;
+    h.rm("s", "n.md");
+    h.stores.sync_now().await;
+    h.fake.put("s", "n.md", "v1");
+    h.write("s", "n.md", "v2");
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "n.md").as_deref(), Some("v1"));
+    assert_eq!(h.read("s", "n.md").as_deref(), Some("v1"));
+}
+
+/// The lost send, then the worker dies and a new one recovers the folder
+/// from the journal (which holds the unanswered send; the records of
+/// requests in flight live in memory only): the recovery's own listing
+/// settles the send, and the other writer's identical bytes later win.
+#[tokio::test]
+async fn a_lost_send_recovered_from_the_journal_never_claims_another_writers_edit() {
+    let mut h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    h.write("s", "a.md", "v1");
+    h.fake.fault(Op::Update, Some("a.md"), Fault::Status(502));
+    h.stores.sync_now().await;
+    h.write("s", "a.md", "v0");
+    h.crash_and_remount().await.unwrap();
+    h.fake.put("s", "a.md", "v1");
+    h.write("s", "a.md", "v2");
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v1"));
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("v1"));
+}

@@ -442,7 +442,11 @@ async fn attempt(
             .map_err(|e| (Error::Transport(e), RetryHints::default()));
     }
     let hints = RetryHints::from_headers(response.headers());
-    Err((api_error(response).await, hints))
+    let mut error = api_error(response).await;
+    if let Error::Api(e) = &mut error {
+        e.retry_after = hints.retry_after;
+    }
+    Err((error, hints))
 }
 
 /// The error of a non-success answer.

@@ -19,6 +19,9 @@ pub struct ApiError {
     pub request_id: Option<String>,
     /// `error.details`, e.g. the lease state of a 412 heartbeat.
     pub details: Option<Value>,
+    /// How long the answer asked the client to wait before trying again
+    /// (`retry-after-ms`, else `retry-after`), e.g. on a `429`.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -32,6 +35,7 @@ impl ApiError {
                 message: envelope.error.message,
                 request_id: envelope.request_id.or(request_id),
                 details: envelope.error.details,
+                retry_after: None,
             },
             Err(_) => {
                 let text = String::from_utf8_lossy(body);
@@ -46,6 +50,7 @@ impl ApiError {
                     },
                     request_id,
                     details: None,
+                    retry_after: None,
                 }
             }
         }

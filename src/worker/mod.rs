@@ -114,8 +114,10 @@ pub struct WorkerOptions {
     pub memory_sync_interval: SyncInterval,
     pub memory_sync_deletions: DeleteMode,
     /// Push what the agent writes within about a second (the change-driven
-    /// push, `memory::push`); off, edits leave with the periodic syncs, the
-    /// final sync and the flush only.
+    /// push, `memory::push`), at the cost of a memory version per edit
+    /// burst and write requests that grow with the agent's edit rate; off
+    /// (the default, as the reference), edits leave with the periodic
+    /// syncs, the final sync and the flush only.
     pub memory_push: bool,
     /// Sent as `Anthropic-Worker-ID` on polls.
     pub worker_id: String,
@@ -189,7 +191,7 @@ impl WorkerOptions {
             max_idle: Some(DEFAULT_MAX_IDLE),
             memory_sync_interval: SyncInterval::default(),
             memory_sync_deletions: DeleteMode::default(),
-            memory_push: true,
+            memory_push: false,
             worker_id: default_worker_id(),
             extra_headers: Vec::new(),
             tool_timeout: DEFAULT_TOOL_TIMEOUT,
