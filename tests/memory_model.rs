@@ -1,7 +1,8 @@
 //! A model-based property test of the memory sync: random interleavings of
 //! agent edits, deletes and renames, remote edits and deletes, syncs, time
 //! passing, dropped responses and server errors, the change-driven push
-//! (its upload-only pass over what the watch reported), a flood of writes
+//! (its upload-only pass over what the watch reported, its uploads landing
+//! at once or flying on across later steps), a flood of writes
 //! that overflows the kernel's inotify queue (the next pass must scan the
 //! whole folder), worker deaths (the stores
 //! dropped with no teardown, then mounted again on the same disk: recovered
@@ -72,6 +73,10 @@ enum Step {
     Crash,
     /// The change-driven push's pass, now.
     Push,
+    /// The push's pass, now, its uploads each taking this many seconds at
+    /// the server: they fly on across the next steps (a sync leaves their
+    /// paths to them, the flush waits for or overtakes them).
+    SlowPush(u64),
     /// Write one path, then the watch's queued events are lost as in a
     /// kernel queue overflow (a real `IN_Q_OVERFLOW` is tested in
     /// `memory_watch.rs`; here it would cost 16k syscalls a step).
@@ -134,6 +139,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::BreakMarker),
         1 => Just(Step::Crash),
         3 => Just(Step::Push),
+        2 => (1u64..40).prop_map(Step::SlowPush),
         1 => (0..PATHS.len()).prop_map(Step::Overflow),
         2 => prop_oneof![Just(400u16), Just(404u16)].prop_map(Step::FeedRefused),
         1 => (0..PATHS.len()).prop_map(Step::RedactedVersion),
@@ -169,8 +175,10 @@ struct Model {
     late: Vec<(Instant, u64, String)>,
     /// (when, path, content) every time a step left disk and server equal.
     agreements: Vec<(Instant, String, Option<String>)>,
-    /// The steps that read the index, every read answered: (when, what the
-    /// server held at the last read, what the disk held when the step began).
+    /// When the last step that read the index (answered) began.
+    looked: Instant,
+    /// The steps that read the index, the last read answered: (when, what
+    /// the server held at that read, what the disk held when the step began).
     seen: Vec<(Instant, Held, Held)>,
 }
 
@@ -179,8 +187,8 @@ type Held = std::collections::BTreeMap<String, String>;
 
 impl Model {
     /// What a sync leaves equal on both sides is what the worker last agreed on.
-    fn agree(&mut self, h: &H, now: Instant) {
-        for p in PATHS {
+    fn agree(&mut self, h: &H, now: Instant, paths: &[&str]) {
+        for &p in paths {
             let server = h.fake.get("s", p);
             if h.read("s", p) == server {
                 self.agreed.insert(p.to_string(), (now, server.clone()));
@@ -190,16 +198,59 @@ impl Model {
     }
 
     /// After a step that began with `disk` and `reads` index reads made:
-    /// did it read the index, every read answered? Then the worker has seen
-    /// the server as its last read found it.
-    fn observe(&mut self, h: &H, now: Instant, reads: usize, disk: Held) {
+    /// did it read the index, its last read answered? Then the worker has seen
+    /// the server as its last read found it; and what disk and server hold
+    /// alike is what the worker agreed on — after a sync, on every path;
+    /// after a push, which plans only what the watch reported, on the paths
+    /// the agent touched since the last such step. (Another writer may write
+    /// the very bytes the disk holds: equal bytes the worker has not looked
+    /// at are no agreement of its.) A path the step uploaded the bytes both
+    /// sides now hold is agreed on too: the worker sent them (`sends`: the
+    /// uploads made before the step).
+    fn observe(
+        &mut self,
+        h: &H,
+        now: Instant,
+        (reads, sends): (usize, usize),
+        disk: Held,
+        sync: bool,
+    ) {
+        let sent: Vec<(String, String)> = h
+            .fake
+            .sends()
+            .split_off(sends)
+            .into_iter()
+            .map(|(_, p, c)| (p, c))
+            .collect();
+        for p in PATHS {
+            let server = h.fake.get("s", p);
+            if sent
+                .iter()
+                .any(|(q, c)| q == p && server.as_ref() == Some(c))
+                && h.read("s", p) == server
+            {
+                self.agree(h, now, &[p]);
+            }
+        }
+        // The index a pass plans from is its last read's (a refused
+        // versions page falls back to a listing).
         let made = h.fake.reads().split_off(reads);
         if let Some(last) = made.last()
-            && made.iter().all(|r| r.answered)
+            && last.answered
         {
             self.seen.push((now, last.held.clone(), disk));
+            let touched: Vec<&str> = PATHS
+                .into_iter()
+                .filter(|p| {
+                    sync || self
+                        .local
+                        .iter()
+                        .any(|(t, q, ..)| q == p && *t > self.looked)
+                })
+                .collect();
+            self.agree(h, now, &touched);
+            self.looked = now;
         }
-        self.agree(h, now);
     }
 }
 
@@ -213,6 +264,8 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     h.fake.cap_versions_page(3);
     let mut h = H::download(h, &specs).await;
     let start = Instant::now();
+    // The push's uploads left flying (`Step::SlowPush`).
+    let mut flying: Vec<tokio::task::JoinHandle<bool>> = Vec::new();
     let mut m = Model {
         local: vec![],
         agreed: PATHS
@@ -224,6 +277,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         broken_at: None,
         final_at: None,
         late: vec![],
+        looked: start,
         agreements: PATHS
             .iter()
             .map(|p| (start, p.to_string(), h.fake.get("s", p)))
@@ -242,9 +296,9 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         tokio::time::advance(Duration::from_millis(1)).await;
         let now = Instant::now();
         let broken = m.broken_at.is_some();
-        let (reads, disk) = (h.fake.reads().len(), h.disk("s"));
-        let sees = matches!(s, Step::Sync | Step::Push | Step::Crash);
-        match s {
+        let (reads, disk) = ((h.fake.reads().len(), h.fake.writes_sent()), h.disk("s"));
+        let sees = matches!(s, Step::Sync | Step::Push | Step::SlowPush(_) | Step::Crash);
+        match s.clone() {
             // A distrusted folder is left alone by the agent, so it stays distrusted.
             Step::Write(_) | Step::Delete(_) | Step::Rename(..) | Step::Overflow(_) if broken => {}
             Step::Overflow(p) => {
@@ -262,6 +316,24 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
             Step::Push => {
                 h.stores.push_now().await;
+            }
+            Step::SlowPush(secs) => {
+                h.fake
+                    .slow_next_writes(PATHS.len(), Duration::from_secs(secs));
+                let sent = h.fake.writes_sent();
+                let flights = h.stores.push_detached().await;
+                // Each upload's request reaches the server (where it waits
+                // `secs`) or its task ends, before the next step: the step
+                // is the pass, as a sync is (time stands still meanwhile, so
+                // none of them can end at the server).
+                for _ in 0..100_000 {
+                    let ended = flights.iter().filter(|f| f.is_finished()).count();
+                    if h.fake.writes_sent() - sent + ended >= flights.len() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                flying.extend(flights);
             }
             Step::Write(p) => {
                 let content = format!("local-{i}");
@@ -396,28 +468,34 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
         }
         if sees {
-            m.observe(&h, now, reads, disk);
+            let sync = matches!(s, Step::Sync | Step::Crash);
+            m.observe(&h, now, reads, disk, sync);
         }
     }
 
-    // The quiet phase: no faults, no edits; two syncs far enough apart for a
-    // pending delete to be corroborated.
+    // The quiet phase: no faults, no edits, no upload still in flight; two
+    // syncs far enough apart for a pending delete to be corroborated.
+    for pushed in flying {
+        let _ = pushed.await;
+    }
     h.fake.clear_faults();
     for wait in [0, 31] {
         tokio::time::advance(Duration::from_secs(wait) + Duration::from_millis(1)).await;
-        let (now, reads, disk) = (Instant::now(), h.fake.reads().len(), h.disk("s"));
+        let reads = (h.fake.reads().len(), h.fake.writes_sent());
+        let (now, disk) = (Instant::now(), h.disk("s"));
         m.syncs.push((now, disk_absent(&h)));
         h.stores.sync_now().await;
-        m.observe(&h, now, reads, disk);
+        m.observe(&h, now, reads, disk, true);
     }
     let quiet_disk = h.disk("s");
     let quiet_server = h.server("s");
     tokio::time::advance(Duration::from_millis(1)).await;
     m.final_at = Some(Instant::now());
-    let (now, reads, disk) = (Instant::now(), h.fake.reads().len(), h.disk("s"));
+    let reads = (h.fake.reads().len(), h.fake.writes_sent());
+    let (now, disk) = (Instant::now(), h.disk("s"));
     h.stores.finish().await.unwrap();
     h.stores.flush_writes().await;
-    m.observe(&h, now, reads, disk);
+    m.observe(&h, now, reads, disk, true);
     let applied = h.fake.applied();
     let text = logs.text();
 
@@ -565,11 +643,14 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             if agreed_content.as_deref() == Some(content.as_str()) {
                 continue;
             }
-            // Or the server held these bytes after the write, both sides
-            // agreeing (another writer wrote the same, and it was adopted).
+            // Or the server held these very bytes at some point after the
+            // write (another writer wrote the same, and the worker adopted
+            // them rather than upload them again).
             let held = h.fake.get("s", path).as_deref() == Some(content.as_str())
-                || m.agreements.iter().any(|(at, p, c)| {
-                    p == path && *at >= *wrote_at && c.as_deref() == Some(content.as_str())
+                || h.fake.history().iter().any(|c| {
+                    c.path == path
+                        && c.at >= *wrote_at
+                        && c.content.as_deref() == Some(content.as_str())
                 });
             let reached = held
                 || applied.iter().any(|(_, c)| match c {

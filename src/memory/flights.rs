@@ -52,6 +52,9 @@ pub(super) struct Flights {
     busy: usize,
     next: u64,
     by_path: HashMap<String, Vec<Flight>>,
+    /// Every flight's task not known to have ended, to stop them with the
+    /// stores ([`AttachedStore::ground_flights`]).
+    tasks: Vec<tokio::task::AbortHandle>,
 }
 
 struct Flight {
@@ -174,7 +177,7 @@ impl AttachedStore {
             id
         };
         let store = Arc::clone(self);
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let slot = store.upload_slots.clone().acquire_owned().await;
             match store.start_flight(&rel, id, pass_started, &stop) {
                 Start::Go => {}
@@ -207,7 +210,24 @@ impl AttachedStore {
             store.sync_journal().await;
             let _ = done.send(true);
             landed
-        })
+        });
+        let mut flights = self.flights();
+        flights.tasks.retain(|t| !t.is_finished());
+        flights.tasks.push(task.abort_handle());
+        task
+    }
+
+    /// Stop every flight now, its request dropped wherever it is (it may
+    /// still land: a later pass of another worker settles it as any upload
+    /// cut off in flight): the stores are going without their teardown (a
+    /// session dropped unfinished), and nothing of theirs may outlive them —
+    /// not a request, not a hold on their journals.
+    pub(super) fn ground_flights(&self) {
+        let mut flights = self.flights();
+        for task in flights.tasks.drain(..) {
+            task.abort();
+        }
+        flights.by_path.clear();
     }
 
     fn start_flight(

@@ -92,6 +92,20 @@ pub struct SessionMemoryStores {
     watch: bool,
 }
 
+impl Drop for SessionMemoryStores {
+    /// The push's uploads still in flight end with the stores: after the
+    /// teardown (whose flush waited for them as long as its bound allows),
+    /// or when a session is dropped without one — and the stores let go of
+    /// their journals now, not when an aborted upload's task is dropped, so
+    /// that the folders left can be recovered at once (as after a death).
+    fn drop(&mut self) {
+        for store in &self.stores {
+            store.ground_flights();
+            store.let_go_of_journal();
+        }
+    }
+}
+
 /// What one sync of every store did (summed).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct SyncReport {
@@ -530,6 +544,19 @@ impl SessionMemoryStores {
             .into_iter()
             .filter(|landed| matches!(landed, Ok(true)))
             .count()
+    }
+
+    /// Run the push's pass on every store now, as [`Self::push_now`] does,
+    /// but leave its uploads flying: their tasks, each yielding whether it
+    /// landed (the model test lets them fly across its other steps).
+    #[doc(hidden)]
+    pub async fn push_detached(&self) -> Vec<tokio::task::JoinHandle<bool>> {
+        let api = self.push_api();
+        let never = tokio_util::sync::CancellationToken::new();
+        let passes =
+            futures::future::join_all(self.stores.iter().map(|s| s.push_changed(&api, &never)))
+                .await;
+        passes.into_iter().flatten().collect()
     }
 
     /// Sync every store now, whatever the cadence (a regular sync, not the final one).

@@ -346,6 +346,12 @@ impl AttachedStore {
         self.state().journal.take()
     }
 
+    /// Close the journal, leaving it on disk (and its lock free) for the
+    /// recovery of the folder: the stores are dropped without a teardown.
+    pub(crate) fn let_go_of_journal(&self) {
+        drop(self.take_journal());
+    }
+
     /// The most changed paths the folder's watch keeps between passes
     /// before a full scan is due instead (tests lower it to force one).
     pub(crate) fn set_watch_bound(&self, bound: usize) {
@@ -703,11 +709,17 @@ impl AttachedStore {
         remote: &BTreeMap<String, MemoryIndexEntry>,
         files: &LocalFiles,
     ) {
+        // A push upload still in flight keeps its record: its answer is
+        // not in yet (a 409 of a retry whose first attempt landed is
+        // settled by the next pass).
+        let flying = self.flying();
         let mut state = self.state();
         let sent = state.sent.take();
         for (rel, sha) in sent {
             if remote.get(&rel).is_some_and(|m| m.content_sha256 == sha) {
                 state.baseline.insert(rel, sha);
+            } else if flying.contains(&rel) {
+                state.sent.insert(rel, sha);
             }
         }
         let agrees = |rel: &str, listed: Option<&str>| files.agrees(rel, listed);
@@ -1376,9 +1388,20 @@ impl AttachedStore {
         update: Option<(String, String)>,
     ) -> futures::future::BoxFuture<'a, Outcome> {
         Box::pin(async move {
+            // The marker is read again with the file: an upload can start
+            // long after its pass judged the folder (a push upload waiting
+            // for a slot, a re-send after a 404 or a 409), and a folder that
+            // stopped naming this store uploads nothing.
             let folder = self.folder.clone();
             let r = rel.to_string();
-            let data = match blocking(move || folder.get(&r)).await {
+            let id = self.id.clone();
+            let read = move || {
+                if !marks_store(&folder, &id) {
+                    return Ok(None);
+                }
+                folder.get(&r)
+            };
+            let data = match blocking(read).await {
                 Ok(Ok(Some(data))) => data,
                 Ok(Ok(None)) => return Outcome::Settled,
                 Ok(Err(e)) if e.is_refusal() => {

@@ -213,6 +213,8 @@ struct Inner {
     sends: Vec<(tokio::time::Instant, String, String)>,
     /// Every read of the index (listings and versions pages).
     reads: Vec<IndexRead>,
+    /// The next creates and updates wait this long each, in order.
+    slow_writes: VecDeque<std::time::Duration>,
 }
 
 impl Inner {
@@ -386,6 +388,11 @@ impl FakeMemory {
         self.lock().sends.clone()
     }
 
+    /// How many creates and updates the worker has sent so far.
+    pub fn writes_sent(&self) -> usize {
+        self.lock().sends.len()
+    }
+
     /// Every read of an index so far (listings and versions pages).
     pub fn reads(&self) -> Vec<IndexRead> {
         self.lock().reads.clone()
@@ -471,7 +478,8 @@ impl FakeMemory {
         self.lock().faults.push_back((op, path, fault));
     }
 
-    /// Every write that took effect on the server (whatever its caller heard), with its time.
+    /// Every write that took effect on the server (whatever its caller
+    /// heard), with the time it was sent (a slow one lands later).
     pub fn applied(&self) -> Vec<(tokio::time::Instant, Call)> {
         self.lock().applied.clone()
     }
@@ -482,6 +490,14 @@ impl FakeMemory {
         let mut inner = self.lock();
         inner.latency.retain(|(o, _)| *o != op);
         inner.latency.push((op, delay));
+    }
+
+    /// The next `n` creates and updates (whichever come) each wait `delay`
+    /// (tokio time) before they are served: uploads that stay in flight.
+    pub fn slow_next_writes(&self, n: usize, delay: std::time::Duration) {
+        self.lock()
+            .slow_writes
+            .extend(std::iter::repeat_n(delay, n));
     }
 
     /// Drop every fault not yet triggered.
@@ -627,12 +643,14 @@ impl FakeMemory {
     /// Apply a fault that comes before the answer; `Some(result)` ends the call.
     /// The flag asks the caller to apply the change and then fail: `Some(code)`.
     async fn pre<T>(&self, op: Op, path: Option<&str>) -> (Option<Result<T, Error>>, Option<u16>) {
-        let slow = self
-            .lock()
-            .latency
-            .iter()
-            .find(|(o, _)| *o == op)
-            .map(|l| l.1);
+        let slow = {
+            let mut inner = self.lock();
+            let queued = match op {
+                Op::Create | Op::Update => inner.slow_writes.pop_front(),
+                _ => None,
+            };
+            queued.or_else(|| inner.latency.iter().find(|(o, _)| *o == op).map(|l| l.1))
+        };
         if let Some(delay) = slow {
             tokio::time::sleep(delay).await;
         }
@@ -843,13 +861,14 @@ impl MemoryApi for FakeMemory {
         content: &'a str,
     ) -> BoxFuture<'a, Result<Memory, Error>> {
         Box::pin(async move {
+            let called = tokio::time::Instant::now();
             {
                 let mut inner = self.lock();
                 inner.calls.push(Call::Create {
                     path: path.into(),
                     content: content.into(),
                 });
-                let at = tokio::time::Instant::now();
+                let at = called;
                 inner
                     .sends
                     .push((at, path.trim_start_matches('/').into(), content.into()));
@@ -887,7 +906,7 @@ impl MemoryApi for FakeMemory {
                 path: path.into(),
                 content: content.into(),
             };
-            inner.applied.push((tokio::time::Instant::now(), call));
+            inner.applied.push((called, call));
             lost(Ok(memory), lose)
         })
     }
@@ -901,6 +920,7 @@ impl MemoryApi for FakeMemory {
     ) -> BoxFuture<'a, Result<Memory, Error>> {
         Box::pin(async move {
             let path = self.path_of(store, id);
+            let called = tokio::time::Instant::now();
             {
                 let mut inner = self.lock();
                 inner.calls.push(Call::Update {
@@ -908,9 +928,8 @@ impl MemoryApi for FakeMemory {
                     content: content.into(),
                     expected: expected.into(),
                 });
-                let at = tokio::time::Instant::now();
                 let rel = path.as_deref().unwrap_or_default().trim_start_matches('/');
-                inner.sends.push((at, rel.into(), content.into()));
+                inner.sends.push((called, rel.into(), content.into()));
             }
             self.enter();
             let (early, lose) = self.pre(Op::Update, path.as_deref()).await;
@@ -955,7 +974,7 @@ impl MemoryApi for FakeMemory {
                 );
                 inner.changed(store, &path, Some(content), By::Worker);
             }
-            inner.applied.push((tokio::time::Instant::now(), call));
+            inner.applied.push((called, call));
             lost(Ok(memory), lose)
         })
     }
