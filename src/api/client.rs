@@ -444,7 +444,9 @@ async fn attempt(
     let hints = RetryHints::from_headers(response.headers());
     let mut error = api_error(response).await;
     if let Error::Api(e) = &mut error {
-        e.retry_after = hints.retry_after;
+        e.retry_after_ms = hints.retry_after.and_then(|wait| {
+            std::num::NonZeroU32::new(wait.as_millis().min(u128::from(u32::MAX)) as u32)
+        });
     }
     Err((error, hints))
 }

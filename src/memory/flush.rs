@@ -323,7 +323,7 @@ impl AttachedStore {
             }
             Ok(Followed::NoIndex) => PushIndex::Unknown,
             Ok(Followed::Failed(e)) if e.is_transient() => {
-                PushIndex::Failed(e.api().and_then(|a| a.retry_after))
+                PushIndex::Failed(e.api().and_then(|a| a.retry_after()))
             }
             // The server has no version history for us (400, 404): the push
             // goes on without it, as it did before the feed.

@@ -512,7 +512,9 @@ impl SessionMemoryStores {
     /// recorded as it completes), and what it had not finished is picked up
     /// by the next listing. An update cut off in flight may still commit
     /// after that listing: its 409 on the newer edit is then known for our
-    /// own write (`State::in_flight`), and the newer edit goes out over it.
+    /// own write (`State::in_flight`), and the newer edit goes out over it —
+    /// unless a pass has seen the file and the server agree since (the
+    /// send was superseded, and is forgotten).
     pub(crate) async fn sync_if_due_within(&self, bound: Duration) -> Option<SyncReport> {
         match tokio::time::timeout(bound, self.sync_if_due()).await {
             Ok(report) => report,

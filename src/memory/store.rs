@@ -13,6 +13,13 @@
 //! conflict. The flush judges edits against the same baseline (or the
 //! tentative one a re-download left), and when it cannot list the store it
 //! still pushes each edit, guarded by the hash it was last synced at.
+//!
+//! An upload that never got an answer may still land; its record
+//! (`State::in_flight`) outlives a pass only while the server could still
+//! apply it under an edit the agent has not synced: a pass that sees the
+//! file and the server agree on the path forgets it, as the reference
+//! forgets every send once a later sync has seen the server, so another
+//! writer's identical bytes later are never taken for ours.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -210,7 +217,9 @@ pub struct AttachedStore {
     state: Mutex<State>,
     /// The folder's watch and its last known contents ([`Observer`]).
     observer: Arc<Mutex<Observer>>,
-    /// Held for a whole pass (sync, flush, push): passes never interleave.
+    /// Held for a whole sync pass, and by the push while it plans: they
+    /// never plan at once. The flush takes no lock (see `super::flush`),
+    /// and the push's uploads fly without it (`super::flights`).
     pub(super) pass: tokio::sync::Mutex<()>,
     /// The remote index's safety cadence: the store is listed whole at
     /// least this often ([`FULL_LISTING_EVERY`]; tests and the benchmark
@@ -1504,7 +1513,7 @@ impl AttachedStore {
                 }
                 _ => {
                     warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
-                    Outcome::Failed(e.api().and_then(|a| a.retry_after))
+                    Outcome::Failed(e.api().and_then(|a| a.retry_after()))
                 }
             }
         })

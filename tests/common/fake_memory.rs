@@ -321,7 +321,7 @@ fn status(code: u16, kind: &str) -> Error {
         message: format!("fake {code}"),
         request_id: None,
         details: None,
-        retry_after: None,
+        retry_after_ms: None,
     })
 }
 
