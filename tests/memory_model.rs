@@ -77,6 +77,9 @@ enum Step {
     /// the server: they fly on across the next steps (a sync leaves their
     /// paths to them, the flush waits for or overtakes them).
     SlowPush(u64),
+    /// The push-only flush, mid-session: it waits for a push upload that
+    /// carries the file as it is, and overtakes one that carries it older.
+    Flush,
     /// Write one path, then the watch's queued events are lost as in a
     /// kernel queue overflow (a real `IN_Q_OVERFLOW` is tested in
     /// `memory_watch.rs`; here it would cost 16k syscalls a step).
@@ -140,6 +143,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Crash),
         3 => Just(Step::Push),
         2 => (1u64..40).prop_map(Step::SlowPush),
+        1 => Just(Step::Flush),
         1 => (0..PATHS.len()).prop_map(Step::Overflow),
         2 => prop_oneof![Just(400u16), Just(404u16)].prop_map(Step::FeedRefused),
         1 => (0..PATHS.len()).prop_map(Step::RedactedVersion),
@@ -297,7 +301,10 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         let now = Instant::now();
         let broken = m.broken_at.is_some();
         let (reads, disk) = ((h.fake.reads().len(), h.fake.writes_sent()), h.disk("s"));
-        let sees = matches!(s, Step::Sync | Step::Push | Step::SlowPush(_) | Step::Crash);
+        let sees = matches!(
+            s,
+            Step::Sync | Step::Push | Step::SlowPush(_) | Step::Crash | Step::Flush
+        );
         match s.clone() {
             // A distrusted folder is left alone by the agent, so it stays distrusted.
             Step::Write(_) | Step::Delete(_) | Step::Rename(..) | Step::Overflow(_) if broken => {}
@@ -316,6 +323,9 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
             Step::Push => {
                 h.stores.push_now().await;
+            }
+            Step::Flush => {
+                h.stores.flush_writes().await;
             }
             Step::SlowPush(secs) => {
                 h.fake
