@@ -820,3 +820,77 @@ async fn a_lost_send_recovered_from_the_journal_never_claims_another_writers_edi
     assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v1"));
     assert_eq!(h.read("s", "a.md").as_deref(), Some("v1"));
 }
+
+// ------------------------------------------------- the push's uploads in flight
+
+/// The push's upload of `a.md` (v1) is at the server, slow (10 s); the
+/// tasks of its uploads.
+async fn push_upload_in_flight(h: &H) -> Vec<tokio::task::JoinHandle<bool>> {
+    h.write("s", "a.md", "v1");
+    h.fake.slow_next_writes(1, Duration::from_secs(10));
+    let flights = h.stores.push_detached().await;
+    while h.fake.writes_sent() == 0 {
+        tokio::task::yield_now().await;
+    }
+    flights
+}
+
+/// The flush waits for a push upload that carries the file as it is (it
+/// would only race it), and counts it: one request in all.
+#[tokio::test(start_paused = true)]
+async fn the_flush_waits_for_a_push_upload_of_the_same_content() {
+    let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    let flights = push_upload_in_flight(&h).await;
+    assert_eq!(h.stores.flush_writes().await, 1);
+    for f in flights {
+        assert!(f.await.unwrap(), "the push's upload landed");
+    }
+    let updates = h
+        .fake
+        .take_calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::Update { .. }))
+        .count();
+    assert_eq!(updates, 1);
+    assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v1"));
+}
+
+/// The agent writes v2 while the push's upload of v1 is in flight: the
+/// flush sends v2 at once, and whichever of the two the server takes first,
+/// v2 stays — the older upload never wins over the newer edit, and nobody
+/// is told the edit lost. (The older one landing first is simulated by a
+/// change landing just before the flush's update: the push's request is
+/// still sleeping at the server then, and is refused when it wakes.)
+#[tokio::test(start_paused = true)]
+async fn the_flush_overtakes_a_push_upload_of_older_content_whichever_lands_first() {
+    for older_first in [false, true] {
+        let logs = Logs::capture();
+        let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+        let flights = push_upload_in_flight(&h).await;
+        h.write("s", "a.md", "v2");
+        if older_first {
+            h.fake.fault(
+                Op::Update,
+                Some("a.md"),
+                Fault::edit_first("s", "a.md", "v1"),
+            );
+        }
+        h.stores.flush_writes().await;
+        assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v2"));
+        for f in flights {
+            assert!(!f.await.unwrap(), "the older upload landed after the newer");
+        }
+        assert_eq!(
+            h.fake.get("s", "a.md").as_deref(),
+            Some("v2"),
+            "older first: {older_first}\n{}",
+            logs.text()
+        );
+        assert_eq!(logs.count("the local edit loses"), 0, "{}", logs.text());
+        // Settled: the next sync keeps v2 on disk and sends nothing.
+        h.fake.take_calls();
+        h.stores.sync_now().await;
+        assert_eq!(h.read("s", "a.md").as_deref(), Some("v2"));
+        assert!(h.fake.take_writes().is_empty(), "{}", logs.text());
+    }
+}
