@@ -578,8 +578,11 @@ impl SessionMemoryStores {
     }
 
     /// Push new and changed files of every writable store; send no deletes,
-    /// pull nothing. Never fails. Bound it with a timeout: a store cut off
-    /// part-way logs how many of its changed files had not been uploaded.
+    /// pull nothing. Never fails. It waits for no lock: each store knows
+    /// what is dirty first and sends it at once, whatever upload of the push
+    /// is still in flight (`flush`). Bound it with a timeout: a store cut
+    /// off part-way logs how many of its changed files had not been
+    /// uploaded, and which.
     pub async fn flush_writes(&self) -> usize {
         self.stop_pushes().await;
         let api = self.api.as_ref();
