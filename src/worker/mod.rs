@@ -114,10 +114,8 @@ pub struct WorkerOptions {
     pub memory_sync_interval: SyncInterval,
     pub memory_sync_deletions: DeleteMode,
     /// Push what the agent writes within about a second (the change-driven
-    /// push, `memory::push`), at the cost of a memory version per edit
-    /// burst and write requests that grow with the agent's edit rate; off
-    /// (the default, as the reference), edits leave with the periodic
-    /// syncs, the final sync and the flush only.
+    /// push, `memory::push`); off, edits leave with the periodic syncs, the
+    /// final sync and the flush only.
     pub memory_push: bool,
     /// Sent as `Anthropic-Worker-ID` on polls.
     pub worker_id: String,
