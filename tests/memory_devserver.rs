@@ -130,11 +130,12 @@ async fn the_devservers_refusals_are_remembered_and_warned_once() {
             .filter(|l| l.contains(why) && l.contains(name))
             .count()
     };
-    // Over the limit by its stat: refused before it is read or sent.
-    let too_large = "larger than a memory may be";
-    assert_eq!(warned("huge.md", too_large), 1, "{}", logs.text());
+    // Over the limit by its stat: refused before it is read or sent, and
+    // warned once with the reference's line for the server's 413.
     let rejected = "the server rejected this memory file";
-    assert_eq!(warned("huge.md", rejected), 0, "{}", logs.text());
+    let too_large = "refused before it is sent";
+    assert_eq!(warned("huge.md", too_large), 1, "{}", logs.text());
+    assert_eq!(warned("huge.md", rejected), 1, "{}", logs.text());
     assert_eq!(warned("name.md", rejected), 1, "{}", logs.text());
 }
 

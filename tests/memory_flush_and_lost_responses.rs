@@ -715,3 +715,182 @@ async fn a_gateway_504_that_commits_late_never_beats_the_newer_edit() {
     assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v2"));
     assert_eq!(h.read("s", "a.md").as_deref(), Some("v2"));
 }
+
+// ------------------------------------------ sends a later pass saw superseded
+
+/// The agent writes v1 and its update never reaches the server (a
+/// gateway's 502: nothing committed, no answer a client can trust); the
+/// agent reverts the file, and a sync sees the file and the server agree.
+async fn lost_then_seen_reverted(h: &H) {
+    h.write("s", "a.md", "v1");
+    h.fake.fault(Op::Update, Some("a.md"), Fault::Status(502));
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v0"));
+    h.write("s", "a.md", "v0");
+    h.stores.sync_now().await;
+}
+
+/// After [`lost_then_seen_reverted`], another writer writes v1's bytes and
+/// the agent writes v2: the flush (whose listing used to take the other
+/// writer's v1 for our own late landing) leaves the remote version.
+#[tokio::test]
+async fn a_send_seen_superseded_never_claims_another_writers_edit_at_the_flush() {
+    let logs = Logs::capture();
+    let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    lost_then_seen_reverted(&h).await;
+    h.fake.put("s", "a.md", "v1");
+    h.write("s", "a.md", "v2");
+    h.stores.flush_writes().await;
+    assert_eq!(
+        h.fake.get("s", "a.md").as_deref(),
+        Some("v1"),
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("memory changed both locally and remotely; the flush leaves the remote version"),
+        1,
+        "{}",
+        logs.text()
+    );
+}
+
+/// The same at a sync without the version feed (each sync lists whole) and
+/// at a push pass: the other writer's v1 wins, with the conflict warned.
+#[tokio::test]
+async fn a_send_seen_superseded_never_claims_another_writers_edit_at_a_listing_or_a_push() {
+    for push in [false, true] {
+        let logs = Logs::capture();
+        let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+        lost_then_seen_reverted(&h).await;
+        h.fake.put("s", "a.md", "v1");
+        h.write("s", "a.md", "v2");
+        if push {
+            h.stores.push_now().await;
+        }
+        h.stores.sync_now().await;
+        assert_eq!(
+            h.fake.get("s", "a.md").as_deref(),
+            Some("v1"),
+            "push {push}\n{}",
+            logs.text()
+        );
+        assert_eq!(h.read("s", "a.md").as_deref(), Some("v1"));
+        assert!(logs.count("memory changed both locally and remotely") >= 1);
+        assert_eq!(logs.count("landed late"), 0, "{}", logs.text());
+    }
+}
+
+/// A create lost before the server; the agent removes the file and a sync
+/// sees the path absent on both sides. Another writer then creates the path
+/// with the same bytes and the agent writes it anew: the other writer's
+/// memory wins (it was taken for our own late create, a tentative baseline
+/// the agent's edit then went out over).
+#[tokio::test]
+async fn a_create_seen_superseded_never_claims_another_writers_memory() {
+    let h = H::new(&[("s", RW, &[("a.md", "a")])], DeleteMode::Enabled).await;
+    h.write("s", "n.md", "v1");
+    h.fake.fault(Op::Create, Some("n.md"), Fault::Status(502));
+    h.stores.sync_now().await;
+    h.rm("s", "n.md");
+    h.stores.sync_now().await;
+    h.fake.put("s", "n.md", "v1");
+    h.write("s", "n.md", "v2");
+    h.stores.sync_now().await;
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "n.md").as_deref(), Some("v1"));
+    assert_eq!(h.read("s", "n.md").as_deref(), Some("v1"));
+}
+
+/// The lost send, then the worker dies and a new one recovers the folder
+/// from the journal (which holds the unanswered send; the records of
+/// requests in flight live in memory only): the recovery's own listing
+/// settles the send, and the other writer's identical bytes later win.
+#[tokio::test]
+async fn a_lost_send_recovered_from_the_journal_never_claims_another_writers_edit() {
+    let mut h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    h.write("s", "a.md", "v1");
+    h.fake.fault(Op::Update, Some("a.md"), Fault::Status(502));
+    h.stores.sync_now().await;
+    h.write("s", "a.md", "v0");
+    h.crash_and_remount().await.unwrap();
+    h.fake.put("s", "a.md", "v1");
+    h.write("s", "a.md", "v2");
+    h.stores.sync_now().await;
+    assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v1"));
+    assert_eq!(h.read("s", "a.md").as_deref(), Some("v1"));
+}
+
+// ------------------------------------------------- the push's uploads in flight
+
+/// The push's upload of `a.md` (v1) is at the server, slow (10 s); the
+/// tasks of its uploads.
+async fn push_upload_in_flight(h: &H) -> Vec<tokio::task::JoinHandle<bool>> {
+    h.write("s", "a.md", "v1");
+    h.fake.slow_next_writes(1, Duration::from_secs(10));
+    let flights = h.stores.push_detached().await;
+    while h.fake.writes_sent() == 0 {
+        tokio::task::yield_now().await;
+    }
+    flights
+}
+
+/// The flush waits for a push upload that carries the file as it is (it
+/// would only race it), and counts it: one request in all.
+#[tokio::test(start_paused = true)]
+async fn the_flush_waits_for_a_push_upload_of_the_same_content() {
+    let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+    let flights = push_upload_in_flight(&h).await;
+    assert_eq!(h.stores.flush_writes().await, 1);
+    for f in flights {
+        assert!(f.await.unwrap(), "the push's upload landed");
+    }
+    let updates = h
+        .fake
+        .take_calls()
+        .into_iter()
+        .filter(|c| matches!(c, Call::Update { .. }))
+        .count();
+    assert_eq!(updates, 1);
+    assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v1"));
+}
+
+/// The agent writes v2 while the push's upload of v1 is in flight: the
+/// flush sends v2 at once, and whichever of the two the server takes first,
+/// v2 stays — the older upload never wins over the newer edit, and nobody
+/// is told the edit lost. (The older one landing first is simulated by a
+/// change landing just before the flush's update: the push's request is
+/// still sleeping at the server then, and is refused when it wakes.)
+#[tokio::test(start_paused = true)]
+async fn the_flush_overtakes_a_push_upload_of_older_content_whichever_lands_first() {
+    for older_first in [false, true] {
+        let logs = Logs::capture();
+        let h = H::new(&[("s", RW, &[("a.md", "v0")])], DeleteMode::Enabled).await;
+        let flights = push_upload_in_flight(&h).await;
+        h.write("s", "a.md", "v2");
+        if older_first {
+            h.fake.fault(
+                Op::Update,
+                Some("a.md"),
+                Fault::edit_first("s", "a.md", "v1"),
+            );
+        }
+        h.stores.flush_writes().await;
+        assert_eq!(h.fake.get("s", "a.md").as_deref(), Some("v2"));
+        for f in flights {
+            assert!(!f.await.unwrap(), "the older upload landed after the newer");
+        }
+        assert_eq!(
+            h.fake.get("s", "a.md").as_deref(),
+            Some("v2"),
+            "older first: {older_first}\n{}",
+            logs.text()
+        );
+        assert_eq!(logs.count("the local edit loses"), 0, "{}", logs.text());
+        // Settled: the next sync keeps v2 on disk and sends nothing.
+        h.fake.take_calls();
+        h.stores.sync_now().await;
+        assert_eq!(h.read("s", "a.md").as_deref(), Some("v2"));
+        assert!(h.fake.take_writes().is_empty(), "{}", logs.text());
+    }
+}

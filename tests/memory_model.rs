@@ -1,7 +1,8 @@
 //! A model-based property test of the memory sync: random interleavings of
 //! agent edits, deletes and renames, remote edits and deletes, syncs, time
 //! passing, dropped responses and server errors, the change-driven push
-//! (its upload-only pass over what the watch reported), a flood of writes
+//! (its upload-only pass over what the watch reported, its uploads landing
+//! at once or flying on across later steps), a flood of writes
 //! that overflows the kernel's inotify queue (the next pass must scan the
 //! whole folder), worker deaths (the stores
 //! dropped with no teardown, then mounted again on the same disk: recovered
@@ -22,7 +23,20 @@
 //!     was committed late beyond the feed's overlap window (outside the
 //!     feed's design: it cannot see such a version and waits for the safety
 //!     cadence's full listing); after the final sync, which lists whole,
-//!     always.
+//!     always;
+//! (e) no edit by another writer is overwritten (or deleted) by the worker
+//!     unless disk and server agreed on it before the agent's edit that
+//!     replaced it — or its bytes are ones both sides had agreed on before
+//!     (an A-B-A no precondition can see), or those of a send of ours that
+//!     no pass had yet seen superseded (one that read the index and found
+//!     the file and the server agreeing on the path), the one case no client
+//!     can tell from its own late write (issue 24: a send lost before the
+//!     server, the file reverted and synced, then another writer's identical
+//!     bytes were taken for that send and overwritten).
+//!
+//! The agent also reverts files to what both sides last agreed on, and
+//! other writers also write bytes the agent wrote before; a send may be
+//! lost before it reaches the server (a gateway's 502: nothing commits).
 //!
 //! `MODEL_CASES` sets the number of cases (default 1000).
 
@@ -30,7 +44,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::fake_memory::{Call, Fault, Op as ApiOp};
+use common::fake_memory::{By, Call, Fault, Op as ApiOp};
 use common::harness::{H, Logs};
 use envworker::api::types::Access;
 use envworker::memory::options::DeleteMode;
@@ -59,6 +73,13 @@ enum Step {
     Crash,
     /// The change-driven push's pass, now.
     Push,
+    /// The push's pass, now, its uploads each taking this many seconds at
+    /// the server: they fly on across the next steps (a sync leaves their
+    /// paths to them, the flush waits for or overtakes them).
+    SlowPush(u64),
+    /// The push-only flush, mid-session: it waits for a push upload that
+    /// carries the file as it is, and overtakes one that carries it older.
+    Flush,
     /// Write one path, then the watch's queued events are lost as in a
     /// kernel queue overflow (a real `IN_Q_OVERFLOW` is tested in
     /// `memory_watch.rs`; here it would cost 16k syscalls a step).
@@ -76,6 +97,11 @@ enum Step {
     /// The server's `Date` is this many seconds off the clock that stamps
     /// versions (positive: ahead).
     ClockSkew(i64),
+    /// The agent writes back what disk and server last agreed on.
+    Revert(usize),
+    /// Another writer writes bytes the agent wrote at the path before (the
+    /// n-th most recent that the server does not hold now).
+    RemoteEcho(usize, usize),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -83,6 +109,8 @@ enum FailKind {
     ServerError,
     LostResponse,
     AppliedThenConflict,
+    /// Never reached the server: a gateway's 502, nothing committed.
+    LostRequest,
 }
 
 fn step() -> impl Strategy<Value = Step> {
@@ -99,7 +127,8 @@ fn step() -> impl Strategy<Value = Step> {
     let kind = prop_oneof![
         Just(FailKind::ServerError),
         Just(FailKind::LostResponse),
-        Just(FailKind::AppliedThenConflict)
+        Just(FailKind::AppliedThenConflict),
+        Just(FailKind::LostRequest)
     ];
     prop_oneof![
         6 => path.clone().prop_map(Step::Write),
@@ -113,11 +142,15 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::BreakMarker),
         1 => Just(Step::Crash),
         3 => Just(Step::Push),
+        2 => (1u64..40).prop_map(Step::SlowPush),
+        1 => Just(Step::Flush),
         1 => (0..PATHS.len()).prop_map(Step::Overflow),
         2 => prop_oneof![Just(400u16), Just(404u16)].prop_map(Step::FeedRefused),
         1 => (0..PATHS.len()).prop_map(Step::RedactedVersion),
         3 => (0..PATHS.len(), 0u64..(4 * OVERLAP_SECS)).prop_map(|(p, s)| Step::LateVersion(p, s)),
         1 => (-60i64..=60).prop_map(Step::ClockSkew),
+        2 => (0..PATHS.len()).prop_map(Step::Revert),
+        2 => (0..PATHS.len(), 0usize..3).prop_map(|(p, n)| Step::RemoteEcho(p, n)),
     ]
 }
 
@@ -144,16 +177,83 @@ struct Model {
     final_at: Option<Instant>,
     /// (when, by how much, which path) every version was back-dated.
     late: Vec<(Instant, u64, String)>,
+    /// (when, path, content) every time a step left disk and server equal.
+    agreements: Vec<(Instant, String, Option<String>)>,
+    /// When the last step that read the index (answered) began.
+    looked: Instant,
+    /// The steps that read the index, the last read answered: (when, what
+    /// the server held at that read, what the disk held when the step began).
+    seen: Vec<(Instant, Held, Held)>,
 }
+
+/// path → content.
+type Held = std::collections::BTreeMap<String, String>;
 
 impl Model {
     /// What a sync leaves equal on both sides is what the worker last agreed on.
-    fn agree(&mut self, h: &H, now: Instant) {
-        for p in PATHS {
+    fn agree(&mut self, h: &H, now: Instant, paths: &[&str]) {
+        for &p in paths {
             let server = h.fake.get("s", p);
             if h.read("s", p) == server {
-                self.agreed.insert(p.to_string(), (now, server));
+                self.agreed.insert(p.to_string(), (now, server.clone()));
+                self.agreements.push((now, p.to_string(), server));
             }
+        }
+    }
+
+    /// After a step that began with `disk` and `reads` index reads made:
+    /// did it read the index, its last read answered? Then the worker has seen
+    /// the server as its last read found it; and what disk and server hold
+    /// alike is what the worker agreed on — after a sync, on every path;
+    /// after a push, which plans only what the watch reported, on the paths
+    /// the agent touched since the last such step. (Another writer may write
+    /// the very bytes the disk holds: equal bytes the worker has not looked
+    /// at are no agreement of its.) A path the step uploaded the bytes both
+    /// sides now hold is agreed on too: the worker sent them (`sends`: the
+    /// uploads made before the step).
+    fn observe(
+        &mut self,
+        h: &H,
+        now: Instant,
+        (reads, sends): (usize, usize),
+        disk: Held,
+        sync: bool,
+    ) {
+        let sent: Vec<(String, String)> = h
+            .fake
+            .sends()
+            .split_off(sends)
+            .into_iter()
+            .map(|(_, p, c)| (p, c))
+            .collect();
+        for p in PATHS {
+            let server = h.fake.get("s", p);
+            if sent
+                .iter()
+                .any(|(q, c)| q == p && server.as_ref() == Some(c))
+                && h.read("s", p) == server
+            {
+                self.agree(h, now, &[p]);
+            }
+        }
+        // The index a pass plans from is its last read's (a refused
+        // versions page falls back to a listing).
+        let made = h.fake.reads().split_off(reads);
+        if let Some(last) = made.last()
+            && last.answered
+        {
+            self.seen.push((now, last.held.clone(), disk));
+            let touched: Vec<&str> = PATHS
+                .into_iter()
+                .filter(|p| {
+                    sync || self
+                        .local
+                        .iter()
+                        .any(|(t, q, ..)| q == p && *t > self.looked)
+                })
+                .collect();
+            self.agree(h, now, &touched);
+            self.looked = now;
         }
     }
 }
@@ -168,6 +268,8 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     h.fake.cap_versions_page(3);
     let mut h = H::download(h, &specs).await;
     let start = Instant::now();
+    // The push's uploads left flying (`Step::SlowPush`).
+    let mut flying: Vec<tokio::task::JoinHandle<bool>> = Vec::new();
     let mut m = Model {
         local: vec![],
         agreed: PATHS
@@ -179,6 +281,12 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         broken_at: None,
         final_at: None,
         late: vec![],
+        looked: start,
+        agreements: PATHS
+            .iter()
+            .map(|p| (start, p.to_string(), h.fake.get("s", p)))
+            .collect(),
+        seen: vec![],
     };
     let disk_absent = |h: &H| -> Vec<String> {
         PATHS
@@ -192,7 +300,12 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         tokio::time::advance(Duration::from_millis(1)).await;
         let now = Instant::now();
         let broken = m.broken_at.is_some();
-        match s {
+        let (reads, disk) = ((h.fake.reads().len(), h.fake.writes_sent()), h.disk("s"));
+        let sees = matches!(
+            s,
+            Step::Sync | Step::Push | Step::SlowPush(_) | Step::Crash | Step::Flush
+        );
+        match s.clone() {
             // A distrusted folder is left alone by the agent, so it stays distrusted.
             Step::Write(_) | Step::Delete(_) | Step::Rename(..) | Step::Overflow(_) if broken => {}
             Step::Overflow(p) => {
@@ -210,7 +323,27 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
             Step::Push => {
                 h.stores.push_now().await;
-                m.agree(&h, now);
+            }
+            Step::Flush => {
+                h.stores.flush_writes().await;
+            }
+            Step::SlowPush(secs) => {
+                h.fake
+                    .slow_next_writes(PATHS.len(), Duration::from_secs(secs));
+                let sent = h.fake.writes_sent();
+                let flights = h.stores.push_detached().await;
+                // Each upload's request reaches the server (where it waits
+                // `secs`) or its task ends, before the next step: the step
+                // is the pass, as a sync is (time stands still meanwhile, so
+                // none of them can end at the server).
+                for _ in 0..100_000 {
+                    let ended = flights.iter().filter(|f| f.is_finished()).count();
+                    if h.fake.writes_sent() - sent + ended >= flights.len() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                flying.extend(flights);
             }
             Step::Write(p) => {
                 let content = format!("local-{i}");
@@ -287,7 +420,6 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             Step::Sync => {
                 m.syncs.push((now, disk_absent(&h)));
                 h.stores.sync_now().await;
-                m.agree(&h, now);
             }
             // A distrusted folder is not recovered (that is tested elsewhere).
             Step::Crash if broken => {}
@@ -296,7 +428,6 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 m.syncs.push((now, disk_absent(&h)));
                 let remounted = h.crash_and_remount().await;
                 prop_assert!(remounted.is_ok(), "the recovery failed: {:?}", remounted);
-                m.agree(&h, now);
             }
             Step::Wait(secs) => tokio::time::advance(Duration::from_secs(secs)).await,
             Step::Fail(op, kind) => h.fake.fault(
@@ -306,8 +437,38 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                     FailKind::ServerError => Fault::Status(500),
                     FailKind::LostResponse => Fault::LoseResponse,
                     FailKind::AppliedThenConflict => Fault::ApplyThen(409),
+                    FailKind::LostRequest => Fault::Status(502),
                 },
             ),
+            Step::Revert(_) if broken => {}
+            Step::Revert(p) => {
+                let agreed = m.agreed[PATHS[p]].clone();
+                if let (_, Some(content)) = &agreed
+                    && h.read("s", PATHS[p]).as_ref() != Some(content)
+                {
+                    h.write("s", PATHS[p], content);
+                    m.local
+                        .push((now, PATHS[p].into(), Local::Wrote(content.clone()), agreed));
+                }
+            }
+            Step::RemoteEcho(p, n) => {
+                let server = h.fake.get("s", PATHS[p]);
+                let mut wrote: Vec<&String> = Vec::new();
+                for (_, path, action, _) in m.local.iter().rev() {
+                    if let Local::Wrote(c) = action
+                        && path == PATHS[p]
+                        && Some(c) != server.as_ref()
+                        && !wrote.contains(&c)
+                    {
+                        wrote.push(c);
+                    }
+                }
+                if !wrote.is_empty() {
+                    let content = wrote[n % wrote.len()].clone();
+                    h.fake.put("s", PATHS[p], &content);
+                    m.remote.push((now, PATHS[p].into()));
+                }
+            }
             Step::BreakMarker => {
                 if m.broken_at.is_none() && !h.disk("s").is_empty() {
                     std::fs::write(h.path("s", MARKER_PATH), "version 1\nmemstore_someone_else")
@@ -316,21 +477,35 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 }
             }
         }
+        if sees {
+            let sync = matches!(s, Step::Sync | Step::Crash);
+            m.observe(&h, now, reads, disk, sync);
+        }
     }
 
-    // The quiet phase: no faults, no edits; two syncs far enough apart for a
-    // pending delete to be corroborated.
+    // The quiet phase: no faults, no edits, no upload still in flight; two
+    // syncs far enough apart for a pending delete to be corroborated.
+    for pushed in flying {
+        let _ = pushed.await;
+    }
     h.fake.clear_faults();
-    m.syncs.push((Instant::now(), disk_absent(&h)));
-    h.stores.sync_now().await;
-    tokio::time::advance(Duration::from_secs(31)).await;
-    m.syncs.push((Instant::now(), disk_absent(&h)));
-    h.stores.sync_now().await;
+    for wait in [0, 31] {
+        tokio::time::advance(Duration::from_secs(wait) + Duration::from_millis(1)).await;
+        let reads = (h.fake.reads().len(), h.fake.writes_sent());
+        let (now, disk) = (Instant::now(), h.disk("s"));
+        m.syncs.push((now, disk_absent(&h)));
+        h.stores.sync_now().await;
+        m.observe(&h, now, reads, disk, true);
+    }
     let quiet_disk = h.disk("s");
     let quiet_server = h.server("s");
+    tokio::time::advance(Duration::from_millis(1)).await;
     m.final_at = Some(Instant::now());
+    let reads = (h.fake.reads().len(), h.fake.writes_sent());
+    let (now, disk) = (Instant::now(), h.disk("s"));
     h.stores.finish().await.unwrap();
     h.stores.flush_writes().await;
+    m.observe(&h, now, reads, disk, true);
     let applied = h.fake.applied();
     let text = logs.text();
 
@@ -403,10 +578,73 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         );
     }
 
+    // (e) another writer's edit is overwritten (or deleted) only when disk
+    // and server agreed on it before the agent's action the write carries
+    // out, or when its bytes are a send of ours no pass had seen superseded
+    // before the other writer wrote them.
+    if m.broken_at.is_none() {
+        let history = h.fake.history();
+        let sends = h.fake.sends();
+        for (i, w) in history.iter().enumerate() {
+            if w.by != By::Worker {
+                continue;
+            }
+            let Some(prev) = history[..i].iter().rev().find(|c| c.path == w.path) else {
+                continue;
+            };
+            let (By::Remote, Some(theirs)) = (prev.by, prev.content.as_ref()) else {
+                continue;
+            };
+            if beyond.iter().any(|(_, _, p)| *p == w.path) {
+                continue;
+            }
+            let acted = m
+                .local
+                .iter()
+                .rev()
+                .filter(|(t, p, _, _)| *p == w.path && *t <= w.at)
+                .find(|(_, _, action, _)| match (&w.content, action) {
+                    (Some(c), Local::Wrote(wrote)) => wrote == c,
+                    (None, Local::Deleted) => true,
+                    _ => false,
+                })
+                .map(|(t, ..)| *t);
+            let knew = acted.is_some_and(|acted| {
+                m.agreements.iter().any(|(at, p, c)| {
+                    *p == w.path && c.as_ref() == Some(theirs) && *at > prev.at && *at < acted
+                })
+            });
+            // Or the other writer put back bytes both sides had agreed on
+            // before: what the worker last knew of the server, so no
+            // precondition can see the change (an A-B-A, as for any client).
+            let restored = m
+                .agreements
+                .iter()
+                .any(|(at, p, c)| *p == w.path && c.as_ref() == Some(theirs) && *at < prev.at);
+            let ours = sends.iter().any(|(sent, p, c)| {
+                *p == w.path
+                    && c == theirs
+                    && *sent < prev.at
+                    && !m.seen.iter().any(|(at, held, disk)| {
+                        *at > *sent && *at < prev.at && held.get(&w.path) == disk.get(&w.path)
+                    })
+            });
+            prop_assert!(
+                knew || restored || ours,
+                "(e) another writer's {:?} at {} was replaced by the worker with {:?} ({:?})\n{}",
+                theirs,
+                w.path,
+                w.content,
+                w.at,
+                text
+            );
+        }
+    }
+
     // (a) no local edit is lost silently.
     if m.broken_at.is_none() {
         for path in PATHS {
-            let Some((_, _, Local::Wrote(content), (agreed, agreed_content))) =
+            let Some((wrote_at, _, Local::Wrote(content), (agreed, agreed_content))) =
                 m.local.iter().rev().find(|(_, p, _, _)| p == path)
             else {
                 continue;
@@ -415,7 +653,15 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             if agreed_content.as_deref() == Some(content.as_str()) {
                 continue;
             }
-            let held = h.fake.get("s", path).as_deref() == Some(content.as_str());
+            // Or the server held these very bytes at some point after the
+            // write (another writer wrote the same, and the worker adopted
+            // them rather than upload them again).
+            let held = h.fake.get("s", path).as_deref() == Some(content.as_str())
+                || h.fake.history().iter().any(|c| {
+                    c.path == path
+                        && c.at >= *wrote_at
+                        && c.content.as_deref() == Some(content.as_str())
+                });
             let reached = held
                 || applied.iter().any(|(_, c)| match c {
                     Call::Create {
@@ -511,6 +757,29 @@ async fn an_edit_after_a_pull_of_a_memory_the_feed_saw_stale_is_kept() {
         Some("local"),
         "the edit reached the server"
     );
+}
+
+/// Issue 24, item 2, as the model now generates it: the agent writes v1,
+/// its update never reaches the server (502), the agent reverts the file and
+/// a sync sees both sides agree; another writer then writes v1's bytes and
+/// the agent writes again. The worker took the other writer's v1 for its own
+/// lost send and overwrote it, with the sync (e) and with the push.
+#[test]
+fn a_lost_send_then_another_writers_identical_edit_wins() {
+    for pass in [Step::Sync, Step::Push] {
+        paused()
+            .block_on(run(vec![
+                Step::Write(0),
+                Step::Fail(ApiOp::Update, FailKind::LostRequest),
+                pass.clone(),
+                Step::Revert(0),
+                Step::Sync,
+                Step::RemoteEcho(0, 0),
+                Step::Write(0),
+                pass,
+            ]))
+            .unwrap();
+    }
 }
 
 /// Found by the model against the feed that steered by `Date` (before

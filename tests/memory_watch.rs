@@ -9,7 +9,7 @@ mod common;
 use common::contents;
 use common::fake_memory::Op;
 use common::harness::H;
-use common::memory_served::{Served, served_opts, served_with};
+use common::memory_served::{Served, served_opts};
 use envworker::api::types::Access;
 use envworker::memory::SessionMemoryStores;
 use envworker::memory::options::{DeleteMode, SyncInterval};
@@ -23,8 +23,14 @@ fn notes() -> Value {
     ])
 }
 
-/// The stores without the change-driven push: what a sync examines is
-/// counted exactly, and the kernel's queue fills between syncs.
+/// The stores with the change-driven push on (it is opt-in).
+async fn pushing() -> Served {
+    served_opts(notes(), None, |s| s.with_push(true)).await
+}
+
+/// The stores without the change-driven push (the default, spelled out):
+/// what a sync examines is counted exactly, and the kernel's queue fills
+/// between syncs.
 async fn synced_only(shape: impl FnOnce(SessionMemoryStores) -> SessionMemoryStores) -> Served {
     served_opts(notes(), None, |s| shape(s.without_push())).await
 }
@@ -296,7 +302,7 @@ async fn visible(t: &Served, path: &str, want: &str, limit: Duration) -> Option<
 /// over `ENVWORKER_PUSH_EDITS` edits (10 by default) is printed, p50/p99.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edit_reaches_the_server_within_a_second_without_a_sync() {
-    let t = served_with(notes()).await;
+    let t = pushing().await;
     let notes = &t.mounts[0];
     let second = Duration::from_secs(1);
     std::fs::write(notes.join("a.md"), "a2").unwrap();
@@ -376,7 +382,7 @@ async fn an_edit_reaches_the_server_within_a_second_without_a_sync() {
 /// temporary file long enough for a push, and it became a memory.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tools_write_in_progress_is_never_pushed() {
-    let t = served_with(notes()).await;
+    let t = pushing().await;
     let notes = &t.mounts[0];
     let tmp = notes.join("dir/.envworker-write-0123456789abcdef");
     std::fs::write(&tmp, "half written").unwrap();
@@ -401,7 +407,7 @@ async fn a_tools_write_in_progress_is_never_pushed() {
 /// old descriptor reports nothing more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_push_sleeps_on_the_kernel_and_wakes_for_an_edit() {
-    let t = served_with(notes()).await;
+    let t = pushing().await;
     let notes = &t.mounts[0];
     let idle = Duration::from_secs(3);
     let before = t.stores.push_wakeups();

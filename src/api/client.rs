@@ -442,7 +442,13 @@ async fn attempt(
             .map_err(|e| (Error::Transport(e), RetryHints::default()));
     }
     let hints = RetryHints::from_headers(response.headers());
-    Err((api_error(response).await, hints))
+    let mut error = api_error(response).await;
+    if let Error::Api(e) = &mut error {
+        e.retry_after_ms = hints.retry_after.and_then(|wait| {
+            std::num::NonZeroU32::new(wait.as_millis().min(u128::from(u32::MAX)) as u32)
+        });
+    }
+    Err((error, hints))
 }
 
 /// The error of a non-success answer.

@@ -19,6 +19,10 @@ pub struct ApiError {
     pub request_id: Option<String>,
     /// `error.details`, e.g. the lease state of a 412 heartbeat.
     pub details: Option<Value>,
+    /// How long the answer asked the client to wait before trying again
+    /// (`retry-after-ms`, else `retry-after`), e.g. on a `429`, in
+    /// milliseconds (kept small: every `Result` of the client carries it).
+    pub retry_after_ms: Option<std::num::NonZeroU32>,
 }
 
 impl ApiError {
@@ -32,6 +36,7 @@ impl ApiError {
                 message: envelope.error.message,
                 request_id: envelope.request_id.or(request_id),
                 details: envelope.error.details,
+                retry_after_ms: None,
             },
             Err(_) => {
                 let text = String::from_utf8_lossy(body);
@@ -46,6 +51,7 @@ impl ApiError {
                     },
                     request_id,
                     details: None,
+                    retry_after_ms: None,
                 }
             }
         }
@@ -53,6 +59,12 @@ impl ApiError {
 
     pub(crate) fn is_permanent(&self) -> bool {
         is_permanent_status(self.status)
+    }
+
+    /// The wait the answer asked for, if any ([`Self::retry_after_ms`]).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        self.retry_after_ms
+            .map(|ms| std::time::Duration::from_millis(u64::from(ms.get())))
     }
 }
 

@@ -2,13 +2,21 @@
 //! its memory before the folder goes. New and changed files are uploaded,
 //! nothing is deleted or pulled; which files and how is the planner's
 //! ([`flush_dirty`], [`plan_flush`]), and a flush cut off part-way logs
-//! what it had not uploaded.
+//! how many of its changed files, and which, it had not uploaded.
+//!
+//! The flush waits for no lock: it knows what is dirty before anything
+//! else (its own scan), sends every file at once (32 at a time), and an
+//! upload of the push still in flight delays only its own path (see
+//! `super::flights`). The change-driven push's pass lives here too: the
+//! flush's rules, over what the folder's watch reported, against what the
+//! version feed says the server holds.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, stream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, warn};
 
 use crate::api::types::MemoryIndexEntry;
@@ -17,14 +25,32 @@ use super::plan::{
     DirtyFacts, FlushDecision, FlushFacts, FlushRemote, FolderOp, FolderVerdict, Listed,
     flush_dirty, plan_flush, plan_folder,
 };
-use super::push::{MAX_UPLOADS, PASS_BUDGET};
+use super::push::{MAX_UPLOADS, PLAN_BUDGET};
 use super::remote::MemoryApi;
-use super::store::{AttachedStore, MARKER_PATH, PassError, UPLOAD_CONCURRENCY};
+use super::store::{
+    AttachedStore, Followed, MARKER_PATH, Outcome, PassError, RemoteMap, UPLOAD_CONCURRENCY,
+};
+
+/// Files the cut-off line names at most (the count says how many more).
+const NAMED_AT_MOST: usize = 20;
+
+/// What the push knows of the server for one pass.
+enum PushIndex {
+    /// The version feed's index, advanced just now.
+    Known(RemoteMap),
+    /// No index (no feed, or a full listing due): each update is guarded by
+    /// the hash the file was last synced at, as without the feed.
+    Unknown,
+    /// The feed failed in a way worth waiting out (a `429`, a 5xx, no
+    /// answer): no upload this pass; the wait the answer asked for.
+    Failed(Option<std::time::Duration>),
+}
 
 impl AttachedStore {
     /// Push-only: upload new and changed files, `UPLOAD_CONCURRENCY` at a
     /// time; no deletes, no pulls. If the caller drops this future part-way,
-    /// the store logs how many changed files had not finished uploading.
+    /// the store logs how many changed files had not finished uploading, and
+    /// which.
     pub(crate) async fn flush(&self, api: &dyn MemoryApi) -> FlushStats {
         if self.read_only {
             return FlushStats::default();
@@ -44,7 +70,10 @@ impl AttachedStore {
 
     async fn flush_writable(&self, api: &dyn MemoryApi) -> FlushStats {
         let mut stats = FlushStats::default();
-        let _pass = self.lock_before_pushes().await;
+        // No lock to wait for: from here no push upload starts, and those
+        // that had not started are the flush's to send.
+        let _busy = self.busy();
+        self.take_over_unstarted();
         crate::killpoint::hit("memory.flush.start");
         let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
         let mut guard = CutOffGuard {
@@ -99,7 +128,7 @@ impl AttachedStore {
         // (409) only if another writer changed the memory since.
         let remote = match self.index(api, true).await {
             Ok(remote) => {
-                self.settle_sent(&remote);
+                self.settle_sent(&remote, &scan.files);
                 Some(remote)
             }
             Err(e) => {
@@ -114,100 +143,9 @@ impl AttachedStore {
         let done = |rel: &str| {
             unsent.lock().unwrap_or_else(|e| e.into_inner()).remove(rel);
         };
-        let (uploaded, conflicts, _) = self
-            .push_dirty(api, &dirty, remote.as_deref(), &done, &|_| true)
-            .await;
-        stats.uploaded = uploaded;
-        stats.conflicts += conflicts;
-        Ok(())
-    }
-
-    /// The change-driven push: upload what the kernel reported written
-    /// since the last pass — never a delete, never a pull, never a listing
-    /// (each update is guarded by the hash it was last synced at, so the
-    /// server refuses it if another writer changed the memory since: the
-    /// server wins, and the next sync pulls its version). Holds the pass
-    /// lock, so it never interleaves with a sync; bounded, and gives way to
-    /// a sync that waits or to `stop` (see `super::push`): the paths it did
-    /// not get to stay reported. Uploads done.
-    pub(crate) async fn push_changed(
-        &self,
-        api: &dyn MemoryApi,
-        stop: &(dyn Fn() -> bool + Sync),
-    ) -> usize {
-        if self.read_only {
-            return 0;
-        }
-        let _pass = self.pass.lock().await;
-        let started = std::time::Instant::now();
-        let seen = match self.scan_changed().await {
-            Ok(Some(seen)) => seen,
-            // The next sync scans whole and pushes what changed.
-            Ok(None) => return 0,
-            Err(e) => {
-                debug!(memory_store.id = %self.id, error = %e, "cannot examine the memory store folder for a push");
-                return 0;
-            }
-        };
-        let (scan, changed) = seen;
-        if plan_folder(scan.folder_facts(FolderOp::Flush)) != FolderVerdict::Proceed {
-            return 0;
-        }
-        // A file the push saw is not missing: it breaks a pending delete's
-        // streak as a sync's scan does, so an absence is corroborated only
-        // by scans that all saw it (a file re-created, pushed and removed
-        // again starts a fresh 30 s window).
-        self.state()
-            .pending
-            .retain(|rel, _| !scan.files.contains_key(rel));
-        let found = reported(scan.files.with_marker(), &changed);
-        let mut dirty = self.dirty(found.iter());
-        // An upload whose answer never came is settled by the next sync's
-        // listing; a push over it would replace its record, and the server
-        // holding our own lost upload would then read as another writer's
-        // change, which wins (the model test found this).
-        {
-            let state = self.state();
-            dirty.retain(|rel, _| !state.sent.contains_key(rel));
-        }
-        if dirty.is_empty() {
-            return 0;
-        }
-        let go = |begun: usize| {
-            begun < MAX_UPLOADS
-                && started.elapsed() < PASS_BUDGET
-                && !self.sync_waiting()
-                && !stop()
-        };
-        let (uploaded, _, left) = self.push_dirty(api, &dirty, None, &|_| {}, &go).await;
-        if !left.is_empty() {
-            debug!(memory_store.id = %self.id, left = left.len(), "the push pass ends before its last uploads; the next pass or sync takes them");
-            self.observer().report_again(left);
-        }
-        self.pushed
-            .fetch_add(uploaded, std::sync::atomic::Ordering::Relaxed);
-        drop(_pass);
-        self.sync_journal().await;
-        uploaded
-    }
-
-    /// Plan (the flush's rules) and upload each dirty file, `remote` the
-    /// listing if there is one; `done` is told of each path as it is
-    /// settled, and `go` (given how many uploads began) says whether the
-    /// next may begin. Uploads landed, conflicts left to the server, and the
-    /// paths `go` held back.
-    async fn push_dirty(
-        &self,
-        api: &dyn MemoryApi,
-        dirty: &BTreeMap<String, String>,
-        remote: Option<&BTreeMap<String, MemoryIndexEntry>>,
-        done: &(dyn Fn(&str) + Sync),
-        go: &(dyn Fn(usize) -> bool + Sync),
-    ) -> (usize, usize, Vec<String>) {
-        let mut conflicts = 0;
-        let mut work = Vec::new();
-        for (rel, local) in dirty {
-            match self.plan_flush_path(rel, local, remote) {
+        let mut sends = Vec::new();
+        for (rel, local) in &dirty {
+            match self.plan_flush_path(rel, local, remote.as_deref()) {
                 FlushDecision::Done => done(rel),
                 FlushDecision::Adopt => {
                     self.state().baseline.insert(rel.clone(), local.clone());
@@ -219,40 +157,179 @@ impl AttachedStore {
                         memory.path = %rel,
                         "memory changed both locally and remotely; the flush leaves the remote version"
                     );
-                    conflicts += 1;
+                    stats.conflicts += 1;
                     done(rel);
                 }
-                FlushDecision::Upload { update } => work.push((rel.clone(), local.clone(), update)),
+                FlushDecision::Upload { update } => {
+                    sends.push((rel.clone(), local.clone(), update))
+                }
             }
         }
-        let begun = AtomicUsize::new(0);
-        let left = Mutex::new(Vec::new());
-        let uploaded = stream::iter(work)
-            .map(|(rel, local, update)| {
-                let (begun, left) = (&begun, &left);
-                async move {
-                    // Asked as the upload would begin (a slot is free).
-                    if !go(begun.fetch_add(1, Ordering::Relaxed)) {
-                        left.lock().unwrap_or_else(|e| e.into_inner()).push(rel);
-                        return false;
-                    }
-                    let landed = self.upload(api, &rel, Some(&local), update).await;
-                    done(&rel);
-                    match landed {
-                        Some(sha) => {
-                            self.state().baseline.insert(rel, sha);
-                            true
-                        }
-                        None => false,
-                    }
-                }
+        // A file an upload of the push already carries as it is now waits
+        // for that upload (sending it again would only race it); every
+        // other file goes out at once, a newer edit of a file the push is
+        // still sending included.
+        let (waits, sends): (Vec<_>, Vec<_>) = sends
+            .into_iter()
+            .partition(|(rel, local, _)| self.flight_carrying(rel, local).is_some());
+        let flushed = |landed: bool| std::future::ready(landed);
+        let sent = stream::iter(sends)
+            .map(|(rel, local, update)| async move {
+                let landed = self.upload(api, &rel, Some(&local), update).await;
+                done(&rel);
+                matches!(landed, Outcome::Landed(_))
             })
             .buffer_unordered(UPLOAD_CONCURRENCY)
-            .filter(|ok| std::future::ready(*ok))
-            .count()
-            .await;
-        let left = left.into_inner().unwrap_or_else(|e| e.into_inner());
-        (uploaded, conflicts, left)
+            .filter(|landed| flushed(*landed))
+            .count();
+        let waited =
+            futures::future::join_all(waits.into_iter().map(|(rel, local, update)| async move {
+                if let Some(mut flight) = self.flight_carrying(&rel, &local) {
+                    let _ = flight.wait_for(|ended| *ended).await;
+                }
+                // Landed, it is in the baseline; else the flush sends it now.
+                let landed = self.state().baseline.get(&rel) == Some(&local)
+                    || matches!(
+                        self.upload(api, &rel, Some(&local), update).await,
+                        Outcome::Landed(_)
+                    );
+                done(&rel);
+                landed
+            }));
+        let (sent, waited) = futures::future::join(sent, waited).await;
+        stats.uploaded = sent + waited.into_iter().filter(|landed| *landed).count();
+        Ok(())
+    }
+
+    /// The change-driven push's pass: upload what the kernel reported
+    /// written since the last pass — never a delete, never a pull. It asks
+    /// the version feed what the server holds first (one request), so it
+    /// never uploads content the server already holds (adopted, as a sync
+    /// adopts it) nor over another writer's change (left to the next sync,
+    /// which pulls it with its warning); without the feed each update is
+    /// guarded by the hash it was last synced at, so the server refuses it
+    /// if another writer changed the memory since. Holds the pass lock while
+    /// it plans, so it never interleaves with a sync's planning; the uploads
+    /// themselves fly on their own (`super::flights`), at most
+    /// [`MAX_UPLOADS`] a pass; the paths it did not get to stay reported.
+    /// Gives way to a sync or a flush under way, and to its back-off. The
+    /// uploads' tasks, each yielding whether it landed.
+    pub(crate) async fn push_changed(
+        self: &Arc<Self>,
+        api: &Arc<dyn MemoryApi>,
+        stop: &CancellationToken,
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
+        if self.read_only || self.sync_busy() || self.backing_off() || stop.is_cancelled() {
+            return Vec::new();
+        }
+        let _pass = self.pass.lock().await;
+        if self.sync_busy() || stop.is_cancelled() {
+            return Vec::new();
+        }
+        let started = Instant::now();
+        let seen = match self.scan_changed().await {
+            Ok(Some(seen)) => seen,
+            // The next sync scans whole and pushes what changed.
+            Ok(None) => return Vec::new(),
+            Err(e) => {
+                debug!(memory_store.id = %self.id, error = %e, "cannot examine the memory store folder for a push");
+                return Vec::new();
+            }
+        };
+        let (scan, changed) = seen;
+        if plan_folder(scan.folder_facts(FolderOp::Flush)) != FolderVerdict::Proceed {
+            return Vec::new();
+        }
+        // A file the push saw is not missing: it breaks a pending delete's
+        // streak as a sync's scan does, so an absence is corroborated only
+        // by scans that all saw it (a file re-created, pushed and removed
+        // again starts a fresh 30 s window).
+        self.state()
+            .pending
+            .retain(|rel, _| !scan.files.contains_key(rel));
+        let found = reported(scan.files.with_marker(), &changed);
+        // A path an upload of ours still carries is looked at again when
+        // that upload ends.
+        let mut dirty = self.dirty(found.iter());
+        dirty.retain(|rel, _| !self.has_flight(rel));
+        if dirty.is_empty() {
+            return Vec::new();
+        }
+        let remote = match self.push_index(api.as_ref()).await {
+            PushIndex::Known(remote) => {
+                self.settle_sent(&remote, &scan.files);
+                Some(remote)
+            }
+            PushIndex::Unknown => {
+                // An upload whose answer never came is settled by the next
+                // sync's listing; a push over it would replace its record,
+                // and the server holding our own lost upload would then
+                // read as another writer's change, which wins (the model
+                // test found this).
+                let state = self.state();
+                dirty.retain(|rel, _| !state.sent.contains_key(rel));
+                None
+            }
+            PushIndex::Failed(asked) => {
+                self.back_off(asked);
+                self.observer().report_again(dirty.into_keys().collect());
+                return Vec::new();
+            }
+        };
+        let mut left = Vec::new();
+        let mut flights = Vec::new();
+        for (rel, local) in dirty {
+            if flights.len() >= MAX_UPLOADS {
+                left.push(rel);
+                continue;
+            }
+            match self.plan_flush_path(&rel, &local, remote.as_deref()) {
+                FlushDecision::Done => {}
+                // The server already holds these bytes: no request.
+                FlushDecision::Adopt => {
+                    self.state().baseline.insert(rel, local);
+                }
+                FlushDecision::Conflict => {
+                    debug!(memory_store.id = %self.id, memory.path = %rel, "changed on both sides; the next sync keeps the remote version");
+                }
+                FlushDecision::Upload { update } => flights.push(self.spawn_flight(
+                    Arc::clone(api),
+                    rel,
+                    local,
+                    update,
+                    started,
+                    stop.clone(),
+                )),
+            }
+        }
+        if !left.is_empty() {
+            debug!(memory_store.id = %self.id, left = left.len(), "the push pass ends before its last uploads; the next pass or sync takes them");
+            self.observer().report_again(left);
+        }
+        drop(_pass);
+        self.sync_journal().await;
+        flights
+    }
+
+    /// What the server holds, from the version feed, for a push pass: one
+    /// request, bounded by [`PLAN_BUDGET`].
+    async fn push_index(&self, api: &dyn MemoryApi) -> PushIndex {
+        match tokio::time::timeout(PLAN_BUDGET, self.follow(api)).await {
+            Ok(Followed::Advanced(remote, moved)) => {
+                if moved {
+                    self.remember_ids(&remote);
+                }
+                PushIndex::Known(remote)
+            }
+            Ok(Followed::NoIndex) => PushIndex::Unknown,
+            Ok(Followed::Failed(e)) if e.is_transient() => {
+                PushIndex::Failed(e.api().and_then(|a| a.retry_after()))
+            }
+            // The server has no version history for us (400, 404): the push
+            // goes on without it, as it did before the feed.
+            Ok(Followed::Failed(_)) => PushIndex::Unknown,
+            Err(_) => PushIndex::Failed(None),
+        }
     }
 
     /// The scanned files the flush looks at ([`flush_dirty`]), judged
@@ -343,8 +420,9 @@ pub(crate) struct FlushStats {
     pub(crate) conflicts: usize,
 }
 
-/// Logs, when a flush is dropped before it finished, how many of its
-/// changed files had not finished uploading.
+/// Logs, when a flush is dropped before it finished (cut off at its
+/// bound), how many of its changed files had not finished uploading — the
+/// reference's line — and which (at most [`NAMED_AT_MOST`] by name).
 struct CutOffGuard<'a> {
     store_id: &'a str,
     unsent: Arc<Mutex<HashSet<String>>>,
@@ -357,20 +435,51 @@ impl Drop for CutOffGuard<'_> {
         if self.done {
             return;
         }
-        let left = self.unsent.lock().map(|u| u.len()).unwrap_or(0);
-        if left > 0 {
-            warn!(
-                memory_store.id = %self.store_id,
-                "memory flush cut off part-way; {left} of {} changed files had not finished uploading",
-                self.dirty
-            );
+        let mut left: Vec<String> = self
+            .unsent
+            .lock()
+            .map(|u| u.iter().cloned().collect())
+            .unwrap_or_default();
+        if left.is_empty() {
+            return;
         }
+        left.sort();
+        warn!(
+            memory_store.id = %self.store_id,
+            memory.paths = %named(&left),
+            "memory flush cut off part-way; {} of {} changed files had not finished uploading",
+            left.len(),
+            self.dirty
+        );
     }
+}
+
+/// `a.md, b.md, … and 3 more`: the first [`NAMED_AT_MOST`] paths.
+fn named(paths: &[String]) -> String {
+    let mut text = paths
+        .iter()
+        .take(NAMED_AT_MOST)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if paths.len() > NAMED_AT_MOST {
+        text.push_str(&format!(" and {} more", paths.len() - NAMED_AT_MOST));
+    }
+    text
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_cut_off_line_names_twenty_files_and_counts_the_rest() {
+        let paths: Vec<String> = (0..23).map(|i| format!("f{i:02}.md")).collect();
+        assert_eq!(named(&paths[..2]), "f00.md, f01.md");
+        let text = named(&paths);
+        assert!(text.starts_with("f00.md, f01.md,"), "{text}");
+        assert!(text.ends_with("f19.md and 3 more"), "{text}");
+    }
 
     fn files(n: usize) -> BTreeMap<String, String> {
         (0..n)

@@ -157,6 +157,11 @@ pub(crate) fn is_oversized(sha: &str) -> bool {
     sha.starts_with(OVERSIZED)
 }
 
+/// The size an oversized file's stand-in hash records ([`is_oversized`]).
+pub(crate) fn oversized_bytes(sha: &str) -> Option<u64> {
+    sha.strip_prefix(OVERSIZED)?.split(':').next()?.parse().ok()
+}
+
 fn stand_in(st: &rustix::fs::Stat) -> String {
     let k = stat_key(st);
     format!(

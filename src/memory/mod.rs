@@ -4,7 +4,8 @@
 //! - [`folder`] — the confined folder (fd-based, symlink-proof, atomic writes, stat cache);
 //! - [`plan`] — the pure three-way merge of one path;
 //! - [`store`] — one store's I/O: download, sync pass, dispose;
-//! - `flush` — the push-only flush at a session's end;
+//! - `flush` — the push-only flush at a session's end, and the push's pass;
+//! - `push`, `flights` — the change-driven push (opt-in) and its uploads;
 //! - `state` — one store's sync state, committed to its journal as it changes;
 //! - [`journal`] — the durable commit: each store's sync state on disk;
 //! - [`recovery`] — folders a dead worker left: recovered, or let go;
@@ -17,6 +18,7 @@
 //! never pushed from nor deleted from.
 
 pub(crate) mod feed;
+mod flights;
 pub(crate) mod flush;
 pub(crate) mod folder;
 pub(crate) mod journal;
@@ -84,10 +86,24 @@ pub struct SessionMemoryStores {
     /// The safety cadences' period; `None`: 5 minutes
     /// ([`watch::FULL_SCAN_EVERY`], [`feed::FULL_LISTING_EVERY`]).
     safety_cadence: Option<Duration>,
-    /// Run the change-driven push (on unless a test turns it off).
+    /// Run the change-driven push (off unless the operator opts in).
     push: bool,
     /// Watch the folders (on unless the benchmark's baseline turns it off).
     watch: bool,
+}
+
+impl Drop for SessionMemoryStores {
+    /// The push's uploads still in flight end with the stores: after the
+    /// teardown (whose flush waited for them as long as its bound allows),
+    /// or when a session is dropped without one — and the stores let go of
+    /// their journals now, not when an aborted upload's task is dropped, so
+    /// that the folders left can be recovered at once (as after a death).
+    fn drop(&mut self) {
+        for store in &self.stores {
+            store.ground_flights();
+            store.let_go_of_journal();
+        }
+    }
 }
 
 /// What one sync of every store did (summed).
@@ -160,7 +176,7 @@ impl SessionMemoryStores {
             state_dir: None,
             watch_bound: None,
             safety_cadence: None,
-            push: true,
+            push: false,
             watch: true,
         }
     }
@@ -179,14 +195,18 @@ impl SessionMemoryStores {
         self
     }
 
-    /// Mount stores whose `mount_path` lies under `remap.advertised` under
-    /// `remap.actual` instead (a host where the advertised root is not writable).
-    /// No change-driven push: files go out with the syncs only (tests that
-    /// count what a sync examines, or watch the kernel's queue fill).
-    #[doc(hidden)]
-    pub fn without_push(mut self) -> Self {
-        self.push = false;
+    /// Run the change-driven push (the `push` module) or not. Off by default, as
+    /// the reference has none: edits leave with the periodic syncs, the
+    /// final sync and the flush only (one sync pass per interval).
+    pub fn with_push(mut self, on: bool) -> Self {
+        self.push = on;
         self
+    }
+
+    /// No change-driven push (the default; kept for callers that spell it out).
+    #[doc(hidden)]
+    pub fn without_push(self) -> Self {
+        self.with_push(false)
     }
 
     /// No folder watch: every sync scans every folder whole, as before the
@@ -417,28 +437,34 @@ impl SessionMemoryStores {
         Ok(())
     }
 
-    /// Start the change-driven push of every writable store.
+    /// The client the push sends with: each request once, so it sees every
+    /// `429` itself and backs off as a whole (`MemoryApi::single_attempt`).
+    fn push_api(&self) -> Arc<dyn MemoryApi> {
+        self.api
+            .single_attempt()
+            .unwrap_or_else(|| self.api.clone())
+    }
+
+    /// Start the change-driven push of every writable store, when it is on.
     fn start_pushes(&self) {
         if !self.push {
             return;
         }
         let mut set = tokio::task::JoinSet::new();
         let stop = tokio_util::sync::CancellationToken::new();
+        let api = self.push_api();
         for store in self.stores.iter().filter(|s| !s.read_only) {
-            set.spawn(push::run(
-                Arc::downgrade(store),
-                self.api.clone(),
-                stop.clone(),
-            ));
+            set.spawn(push::run(Arc::downgrade(store), api.clone(), stop.clone()));
         }
         *self.pushers.lock().unwrap_or_else(|e| e.into_inner()) = Some((set, stop));
     }
 
-    /// Stop the change-driven push, so the final sync and the flush run
-    /// exactly as they always did. A push in flight finishes first (its
-    /// requests are bounded by the client's timeouts, and the caller's own
-    /// bound still applies): cut off, its update could commit after the
-    /// final sync's listing and win over the agent's newer edit.
+    /// Stop the change-driven push at once: no upload of it starts from
+    /// here on, and a pass still planning is dropped (it holds the store's
+    /// lock only while it plans). Its uploads already in flight go on to
+    /// their own request's end without holding anything (`flights`): the
+    /// final sync leaves their paths to them, and the flush waits for one
+    /// only while it carries the file's current content, within its bound.
     async fn stop_pushes(&self) {
         let pushers = self
             .pushers
@@ -447,6 +473,7 @@ impl SessionMemoryStores {
             .take();
         if let Some((mut set, stop)) = pushers {
             stop.cancel();
+            set.abort_all();
             while set.join_next().await.is_some() {}
         }
     }
@@ -485,7 +512,9 @@ impl SessionMemoryStores {
     /// recorded as it completes), and what it had not finished is picked up
     /// by the next listing. An update cut off in flight may still commit
     /// after that listing: its 409 on the newer edit is then known for our
-    /// own write (`State::in_flight`), and the newer edit goes out over it.
+    /// own write (`State::in_flight`), and the newer edit goes out over it —
+    /// unless a pass has seen the file and the server agree since (the
+    /// send was superseded, and is forgotten).
     pub(crate) async fn sync_if_due_within(&self, bound: Duration) -> Option<SyncReport> {
         match tokio::time::timeout(bound, self.sync_if_due()).await {
             Ok(report) => report,
@@ -502,14 +531,34 @@ impl SessionMemoryStores {
     }
 
     /// Run the change-driven push's pass on every store now, whatever its
-    /// debounce (the model test interleaves it with every other step).
+    /// debounce, and wait for its uploads: how many landed (the model test
+    /// interleaves it with every other step). It runs whether the push is
+    /// on or not, with the push's own client.
     #[doc(hidden)]
     pub async fn push_now(&self) -> usize {
-        let api = self.api.as_ref();
-        futures::future::join_all(self.stores.iter().map(|s| s.push_changed(api, &|| false)))
-            .await
+        let api = self.push_api();
+        let never = tokio_util::sync::CancellationToken::new();
+        let passes =
+            futures::future::join_all(self.stores.iter().map(|s| s.push_changed(&api, &never)))
+                .await;
+        let flights = futures::future::join_all(passes.into_iter().flatten()).await;
+        flights
             .into_iter()
-            .sum()
+            .filter(|landed| matches!(landed, Ok(true)))
+            .count()
+    }
+
+    /// Run the push's pass on every store now, as [`Self::push_now`] does,
+    /// but leave its uploads flying: their tasks, each yielding whether it
+    /// landed (the model test lets them fly across its other steps).
+    #[doc(hidden)]
+    pub async fn push_detached(&self) -> Vec<tokio::task::JoinHandle<bool>> {
+        let api = self.push_api();
+        let never = tokio_util::sync::CancellationToken::new();
+        let passes =
+            futures::future::join_all(self.stores.iter().map(|s| s.push_changed(&api, &never)))
+                .await;
+        passes.into_iter().flatten().collect()
     }
 
     /// Sync every store now, whatever the cadence (a regular sync, not the final one).
@@ -529,8 +578,11 @@ impl SessionMemoryStores {
     }
 
     /// Push new and changed files of every writable store; send no deletes,
-    /// pull nothing. Never fails. Bound it with a timeout: a store cut off
-    /// part-way logs how many of its changed files had not been uploaded.
+    /// pull nothing. Never fails. It waits for no lock: each store knows
+    /// what is dirty first and sends it at once, whatever upload of the push
+    /// is still in flight (`flush`). Bound it with a timeout: a store cut
+    /// off part-way logs how many of its changed files had not been
+    /// uploaded, and which.
     pub async fn flush_writes(&self) -> usize {
         self.stop_pushes().await;
         let api = self.api.as_ref();

@@ -1,25 +1,39 @@
-//! The change-driven push: a file the agent writes reaches the server
-//! within about a second, without waiting for the sync interval.
+//! The change-driven push, opt-in (`SessionMemoryStores::with_push`): a
+//! file the agent writes reaches the server within about a second, without
+//! waiting for the sync interval.
+//!
+//! The trade-off, against the reference (which has no push): each edit
+//! burst becomes its own memory version within a second instead of one
+//! version per sync interval, and the write requests grow with the agent's
+//! edit rate (a burst every half second at most per store) — they count
+//! against the organisation's write rate limits, shared by all its workers.
+//! Off (the default), the request pattern is the reference's: one sync
+//! pass per interval, nothing uploaded between syncs.
 //!
 //! One task per writable store watches the count of paths its folder's
 //! watch reported ([`super::watch::Observer::pending`]; a non-blocking read
 //! of the inotify queue, every [`TICK`]) and, once the writes pause for
 //! [`QUIET`] (or have kept coming for [`MAX_WAIT`]), runs an upload-only
-//! pass over just those paths ([`AttachedStore::push_changed`]): no
-//! listing, no pull, no delete — those keep their interval and every rule
-//! (the 30 s delete corroboration, the cap, the server winning conflicts).
-//! Passes of one store are at least [`MIN_GAP`] apart, and hold the same
-//! lock as the periodic sync, so the two never interleave. An event the
-//! watch cannot vouch for (an overflow, a directory replaced) pushes
-//! nothing: the next sync scans whole.
+//! pass over just those paths ([`AttachedStore::push_changed`]): it reads
+//! the version feed first (one request; content the server already holds
+//! is adopted without an upload, a file another writer changed is left to
+//! the next sync), and never pulls or deletes — those keep their interval
+//! and every rule (the 30 s delete corroboration, the cap, the server
+//! winning conflicts). Passes of one store are at least [`MIN_GAP`] apart
+//! and plan under the same lock as the periodic sync, so the two never
+//! plan at once. An event the watch cannot vouch for (an overflow, a
+//! directory replaced) pushes nothing: the next sync scans whole.
 //!
-//! A pass is bounded — at most [`MAX_UPLOADS`] uploads, none started after
-//! [`PASS_BUDGET`] — and gives way to the periodic sync: it starts no
-//! upload while a sync waits for the store, and none begins while one
-//! waits (the lock is fair, so the sync goes next). An agent writing faster
-//! than the server takes it therefore never holds back the sync's pulls and
-//! deletes; what a pass leaves stays reported for the next pass, and the
-//! sync uploads it anyway.
+//! Each upload flies in a task of its own (`super::flights`): one that
+//! hangs holds no lock, so neither the periodic sync nor the teardown's
+//! flush waits behind it. A pass is bounded — at most [`MAX_UPLOADS`]
+//! uploads, none started after [`PASS_BUDGET`] — and gives way to a sync or
+//! a flush under way: no upload starts while one is, and the ones that had
+//! not started are left to it. An agent writing faster than the server
+//! takes it therefore never holds back the sync's pulls and deletes. Each
+//! upload is sent once (no client-side retry): a `429` (or any failure worth
+//! retrying) makes the whole push back off as long as its `retry-after`
+//! asks, so the push never hammers a rate-limited organisation.
 
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
@@ -54,15 +68,17 @@ pub(crate) const MAX_UPLOADS: usize = 256;
 /// No upload of a push pass starts after this long (those in flight
 /// finish), so a slow server cannot stretch one pass out.
 pub(crate) const PASS_BUDGET: Duration = Duration::from_secs(2);
+/// The most a push pass waits for the version feed, holding the store's
+/// lock: past it, the pass uploads nothing and the push backs off.
+pub(crate) const PLAN_BUDGET: Duration = Duration::from_secs(10);
 
 /// Run until the store is gone or the task is cancelled. Holds the store
-/// only while it pushes, so dropping the stores lets it go.
+/// only while it plans, so dropping the stores lets it go.
 ///
-/// `stop` ends it between passes, never inside one: a push cut off with its
-/// update in flight could commit after the final sync's listing, which would
-/// then guard the agent's newer edit by the older base and lose it to our own
-/// late upload. A pass told to stop starts no more uploads, and the teardown
-/// waits for the ones in flight.
+/// `stop` ends it, and no upload of it starts after; the ones in flight go
+/// on to their own request's end (`super::flights`), and the teardown waits
+/// for none of them: the final sync leaves their paths to them, and the
+/// flush waits for one only while it carries the file's current content.
 pub(super) async fn run(
     store: Weak<AttachedStore>,
     api: Arc<dyn MemoryApi>,
@@ -125,13 +141,11 @@ pub(super) async fn run(
                 let settled = now.duration_since(last_change) >= QUIET
                     || now.duration_since(first_at) >= MAX_WAIT;
                 let spaced = last_push.is_none_or(|t| now.duration_since(t) >= MIN_GAP);
-                // A sync waiting for the store goes first.
-                if settled && spaced && !held.sync_waiting() {
-                    let uploads = held
-                        .push_changed(api.as_ref(), &|| stop.is_cancelled())
-                        .await;
+                // A sync under way goes first; a back-off is waited out.
+                if settled && spaced && !held.sync_busy() && !held.backing_off() {
+                    let uploads = held.push_changed(&api, &stop).await.len();
                     if uploads > 0 {
-                        debug!(memory_store.id = %held.id, uploads, "pushed changed memories");
+                        debug!(memory_store.id = %held.id, uploads, "pushing changed memories");
                     }
                     last_push = Some(Instant::now());
                     seen = 0;

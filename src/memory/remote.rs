@@ -117,9 +117,24 @@ pub trait MemoryApi: Send + Sync {
         memory_id: &'a str,
         expected_sha256: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>>;
+
+    /// The same endpoints, each request sent once (no retry of a transient
+    /// failure): for the change-driven push, which must see every `429` and
+    /// its `retry-after` to back off as a whole (`super::push`) rather than
+    /// let the client wait inside one upload while the push sends others.
+    /// `None`: this client cannot, and the push uses it as it is.
+    fn single_attempt(&self) -> Option<std::sync::Arc<dyn MemoryApi>> {
+        None
+    }
 }
 
 impl MemoryApi for Client {
+    fn single_attempt(&self) -> Option<std::sync::Arc<dyn MemoryApi>> {
+        Some(std::sync::Arc::new(
+            self.with_memory_retry(crate::api::RetryPolicy::none()),
+        ))
+    }
+
     fn list<'a>(
         &'a self,
         store_id: &'a str,

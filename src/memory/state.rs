@@ -35,6 +35,24 @@ pub(super) struct InFlight {
     /// lands only on a free path).
     pub(super) guard: Option<String>,
     pub(super) at: Instant,
+    /// The send's number ([`State::next_send`]): a higher one carries the
+    /// file as it was read later.
+    pub(super) seq: u64,
+}
+
+/// Whose bytes a memory holds after a send of ours to it was refused (409):
+/// see [`State::owner_of`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Owner {
+    /// An earlier send of ours (one without an answer that landed late, or
+    /// one that landed while this one was on its way): the newer content
+    /// goes out over it.
+    OlderSend,
+    /// A later send of ours, already on the server: this one is superseded
+    /// and has nothing left to do.
+    NewerSend,
+    /// Another writer's (or ours, past telling): the server wins.
+    Other,
 }
 
 impl InFlight {
@@ -78,6 +96,13 @@ pub(super) struct State {
     pub(super) new_refusals: usize,
     /// Uploads that lost to a remote change (409) since the last pass took the count.
     pub(super) lost_uploads: usize,
+    /// The number of the last send ([`State::next_send`]).
+    pub(super) sends: u64,
+    /// Per path, the newest send of ours that landed: its number and hash.
+    /// Memory only. It tells a 409 on another send of ours, concurrent with
+    /// it, from another writer's change — and only while the baseline still
+    /// holds that hash (see [`State::owner_of`]).
+    pub(super) landed: HashMap<String, (u64, String)>,
     /// Where the journaled maps are committed; `None`: journaling is off
     /// (no state directory).
     pub(super) journal: Option<Journal>,
@@ -107,6 +132,8 @@ impl State {
             ids: HashMap::new(),
             new_refusals: 0,
             lost_uploads: 0,
+            sends: 0,
+            landed: HashMap::new(),
             journal,
             journal_failed: false,
             revision: 0,
@@ -160,9 +187,23 @@ impl State {
         }
     }
 
-    /// An upload of `sha` to `rel`, guarded by `guard` (`None`: a create),
-    /// is about to go out at `now`.
-    pub(super) fn sending(&mut self, rel: &str, sha: &str, guard: Option<&str>, now: Instant) {
+    /// Number a send whose content was just read: later reads get higher
+    /// numbers, so of two sends of one path the newer content is known.
+    pub(super) fn next_send(&mut self) -> u64 {
+        self.sends += 1;
+        self.sends
+    }
+
+    /// Send number `seq` of `sha` to `rel`, guarded by `guard` (`None`: a
+    /// create), is about to go out at `now`.
+    pub(super) fn sending(
+        &mut self,
+        rel: &str,
+        sha: &str,
+        guard: Option<&str>,
+        now: Instant,
+        seq: u64,
+    ) {
         let sent = self.in_flight.entry(rel.to_string()).or_default();
         // The same request again (a retry) is one record: four retries of
         // one edit must not push out an older request that may still land.
@@ -171,6 +212,7 @@ impl State {
             sha: sha.to_string(),
             guard: guard.map(str::to_string),
             at: now,
+            seq,
         });
         if sent.len() > IN_FLIGHT_KEPT {
             sent.remove(0);
@@ -198,15 +240,29 @@ impl State {
         }
     }
 
-    /// A listing (`remote`) seen at `now`: the records it shows landed are
-    /// returned (path, hash, was it a create), and every record that can no
-    /// longer land is dropped — its guard is gone from the memory (another
-    /// writer moved it on), its path is taken (a create), or it is older
-    /// than [`IN_FLIGHT_FOR`]. So a record never claims bytes another
-    /// writer puts back later.
+    /// A pass saw the server (`remote`: a listing, or the index the version
+    /// feed advanced) at `now`, and the folder: `agrees(path, listed)` says
+    /// whether the file at the path holds exactly what the server lists
+    /// there (`None`: nothing, on either side). The records it shows
+    /// landed are returned (path, hash, was it a create); every other record
+    /// is dropped unless it could still land and still matters:
+    ///
+    /// - its guard is gone from the memory (another writer moved it on), or
+    ///   its path is taken (a create): it can no longer land;
+    /// - the file and the server agree: the send was superseded — the file
+    ///   holds what the server does, so nothing of ours is pending there,
+    ///   and bytes that appear later are another writer's, even ones equal
+    ///   to what this send carried (a send is forgotten once a later pass
+    ///   has seen the server, sdk-behaviour.md §3.9; issue 24);
+    /// - it is older than [`IN_FLIGHT_FOR`].
+    ///
+    /// What stays is a send the server may still apply under an edit the
+    /// agent has not synced yet: its late landing is then told from another
+    /// writer's change (`AttachedStore::upload`).
     pub(super) fn settle_in_flight(
         &mut self,
         remote: &std::collections::BTreeMap<String, crate::api::types::MemoryIndexEntry>,
+        agrees: &dyn Fn(&str, Option<&str>) -> bool,
         now: Instant,
     ) -> Vec<(String, String, bool)> {
         let mut landed = Vec::new();
@@ -216,10 +272,59 @@ impl State {
                 landed.push((rel.clone(), r.sha.clone(), r.guard.is_none()));
                 return false;
             }
+            if agrees(rel, listed) {
+                return false;
+            }
             sent.retain(|r| r.may_land(listed, now));
             !sent.is_empty()
         });
         landed
+    }
+
+    /// Send number `seq` to `rel` was refused (409), and the memory now
+    /// holds `current`: whose bytes are these? A send of ours without an
+    /// answer carrying them (it landed late; taken out, as a write lands
+    /// once), or the newest of ours that landed while the baseline still
+    /// holds it (a send concurrent with this one, e.g. the push's upload
+    /// and the flush's newer one): older or newer than this one, by number.
+    /// Anything else is another writer's.
+    pub(super) fn owner_of(&mut self, rel: &str, current: &str, seq: u64) -> Owner {
+        let by_number = |other: u64| {
+            if other < seq {
+                Owner::OlderSend
+            } else {
+                Owner::NewerSend
+            }
+        };
+        let unanswered = self
+            .in_flight
+            .get(rel)
+            .and_then(|sent| sent.iter().find(|r| r.sha == current))
+            .map(|r| r.seq);
+        if let Some(other) = unanswered {
+            if other < seq {
+                self.answered(rel, current, false);
+            }
+            return by_number(other);
+        }
+        match self.landed.get(rel) {
+            Some((other, sha))
+                if sha == current
+                    && self.baseline.get(rel).map(String::as_str) == Some(current) =>
+            {
+                by_number(*other)
+            }
+            _ => Owner::Other,
+        }
+    }
+
+    /// Send number `seq` landed `sha` at `rel`.
+    pub(super) fn landed(&mut self, rel: &str, sha: &str, seq: u64) {
+        self.answered(rel, sha, true);
+        let newest = self.landed.get(rel).is_none_or(|(other, _)| *other < seq);
+        if newest {
+            self.landed.insert(rel.to_string(), (seq, sha.to_string()));
+        }
     }
 
     /// The upload of `sha` to `rel` was answered: it can no longer land
@@ -238,19 +343,6 @@ impl State {
         if sent.is_empty() {
             self.in_flight.remove(rel);
         }
-    }
-
-    /// Was `sha` sent to `rel` by a request that never got an answer? It is
-    /// then taken out: a write lands once.
-    pub(super) fn take_in_flight(&mut self, rel: &str, sha: &str) -> bool {
-        let found = self
-            .in_flight
-            .get(rel)
-            .is_some_and(|sent| sent.iter().any(|r| r.sha == sha));
-        if found {
-            self.answered(rel, sha, false);
-        }
-        found
     }
 
     fn live(&self) -> usize {
@@ -314,12 +406,16 @@ mod tests {
     fn retries_of_one_upload_keep_an_older_request_in_flight() {
         let mut s = state();
         let now = Instant::now();
-        s.sending("a.md", "v1", Some("v0"), now);
-        for _ in 0..IN_FLIGHT_KEPT {
-            s.sending("a.md", "v2", Some("v0"), now);
+        s.sending("a.md", "v1", Some("v0"), now, 1);
+        for seq in 0..IN_FLIGHT_KEPT as u64 {
+            s.sending("a.md", "v2", Some("v0"), now, 2 + seq);
         }
         assert_eq!(s.in_flight["a.md"].len(), 2);
-        assert!(s.take_in_flight("a.md", "v1"));
+        assert_eq!(s.owner_of("a.md", "v1", 10), Owner::OlderSend);
+        assert!(
+            s.in_flight["a.md"].iter().all(|r| r.sha == "v2"),
+            "taken out"
+        );
     }
 
     /// However many paths the agent floods with failing uploads, the
@@ -330,7 +426,7 @@ mod tests {
         let start = Instant::now();
         for i in 0..IN_FLIGHT_TOTAL + 10 {
             let at = start + std::time::Duration::from_millis(i as u64);
-            s.sending(&format!("f{i}.md"), "sha", None, at);
+            s.sending(&format!("f{i}.md"), "sha", None, at, i as u64);
         }
         let total: usize = s.in_flight.values().map(Vec::len).sum();
         assert_eq!(total, IN_FLIGHT_TOTAL);
@@ -355,24 +451,61 @@ mod tests {
         };
         let mut s = state();
         let now = Instant::now();
-        s.sending("moved.md", "v1", Some("v0"), now);
-        s.sending("held.md", "v1", Some("v0"), now);
-        s.sending("taken.md", "n1", None, now);
-        s.sending("free.md", "n1", None, now);
-        s.sending("landed.md", "v1", Some("v0"), now);
-        s.sending("old.md", "v1", Some("v0"), now);
+        s.sending("moved.md", "v1", Some("v0"), now, 1);
+        s.sending("held.md", "v1", Some("v0"), now, 2);
+        s.sending("taken.md", "n1", None, now, 3);
+        s.sending("free.md", "n1", None, now, 4);
+        s.sending("landed.md", "v1", Some("v0"), now, 5);
+        s.sending("old.md", "v1", Some("v0"), now, 6);
+        s.sending("reverted.md", "v1", Some("v0"), now, 7);
+        s.sending("dropped.md", "n1", None, now, 8);
         let remote = std::collections::BTreeMap::from([
             ("moved.md".to_string(), entry("D")),
             ("held.md".to_string(), entry("v0")),
             ("taken.md".to_string(), entry("other")),
             ("landed.md".to_string(), entry("v1")),
             ("old.md".to_string(), entry("v0")),
+            ("reverted.md".to_string(), entry("v0")),
         ]);
         s.in_flight.get_mut("old.md").unwrap()[0].at = now - IN_FLIGHT_FOR;
-        let landed = s.settle_in_flight(&remote, now);
+        // The agent reverted reverted.md to v0 and removed dropped.md: the
+        // folder agrees with the server on both, so their sends are
+        // superseded. held.md still holds an edit the server lacks.
+        let folder = std::collections::HashMap::from([
+            ("held.md", "v2"),
+            ("reverted.md", "v0"),
+            ("free.md", "n1"),
+            ("moved.md", "v1"),
+            ("taken.md", "n1"),
+            ("old.md", "v1"),
+        ]);
+        let agrees = |rel: &str, listed: Option<&str>| folder.get(rel).copied() == listed;
+        let landed = s.settle_in_flight(&remote, &agrees, now);
         assert_eq!(landed, [("landed.md".to_string(), "v1".to_string(), false)]);
         let mut kept: Vec<&str> = s.in_flight.keys().map(String::as_str).collect();
         kept.sort();
         assert_eq!(kept, ["free.md", "held.md"]);
+    }
+
+    /// Of two sends of one path racing (the push's and the flush's), the
+    /// 409 of one is told apart by their numbers once the other landed: the
+    /// older is superseded, the newer goes out over the older's bytes — and
+    /// only while the baseline still holds what landed.
+    #[test]
+    fn a_409_between_two_sends_of_ours_is_told_by_their_numbers() {
+        let mut s = state();
+        let now = Instant::now();
+        s.sending("a.md", "v1", Some("v0"), now, 1);
+        s.sending("a.md", "v2", Some("v0"), now, 2);
+        s.landed("a.md", "v1", 1);
+        s.baseline.insert("a.md".into(), "v1".into());
+        assert_eq!(s.owner_of("a.md", "v1", 2), Owner::OlderSend);
+        s.landed("a.md", "v2", 2);
+        s.baseline.insert("a.md".into(), "v2".into());
+        assert_eq!(s.owner_of("a.md", "v2", 1), Owner::NewerSend);
+        // A pull moved the baseline on: the bytes are no longer known ours.
+        s.baseline.insert("a.md".into(), "theirs".into());
+        assert_eq!(s.owner_of("a.md", "v2", 3), Owner::Other);
+        assert_eq!(s.owner_of("a.md", "unknown", 3), Owner::Other);
     }
 }

@@ -13,6 +13,13 @@
 //! conflict. The flush judges edits against the same baseline (or the
 //! tentative one a re-download left), and when it cannot list the store it
 //! still pushes each edit, guarded by the hash it was last synced at.
+//!
+//! An upload that never got an answer may still land; its record
+//! (`State::in_flight`) outlives a pass only while the server could still
+//! apply it under an edit the agent has not synced: a pass that sees the
+//! file and the server agree on the path forgets it, as the reference
+//! forgets every send once a later sync has seen the server, so another
+//! writer's identical bytes later are never taken for ours.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -25,7 +32,7 @@ use tracing::{Instrument, debug, info, warn};
 use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryListItem, MemoryVersion, View};
 
 use super::feed::{FEED_PAGE, FULL_LISTING_EVERY, FeedClock, MAX_FEED_PAGES, RemoteIndex};
-use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized};
+use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized, oversized_bytes};
 use super::journal::{Journal, Snapshot};
 use super::options::DeleteMode;
 use super::plan::{
@@ -33,7 +40,7 @@ use super::plan::{
     PassFacts, PathFacts, Pending, plan, plan_folder, settled,
 };
 use super::remote::MemoryApi;
-use super::state::{State, StateGuard};
+use super::state::{Owner, State, StateGuard};
 use super::watch::{Observation, Observer};
 
 /// The reserved marker at every store root; never synced.
@@ -124,6 +131,20 @@ impl LocalFiles {
         rel != MARKER_PATH && self.0.files.contains_key(rel)
     }
 
+    /// The file's hash at `rel` (never the marker's).
+    pub(super) fn get(&self, rel: &str) -> Option<&String> {
+        if rel == MARKER_PATH {
+            return None;
+        }
+        self.0.files.get(rel)
+    }
+
+    /// Does the file at `rel` hold exactly `listed` (`None`: there is no
+    /// file, and nothing listed)? Never for a path the scan could not read.
+    pub(super) fn agrees(&self, rel: &str, listed: Option<&str>) -> bool {
+        !self.is_unknown(rel) && self.get(rel).map(String::as_str) == listed
+    }
+
     pub(super) fn len(&self) -> usize {
         self.0.files.len() - usize::from(self.0.files.contains_key(MARKER_PATH))
     }
@@ -196,7 +217,9 @@ pub struct AttachedStore {
     state: Mutex<State>,
     /// The folder's watch and its last known contents ([`Observer`]).
     observer: Arc<Mutex<Observer>>,
-    /// Held for a whole pass (sync, flush, push): passes never interleave.
+    /// Held for a whole sync pass, and by the push while it plans: they
+    /// never plan at once. The flush takes no lock (see `super::flush`),
+    /// and the push's uploads fly without it (`super::flights`).
     pub(super) pass: tokio::sync::Mutex<()>,
     /// The remote index's safety cadence: the store is listed whole at
     /// least this often ([`FULL_LISTING_EVERY`]; tests and the benchmark
@@ -218,18 +241,42 @@ pub struct AttachedStore {
     /// nothing at all: (the folder view's revision, the remote index's, the
     /// state's). A sync that finds the same three plans nothing.
     quiet: Mutex<Option<(u64, u64, u64)>>,
-    /// Syncs (and flushes) waiting for `pass`: the push gives way to them.
-    waiting: std::sync::atomic::AtomicUsize,
+    /// The push's uploads in flight, and the syncs and flushes under way
+    /// (see `super::flights`).
+    pub(super) flights: Mutex<super::flights::Flights>,
+    /// Push uploads sending at once ([`UPLOAD_CONCURRENCY`]).
+    pub(super) upload_slots: Arc<tokio::sync::Semaphore>,
+    /// The push's back-off after a failed upload (a `429`'s `retry-after`).
+    pub(super) backoff: Mutex<super::flights::Backoff>,
 }
 
-/// Counts a sync as waiting for the store's `pass` lock until dropped
-/// (taken, or the sync cut off while it waited).
-struct Waiting<'a>(&'a std::sync::atomic::AtomicUsize);
+/// What became of one upload ([`AttachedStore::upload`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// The server holds this hash at the path now: the upload landed (or
+    /// the server already held these very bytes).
+    Landed(String),
+    /// Nothing landed, and trying again now changes nothing: the server
+    /// won a conflict, refused the file, or the file is gone.
+    Settled,
+    /// A later upload of ours already landed newer content: this one has
+    /// nothing left to do, and must not move the baseline.
+    Superseded,
+    /// A failure worth another try later (a `429`, a 5xx, no answer), with
+    /// the wait the answer asked for, if any.
+    Failed(Option<std::time::Duration>),
+}
 
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-    }
+/// Whose bytes a memory holds after an update of ours was refused (409).
+enum Whose {
+    /// Exactly what this upload sends.
+    Same(String),
+    /// An earlier upload of ours: the newer edit goes over it.
+    OlderOfOurs(String),
+    /// A later upload of ours landed newer content.
+    NewerOfOurs,
+    /// Another writer's: the server wins.
+    Theirs,
 }
 
 async fn blocking<T: Send + 'static>(
@@ -274,7 +321,9 @@ impl AttachedStore {
             push_wakeups: std::sync::atomic::AtomicUsize::new(0),
             feed_clock: Mutex::new(None),
             quiet: Mutex::new(None),
-            waiting: std::sync::atomic::AtomicUsize::new(0),
+            flights: Mutex::new(Default::default()),
+            upload_slots: Arc::new(tokio::sync::Semaphore::new(UPLOAD_CONCURRENCY)),
+            backoff: Mutex::new(Default::default()),
         }
     }
 
@@ -283,21 +332,6 @@ impl AttachedStore {
             state: self.state.lock().unwrap_or_else(|e| e.into_inner()),
             store_id: &self.id,
         }
-    }
-
-    /// Take the `pass` lock for a sync or a flush, which a push gives way
-    /// to: while this waits, the push starts no pass and no upload (the
-    /// lock is fair, so this goes next).
-    pub(super) async fn lock_before_pushes(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.waiting
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let _waiting = Waiting(&self.waiting);
-        self.pass.lock().await
-    }
-
-    /// Does a sync or a flush wait for this store?
-    pub(super) fn sync_waiting(&self) -> bool {
-        self.waiting.load(std::sync::atomic::Ordering::SeqCst) > 0
     }
 
     /// The current baseline (for tests and diagnostics).
@@ -319,6 +353,12 @@ impl AttachedStore {
     /// Take the journal out (dispose: the folder is gone).
     fn take_journal(&self) -> Option<Journal> {
         self.state().journal.take()
+    }
+
+    /// Close the journal, leaving it on disk (and its lock free) for the
+    /// recovery of the folder: the stores are dropped without a teardown.
+    pub(crate) fn let_go_of_journal(&self) {
+        drop(self.take_journal());
     }
 
     /// The most changed paths the folder's watch keeps between passes
@@ -444,16 +484,20 @@ impl AttachedStore {
                 }
             }
             // A file over the limit is refused by its stat, never read: the
-            // server would refuse it too.
+            // server would refuse it too (413). The operator reads the
+            // reference's line for that refusal, with why in `rejection`.
             for (rel, sha) in files.iter().filter(|(_, sha)| is_oversized(sha)) {
                 state.refused.insert(rel.clone(), sha.clone());
                 if state.warned_paths.insert(rel.clone()) {
                     state.new_refusals += 1;
+                    let size = oversized_bytes(sha).unwrap_or(MAX_FILE_BYTES + 1);
                     warn!(
                         memory_store.id = %self.id,
                         memory.path = %rel,
+                        size_bytes = size,
                         limit_bytes = MAX_FILE_BYTES,
-                        "the file is larger than a memory may be, so it stays un-synced (and is not deleted) until it shrinks"
+                        rejection = %format_args!("the file holds {size} bytes, over the {MAX_FILE_BYTES}-byte limit of a memory; refused before it is sent (and not deleted)"),
+                        "the server rejected this memory file, so it stays un-synced until its content changes"
                     );
                 }
             }
@@ -499,7 +543,7 @@ impl AttachedStore {
         api: &dyn MemoryApi,
         full: bool,
     ) -> Result<RemoteMap, PassError> {
-        if !full && let Some((remote, moved)) = self.follow(api).await {
+        if !full && let Followed::Advanced(remote, moved) = self.follow(api).await {
             // An idle store's index is the one the ids were taken from.
             if moved {
                 self.remember_ids(&remote);
@@ -524,7 +568,7 @@ impl AttachedStore {
         self.remote.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn remember_ids(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
+    pub(super) fn remember_ids(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
         let mut state = self.state();
         state.ids.clear();
         state
@@ -572,17 +616,21 @@ impl AttachedStore {
     }
 
     /// The index advanced by the versions created since the last poll, and
-    /// whether they moved it; `None` when a full listing is due or the feed
-    /// is in doubt.
-    async fn follow(&self, api: &dyn MemoryApi) -> Option<(RemoteMap, bool)> {
-        let mut index = self.remote_index().take()?;
+    /// whether they moved it; or why not: no index (none seeded, or a full
+    /// listing is due, or the feed is in doubt), or the versions request
+    /// failed. Whatever it answers but `Advanced`, the index is gone until
+    /// the next full listing seeds it again.
+    pub(super) async fn follow(&self, api: &dyn MemoryApi) -> Followed {
+        let Some(mut index) = self.remote_index().take() else {
+            return Followed::NoIndex;
+        };
         // Whatever this poll ends in, the next seed keeps what this index
         // knew of the high-water's age (`RemoteIndex::inherit`).
         *self.feed_clock() = Some(index.clock());
         let now = Instant::now();
         if now.saturating_duration_since(index.listed_at) >= self.full_listing_every {
             debug!(memory_store.id = %self.id, "listing the memory store in full (safety cadence)");
-            return None;
+            return Followed::NoIndex;
         }
         let since = index.floor();
         let before = Arc::clone(&index.map);
@@ -593,7 +641,7 @@ impl AttachedStore {
                 Ok((got, _date)) => got,
                 Err(e) => {
                     debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store");
-                    return None;
+                    return Followed::Failed(e);
                 }
             };
             let next = got.next_cursor().map(str::to_string);
@@ -603,17 +651,17 @@ impl AttachedStore {
                 None => {
                     if let Err(doubt) = index.advance(&versions, now) {
                         debug!(memory_store.id = %self.id, reason = %doubt, "the memory version feed is in doubt; listing the store");
-                        return None;
+                        return Followed::NoIndex;
                     }
                     let remote = Arc::clone(&index.map);
                     *self.remote_index() = Some(index);
                     let moved = !Arc::ptr_eq(&before, &remote);
-                    return Some((remote, moved));
+                    return Followed::Advanced(remote, moved);
                 }
             }
         }
         debug!(memory_store.id = %self.id, pages = MAX_FEED_PAGES, "too many memory versions since the last sync; listing the store");
-        None
+        Followed::NoIndex
     }
 
     /// The whole store's `basic` listing, page after page.
@@ -653,22 +701,38 @@ impl AttachedStore {
         }
     }
 
-    /// Uploads whose answer never came, resolved against a fresh listing: a
-    /// memory holding exactly what was sent is that upload, landed. Every
-    /// record is then dropped, so it never claims another writer's bytes —
-    /// but for requests that never got any answer at all (`in_flight`): one
-    /// of those may land after this listing, and once a listing shows it,
-    /// it is ours too (a create cut off in flight, then refused to the
-    /// newer edit because the path was taken, is settled here).
-    pub(super) fn settle_sent(&self, remote: &BTreeMap<String, MemoryIndexEntry>) {
+    /// Uploads whose answer never came, resolved against what a pass just
+    /// saw of the server — a full listing, or the index the version feed
+    /// advanced (it reflects every version committed before the poll) — and
+    /// of the folder (`files`): a memory holding exactly what was sent is
+    /// that upload, landed. Every record is then dropped, so it never claims
+    /// another writer's bytes (the reference's `settle_sent`) — but for
+    /// requests that never got any answer at all (`in_flight`) which could
+    /// still land under an edit the agent has not synced: once a pass shows
+    /// one landed, it is ours too (a create cut off in flight, then refused
+    /// to the newer edit because the path was taken, is settled here). A
+    /// send whose path the file and the server agree on is superseded and
+    /// forgotten like the rest (`State::settle_in_flight`).
+    pub(super) fn settle_sent(
+        &self,
+        remote: &BTreeMap<String, MemoryIndexEntry>,
+        files: &LocalFiles,
+    ) {
+        // A push upload still in flight keeps its record: its answer is
+        // not in yet (a 409 of a retry whose first attempt landed is
+        // settled by the next pass).
+        let flying = self.flying();
         let mut state = self.state();
         let sent = state.sent.take();
         for (rel, sha) in sent {
             if remote.get(&rel).is_some_and(|m| m.content_sha256 == sha) {
                 state.baseline.insert(rel, sha);
+            } else if flying.contains(&rel) {
+                state.sent.insert(rel, sha);
             }
         }
-        for (rel, sha, create) in state.settle_in_flight(remote, Instant::now()) {
+        let agrees = |rel: &str, listed: Option<&str>| files.agrees(rel, listed);
+        for (rel, sha, create) in state.settle_in_flight(remote, &agrees, Instant::now()) {
             if create {
                 // A create of ours that landed late — or another writer's
                 // memory with the same bytes: it tells the agent's newer
@@ -874,7 +938,12 @@ impl AttachedStore {
         );
         let started = Instant::now();
         let pass = async {
-            let _pass = self.lock_before_pushes().await;
+            // Busy from now: the push starts no upload while this waits
+            // for the store or runs, and this pass takes over the paths of
+            // the push's uploads that had not started.
+            let _busy = self.busy();
+            let _pass = self.pass.lock().await;
+            self.take_over_unstarted();
             let mut stats = PassStats::default();
             if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
                 warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
@@ -915,7 +984,7 @@ impl AttachedStore {
             .pending
             .retain(|rel, _| !scan.files.contains_key(rel));
         let remote = self.index(api, final_sync).await?;
-        self.settle_sent(&remote);
+        self.settle_sent(&remote, &scan.files);
         // Asked again with the baseline the listing settled: is this a wipe?
         folder.baseline = Some(self.state().baseline.len());
         if !self.carry_out_folder_verdict(api, folder, stats).await? {
@@ -928,7 +997,12 @@ impl AttachedStore {
         // function of those and the clock, which only a pending delete
         // reads): this one would plan nothing either. An idle sync of a
         // large store then costs no walk over its paths.
-        let facts = self.plan_revisions(&scan, &remote);
+        // The paths the push's uploads carry are left to them (planned
+        // again once they end).
+        let flying = self.flying();
+        let facts = self
+            .plan_revisions(&scan, &remote)
+            .filter(|_| flying.is_empty());
         if !final_sync && facts.is_some() && *self.quiet() == facts {
             return Ok(());
         }
@@ -940,7 +1014,7 @@ impl AttachedStore {
             final_sync,
             now: Instant::now(),
         };
-        let work = self.plan_paths(&scan, &remote, pass);
+        let work = self.plan_paths(&scan, &remote, pass, &flying);
         let quiet = work.changes.is_empty()
             && work.pulls.is_empty()
             && work.uploads.is_empty()
@@ -1010,10 +1084,18 @@ impl AttachedStore {
 
         stats.uploads = stream::iter(uploads)
             .map(|(rel, local, update, fallback)| async move {
-                let got = self.upload(api, &rel, local.as_deref(), update).await;
-                let ok = got.is_some();
-                self.record(rel, got.or(fallback));
-                ok
+                match self.upload(api, &rel, local.as_deref(), update).await {
+                    Outcome::Landed(sha) => {
+                        self.record(rel, Some(sha));
+                        true
+                    }
+                    // A newer upload of ours moved the baseline already.
+                    Outcome::Superseded => false,
+                    Outcome::Settled | Outcome::Failed(_) => {
+                        self.record(rel, fallback);
+                        false
+                    }
+                }
             })
             .buffer_unordered(UPLOAD_CONCURRENCY)
             .filter(|ok| std::future::ready(*ok))
@@ -1066,6 +1148,11 @@ impl AttachedStore {
 
     fn quiet(&self) -> std::sync::MutexGuard<'_, Option<(u64, u64, u64)>> {
         self.quiet.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The next sync plans every path again, whatever it finds unchanged.
+    pub(super) fn forget_quiet(&self) {
+        *self.quiet() = None;
     }
 
     /// What a sync plans from, as revisions: the folder view's, the remote
@@ -1123,6 +1210,7 @@ impl AttachedStore {
         scan: &Marked,
         remote: &BTreeMap<String, MemoryIndexEntry>,
         pass: PassFacts,
+        flying: &std::collections::HashSet<String>,
     ) -> Work {
         let mut guard = self.state();
         let State {
@@ -1162,6 +1250,10 @@ impl AttachedStore {
             let local = local_it.next_if(|e| e.0 == rel).map(|e| e.1);
             let confirmed = baseline_it.next_if(|e| e.0 == rel).map(|e| e.1);
             let held = tentative_it.next_if(|e| e.0 == rel).map(|e| e.1);
+            // An upload of the push carries it: left as it is until it ends.
+            if !flying.is_empty() && flying.contains(rel) {
+                continue;
+            }
             // Settled, and no record concerns it: the plan would keep it as
             // it is (`plan::settled`), so it is not planned.
             if held.is_none()
@@ -1291,45 +1383,60 @@ impl AttachedStore {
         }
     }
 
-    /// Push one file; `None` when nothing new landed (the caller keeps its
-    /// fallback). 404 on an update re-creates; 409 on an update loses the
-    /// local edit; 400, 413 and content the folder refuses (not UTF-8) are
-    /// remembered as refused until the file changes.
+    /// Push one file: what became of it ([`Outcome`]; on anything but
+    /// `Landed` the caller keeps its fallback). 404 on an update
+    /// re-creates; 409 on an update loses the local edit to another
+    /// writer's — unless the memory holds bytes of ours (see
+    /// [`Self::whose`]); 400, 413 and content the folder refuses (not
+    /// UTF-8) are remembered as refused until the file changes.
     pub(crate) fn upload<'a>(
         &'a self,
         api: &'a dyn MemoryApi,
         rel: &'a str,
         local_sha: Option<&'a str>,
         update: Option<(String, String)>,
-    ) -> futures::future::BoxFuture<'a, Option<String>> {
+    ) -> futures::future::BoxFuture<'a, Outcome> {
         Box::pin(async move {
+            // The marker is read again with the file: an upload can start
+            // long after its pass judged the folder (a push upload waiting
+            // for a slot, a re-send after a 404 or a 409), and a folder that
+            // stopped naming this store uploads nothing.
             let folder = self.folder.clone();
             let r = rel.to_string();
-            let data = match blocking(move || folder.get(&r)).await {
+            let id = self.id.clone();
+            let read = move || {
+                if !marks_store(&folder, &id) {
+                    return Ok(None);
+                }
+                folder.get(&r)
+            };
+            let data = match blocking(read).await {
                 Ok(Ok(Some(data))) => data,
-                Ok(Ok(None)) => return None,
+                Ok(Ok(None)) => return Outcome::Settled,
                 Ok(Err(e)) if e.is_refusal() => {
                     self.refuse(rel, local_sha, &e.to_string());
-                    return None;
+                    return Outcome::Settled;
                 }
                 Ok(Err(e)) => {
                     warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
-                    return None;
+                    return Outcome::Failed(None);
                 }
                 Err(e) => {
                     warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
-                    return None;
+                    return Outcome::Failed(None);
                 }
             };
             let sending = sha256_hex(&data);
-            {
+            let seq = {
                 let mut state = self.state();
+                let seq = state.next_send();
                 state.sent.insert(rel.to_string(), sending.clone());
                 // Stays if this future is dropped mid-flight (a bound cut
                 // the pass off): the request may still land.
                 let guard = update.as_ref().map(|(_, expected)| expected.as_str());
-                state.sending(rel, &sending, guard, Instant::now());
-            }
+                state.sending(rel, &sending, guard, Instant::now(), seq);
+                seq
+            };
             // The folder returns only UTF-8 for a memory store.
             let content = String::from_utf8_lossy(&data);
             let path = format!("/{rel}");
@@ -1337,90 +1444,120 @@ impl AttachedStore {
                 None => api.create(&self.id, &path, &content).await,
                 Some((id, expected)) => api.update(&self.id, id, &content, expected).await,
             };
-            // An answer settles the request; a transport failure, a timeout
-            // or a gateway's answer (408, 502, 504: the backend may still
-            // apply it) does not.
-            if result.as_ref().map_or_else(
-                |e| e.status().is_some_and(|s| !matches!(s, 408 | 502 | 504)),
-                |_| true,
-            ) {
-                self.state().answered(rel, &sending, result.is_ok());
-            }
-            match result {
+            let e = match result {
                 Ok(memory) => {
                     crate::killpoint::hit("memory.upload.landed");
                     // The baseline and the sent record change in one batch:
                     // the journal never holds one without the other.
                     let mut state = self.state();
                     state.refused.remove(rel);
-                    state.sent.remove(rel);
+                    if state.sent.get(rel) == Some(&sending) {
+                        state.sent.remove(rel);
+                    }
+                    state.landed(rel, &memory.content_sha256, seq);
                     state
                         .baseline
                         .insert(rel.to_string(), memory.content_sha256.clone());
                     state.ids.insert(rel.to_string(), memory.id);
-                    Some(memory.content_sha256)
+                    return Outcome::Landed(memory.content_sha256);
                 }
-                Err(e) => match (update.is_some(), e.status()) {
-                    // Deleted since the listing: the file is now the only copy.
-                    (true, Some(404)) => self.upload(api, rel, local_sha, None).await,
-                    (true, Some(409)) => {
-                        if let Some((id, current)) = self.own_late_write(api, rel, &update).await {
+                Err(e) => e,
+            };
+            // An answer settles the request; a transport failure, a timeout
+            // or a gateway's answer (408, 502, 504: the backend may still
+            // apply it) does not.
+            if e.status().is_some_and(|s| !matches!(s, 408 | 502 | 504)) {
+                self.state().answered(rel, &sending, false);
+            }
+            match (update, e.status()) {
+                // Deleted since the listing: the file is now the only copy.
+                (Some(_), Some(404)) => self.upload(api, rel, local_sha, None).await,
+                (Some((id, _)), Some(409)) => {
+                    match self.whose(api, rel, &id, &sending, seq).await {
+                        Whose::Same(current) => {
+                            let mut state = self.state();
+                            if state.sent.get(rel) == Some(&sending) {
+                                state.sent.remove(rel);
+                            }
+                            state.baseline.insert(rel.to_string(), current.clone());
+                            Outcome::Landed(current)
+                        }
+                        Whose::OlderOfOurs(current) => {
                             info!(
                                 memory_store.id = %self.id,
                                 memory.path = %rel,
                                 "an upload of ours cut off in flight landed late; sending the newer edit over it"
                             );
-                            return self.upload(api, rel, local_sha, Some((id, current))).await;
+                            self.upload(api, rel, local_sha, Some((id, current))).await
                         }
-                        // The sent hash stays: this may be a retry of an
-                        // attempt that landed; the next listing tells.
-                        self.state().lost_uploads += 1;
-                        warn!(
-                            memory_store.id = %self.id,
-                            memory.path = %rel,
-                            "memory changed both locally and remotely; the upload was refused and the local edit loses"
-                        );
-                        None
+                        Whose::NewerOfOurs => {
+                            debug!(memory_store.id = %self.id, memory.path = %rel, "a newer upload of ours landed first; this one has nothing left to do");
+                            Outcome::Superseded
+                        }
+                        Whose::Theirs => {
+                            // The sent hash stays: this may be a retry of an
+                            // attempt that landed; the next listing tells.
+                            self.state().lost_uploads += 1;
+                            warn!(
+                                memory_store.id = %self.id,
+                                memory.path = %rel,
+                                "memory changed both locally and remotely; the upload was refused and the local edit loses"
+                            );
+                            Outcome::Settled
+                        }
                     }
-                    (_, Some(400 | 413)) => {
-                        self.refuse(rel, local_sha, &e.to_string());
-                        None
-                    }
-                    _ => {
-                        warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
-                        None
-                    }
-                },
+                }
+                (_, Some(400 | 413)) => {
+                    self.refuse(rel, local_sha, &e.to_string());
+                    Outcome::Settled
+                }
+                _ => {
+                    warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
+                    Outcome::Failed(e.api().and_then(|a| a.retry_after()))
+                }
             }
         })
     }
 
-    /// After an update of `rel` was refused (409): does the memory now hold
-    /// what one of our own requests without an answer sent (cut off in
-    /// flight, it committed after the listing this update was guarded by)?
-    /// Then the change is ours, not another writer's, and the newer edit
-    /// goes out guarded by it: `Some((id, its hash))`. Asks the server only
-    /// when such a request exists, so a plain conflict costs nothing more.
-    async fn own_late_write(
+    /// After send number `seq` of `sending` to `rel` (memory `id`) was
+    /// refused (409): whose bytes does the memory hold now? Asks the server
+    /// only when one of our own uploads could explain it — one without an
+    /// answer that may have landed late (cut off in flight, then committed
+    /// after the listing this update was guarded by), or one that landed
+    /// while this one was on its way (the push's and the flush's) — so a
+    /// plain conflict costs nothing more. Bytes equal to ours are ours
+    /// whoever wrote them; the send numbers tell an older upload of ours
+    /// from a newer one (`State::owner_of`); the rest is another writer's.
+    async fn whose(
         &self,
         api: &dyn MemoryApi,
         rel: &str,
-        update: &Option<(String, String)>,
-    ) -> Option<(String, String)> {
-        let (id, _) = update.as_ref()?;
-        if !self.state().in_flight.contains_key(rel) {
-            return None;
+        id: &str,
+        sending: &str,
+        seq: u64,
+    ) -> Whose {
+        let candidates = {
+            let state = self.state();
+            state.in_flight.contains_key(rel) || state.landed.contains_key(rel)
+        };
+        if !candidates {
+            return Whose::Theirs;
         }
         let current = match api.retrieve(&self.id, id).await {
             Ok(memory) => memory.content_sha256,
             Err(e) => {
                 debug!(memory_store.id = %self.id, memory.path = %rel, error = %e, "cannot read the memory an upload was refused for");
-                return None;
+                return Whose::Theirs;
             }
         };
-        self.state()
-            .take_in_flight(rel, &current)
-            .then(|| (id.clone(), current))
+        if current == sending {
+            return Whose::Same(current);
+        }
+        match self.state().owner_of(rel, &current, seq) {
+            Owner::OlderSend => Whose::OlderOfOurs(current),
+            Owner::NewerSend => Whose::NewerOfOurs,
+            Owner::Other => Whose::Theirs,
+        }
     }
 
     fn refuse(&self, rel: &str, local_sha: Option<&str>, rejection: &str) {
@@ -1614,6 +1751,17 @@ impl AttachedStore {
             }
         }
     }
+}
+
+/// What one poll of the version feed came to ([`AttachedStore::follow`]).
+pub(super) enum Followed {
+    /// The index, advanced; whether the versions moved it.
+    Advanced(RemoteMap, bool),
+    /// No index to advance: none seeded yet, a full listing due, or the
+    /// feed in doubt.
+    NoIndex,
+    /// The versions request failed.
+    Failed(crate::api::Error),
 }
 
 /// What a mount's listing wrote, and every memory it listed.

@@ -527,10 +527,8 @@ impl<'w> ItemRun<'w> {
                 opts.memory_sync_deletions,
             )
             .with_remap(opts.mount_remap.clone())
-            .with_state_dir(opts.state_dir.as_deref());
-            if !opts.memory_push {
-                stores = stores.without_push();
-            }
+            .with_state_dir(opts.state_dir.as_deref())
+            .with_push(opts.memory_push);
             let downloaded = tokio::select! {
                 _ = self.ending() => Err(None),
                 d = stores.download(session) => d.map_err(Some),
@@ -620,10 +618,9 @@ impl<'w> ItemRun<'w> {
             ),
             None => opts.memory_teardown_bound,
         };
+        // The teardown logs the reference's lines itself when a bound cuts
+        // the final sync or the flush off (with this item's span fields).
         self.report.teardown = stores.teardown(clean, bound).await;
-        if self.report.teardown.flush_cut_off {
-            warn!("memory flush was cut off; see the warning above for what was not saved");
-        }
     }
 
     /// After the final flush: remove the item's directory and whatever the

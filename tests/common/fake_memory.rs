@@ -152,6 +152,37 @@ pub struct Stored {
 /// store id → path (with `/`) → memory.
 pub type Stores = BTreeMap<String, BTreeMap<String, Stored>>;
 
+/// Who changed a memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum By {
+    /// A create, update or delete the worker sent (whatever it heard back).
+    Worker,
+    /// Another writer ([`FakeMemory::put`], `put_late`, `remove`).
+    Remote,
+}
+
+/// One change of a memory's content, in the order the server made them.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub at: tokio::time::Instant,
+    pub store: String,
+    /// Without the leading `/`.
+    pub path: String,
+    /// `None`: deleted.
+    pub content: Option<String>,
+    pub by: By,
+}
+
+/// One read of the store's index (a listing page or a versions page):
+/// whether it was answered, and what the store held when it was.
+#[derive(Debug, Clone)]
+pub struct IndexRead {
+    pub at: tokio::time::Instant,
+    pub answered: bool,
+    /// path (without `/`) → content, when answered.
+    pub held: BTreeMap<String, String>,
+}
+
 #[derive(Default)]
 struct Inner {
     stores: Stores,
@@ -175,6 +206,15 @@ struct Inner {
     date_skew_micros: i64,
     /// At most this many versions a page, whatever the limit asked.
     versions_page_cap: Option<u32>,
+    /// Every change of a memory's content, in order.
+    history: Vec<Change>,
+    /// Every create and update the worker sent, answered or not: (when,
+    /// path without `/`, content).
+    sends: Vec<(tokio::time::Instant, String, String)>,
+    /// Every read of the index (listings and versions pages).
+    reads: Vec<IndexRead>,
+    /// The next creates and updates wait this long each, in order.
+    slow_writes: VecDeque<std::time::Duration>,
 }
 
 impl Inner {
@@ -236,6 +276,36 @@ impl Inner {
             }
         };
         self.record(store, &id, op, &path, Some(content), backdate_micros);
+        self.changed(store, &path, Some(content), By::Remote);
+    }
+
+    /// Log a change of the memory at `path` (with or without its `/`).
+    fn changed(&mut self, store: &str, path: &str, content: Option<&str>, by: By) {
+        self.history.push(Change {
+            at: tokio::time::Instant::now(),
+            store: store.into(),
+            path: path.trim_start_matches('/').into(),
+            content: content.map(str::to_string),
+            by,
+        });
+    }
+
+    /// Log a read of the index of `store`.
+    fn read(&mut self, store: &str, answered: bool) {
+        let held = self
+            .stores
+            .get(store)
+            .map(|s| {
+                s.iter()
+                    .map(|(p, m)| (p.trim_start_matches('/').to_string(), m.content.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.reads.push(IndexRead {
+            at: tokio::time::Instant::now(),
+            answered,
+            held,
+        });
     }
 }
 
@@ -251,6 +321,7 @@ fn status(code: u16, kind: &str) -> Error {
         message: format!("fake {code}"),
         request_id: None,
         details: None,
+        retry_after_ms: None,
     })
 }
 
@@ -302,7 +373,29 @@ impl FakeMemory {
         let mut inner = self.lock();
         if let Some(m) = inner.stores.get_mut(store).unwrap().remove(&path) {
             inner.record(store, &m.id, MemoryOperation::Deleted, &path, None, 0);
+            inner.changed(store, &path, None, By::Remote);
         }
+    }
+
+    /// Every change of the memories' contents so far, in order.
+    pub fn history(&self) -> Vec<Change> {
+        self.lock().history.clone()
+    }
+
+    /// Every create and update the worker sent so far (answered or not):
+    /// (when, path without `/`, content).
+    pub fn sends(&self) -> Vec<(tokio::time::Instant, String, String)> {
+        self.lock().sends.clone()
+    }
+
+    /// How many creates and updates the worker has sent so far.
+    pub fn writes_sent(&self) -> usize {
+        self.lock().sends.len()
+    }
+
+    /// Every read of an index so far (listings and versions pages).
+    pub fn reads(&self) -> Vec<IndexRead> {
+        self.lock().reads.clone()
     }
 
     /// Serve the version history and the listings by prefix and depth.
@@ -385,7 +478,8 @@ impl FakeMemory {
         self.lock().faults.push_back((op, path, fault));
     }
 
-    /// Every write that took effect on the server (whatever its caller heard), with its time.
+    /// Every write that took effect on the server (whatever its caller
+    /// heard), with the time it was sent (a slow one lands later).
     pub fn applied(&self) -> Vec<(tokio::time::Instant, Call)> {
         self.lock().applied.clone()
     }
@@ -396,6 +490,14 @@ impl FakeMemory {
         let mut inner = self.lock();
         inner.latency.retain(|(o, _)| *o != op);
         inner.latency.push((op, delay));
+    }
+
+    /// The next `n` creates and updates (whichever come) each wait `delay`
+    /// (tokio time) before they are served: uploads that stay in flight.
+    pub fn slow_next_writes(&self, n: usize, delay: std::time::Duration) {
+        self.lock()
+            .slow_writes
+            .extend(std::iter::repeat_n(delay, n));
     }
 
     /// Drop every fault not yet triggered.
@@ -541,12 +643,14 @@ impl FakeMemory {
     /// Apply a fault that comes before the answer; `Some(result)` ends the call.
     /// The flag asks the caller to apply the change and then fail: `Some(code)`.
     async fn pre<T>(&self, op: Op, path: Option<&str>) -> (Option<Result<T, Error>>, Option<u16>) {
-        let slow = self
-            .lock()
-            .latency
-            .iter()
-            .find(|(o, _)| *o == op)
-            .map(|l| l.1);
+        let slow = {
+            let mut inner = self.lock();
+            let queued = match op {
+                Op::Create | Op::Update => inner.slow_writes.pop_front(),
+                _ => None,
+            };
+            queued.or_else(|| inner.latency.iter().find(|(o, _)| *o == op).map(|l| l.1))
+        };
         if let Some(delay) = slow {
             tokio::time::sleep(delay).await;
         }
@@ -615,9 +719,12 @@ impl MemoryApi for FakeMemory {
                 view,
             });
             if let (Some(r), _) = self.pre(Op::List, None).await {
+                self.lock().read(store, false);
                 return r;
             }
-            self.listing(store, view, limit, "/", false, page)
+            let got = self.listing(store, view, limit, "/", false, page);
+            self.lock().read(store, got.is_ok());
+            got
         })
     }
 
@@ -643,6 +750,7 @@ impl MemoryApi for FakeMemory {
                 depth,
             });
             if let (Some(r), _) = self.pre(Op::ListUnder, prefix).await {
+                self.lock().read(store, false);
                 return r;
             }
             // As the devserver: depth 0 or absent is recursive, 1 rolls up
@@ -657,7 +765,9 @@ impl MemoryApi for FakeMemory {
             if !prefix.starts_with('/') || !prefix.ends_with('/') || prefix.contains("//") {
                 return Err(status(400, "invalid_request_error"));
             }
-            self.listing(store, view, limit, prefix, rollup, page)
+            let got = self.listing(store, view, limit, prefix, rollup, page);
+            self.lock().read(store, got.is_ok());
+            got
         })
     }
 
@@ -675,6 +785,7 @@ impl MemoryApi for FakeMemory {
             self.lock().calls.push(Call::Versions { since_micros });
             let (early, lose) = self.pre(Op::Versions, None).await;
             if let Some(r) = early {
+                self.lock().read(store, false);
                 return r;
             }
             let mut inner = self.lock();
@@ -713,7 +824,9 @@ impl MemoryApi for FakeMemory {
             // may be off the clock that stamps the versions.
             let date = inner.clock() + inner.date_skew_micros;
             let date = date - date.rem_euclid(1_000_000);
-            lost(Ok((Page { data, next_page }, Some(date))), lose)
+            let got = lost(Ok((Page { data, next_page }, Some(date))), lose);
+            inner.read(store, got.is_ok());
+            got
         })
     }
 
@@ -748,10 +861,18 @@ impl MemoryApi for FakeMemory {
         content: &'a str,
     ) -> BoxFuture<'a, Result<Memory, Error>> {
         Box::pin(async move {
-            self.lock().calls.push(Call::Create {
-                path: path.into(),
-                content: content.into(),
-            });
+            let called = tokio::time::Instant::now();
+            {
+                let mut inner = self.lock();
+                inner.calls.push(Call::Create {
+                    path: path.into(),
+                    content: content.into(),
+                });
+                let at = called;
+                inner
+                    .sends
+                    .push((at, path.trim_start_matches('/').into(), content.into()));
+            }
             self.enter();
             let (early, lose) = self.pre(Op::Create, Some(path)).await;
             self.leave();
@@ -780,11 +901,12 @@ impl MemoryApi for FakeMemory {
             let id = stored.id.clone();
             memories.insert(path.into(), stored);
             inner.record(store, &id, MemoryOperation::Created, path, Some(content), 0);
+            inner.changed(store, path, Some(content), By::Worker);
             let call = Call::Create {
                 path: path.into(),
                 content: content.into(),
             };
-            inner.applied.push((tokio::time::Instant::now(), call));
+            inner.applied.push((called, call));
             lost(Ok(memory), lose)
         })
     }
@@ -798,11 +920,17 @@ impl MemoryApi for FakeMemory {
     ) -> BoxFuture<'a, Result<Memory, Error>> {
         Box::pin(async move {
             let path = self.path_of(store, id);
-            self.lock().calls.push(Call::Update {
-                path: path.clone().unwrap_or_default(),
-                content: content.into(),
-                expected: expected.into(),
-            });
+            let called = tokio::time::Instant::now();
+            {
+                let mut inner = self.lock();
+                inner.calls.push(Call::Update {
+                    path: path.clone().unwrap_or_default(),
+                    content: content.into(),
+                    expected: expected.into(),
+                });
+                let rel = path.as_deref().unwrap_or_default().trim_start_matches('/');
+                inner.sends.push((called, rel.into(), content.into()));
+            }
             self.enter();
             let (early, lose) = self.pre(Op::Update, path.as_deref()).await;
             self.leave();
@@ -844,8 +972,9 @@ impl MemoryApi for FakeMemory {
                     Some(content),
                     0,
                 );
+                inner.changed(store, &path, Some(content), By::Worker);
             }
-            inner.applied.push((tokio::time::Instant::now(), call));
+            inner.applied.push((called, call));
             lost(Ok(memory), lose)
         })
     }
@@ -882,6 +1011,7 @@ impl MemoryApi for FakeMemory {
             }
             memories.remove(&path);
             inner.record(store, id, MemoryOperation::Deleted, &path, None, 0);
+            inner.changed(store, &path, None, By::Worker);
             let call = Call::Delete {
                 path,
                 expected: expected.into(),

@@ -62,7 +62,8 @@ impl H {
             interval,
             DeleteMode::Enabled,
         )
-        .with_state_dir(Some(&h.dir.path().join("state")));
+        .with_state_dir(Some(&h.dir.path().join("state")))
+        .with_push(true);
         H::download(h, specs).await
     }
 

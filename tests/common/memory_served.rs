@@ -40,18 +40,22 @@ pub struct Served {
 }
 
 /// The client, counting the memory API calls made through it, by kind.
+/// Its single-attempt twin (the push's client) shares the counts.
 pub struct Counting {
     client: Client,
-    pub listings: AtomicUsize,
-    pub versions: AtomicUsize,
-    pub others: AtomicUsize,
+    pub listings: Arc<AtomicUsize>,
+    pub versions: Arc<AtomicUsize>,
+    pub others: Arc<AtomicUsize>,
+    /// Creates, updates and deletes (counted in `others` too): the write
+    /// requests that count against the organisation's write rate limits.
+    pub writes: Arc<AtomicUsize>,
     /// Version ids left out of `memory_versions` pages: a write committed
     /// late, not yet visible (take an id out to make it visible).
-    pub hidden: std::sync::Mutex<std::collections::HashSet<String>>,
+    pub hidden: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Run before a listing request is sent (given its prefix, `None` for
     /// the whole store or its top level): a hook between the mount's
     /// listing requests, e.g. another writer's change.
-    pub before_listing: std::sync::Mutex<Option<ListingHook>>,
+    pub before_listing: Arc<std::sync::Mutex<Option<ListingHook>>>,
 }
 
 /// See [`Counting::before_listing`]: the future to await before the
@@ -62,9 +66,10 @@ impl Counting {
     pub fn new(client: Client) -> Counting {
         Counting {
             client,
-            listings: AtomicUsize::new(0),
-            versions: AtomicUsize::new(0),
-            others: AtomicUsize::new(0),
+            listings: Default::default(),
+            versions: Default::default(),
+            others: Default::default(),
+            writes: Default::default(),
             hidden: Default::default(),
             before_listing: Default::default(),
         }
@@ -97,6 +102,20 @@ impl Counting {
 }
 
 impl MemoryApi for Counting {
+    fn single_attempt(&self) -> Option<Arc<dyn MemoryApi>> {
+        Some(Arc::new(Counting {
+            client: self
+                .client
+                .with_memory_retry(envworker::api::RetryPolicy::none()),
+            listings: self.listings.clone(),
+            versions: self.versions.clone(),
+            others: self.others.clone(),
+            writes: self.writes.clone(),
+            hidden: self.hidden.clone(),
+            before_listing: self.before_listing.clone(),
+        }))
+    }
+
     fn list<'a>(
         &'a self,
         store_id: &'a str,
@@ -174,6 +193,7 @@ impl MemoryApi for Counting {
         content: &'a str,
     ) -> BoxFuture<'a, Result<Memory, Error>> {
         self.others.fetch_add(1, Ordering::SeqCst);
+        self.writes.fetch_add(1, Ordering::SeqCst);
         self.client.create(store_id, path, content)
     }
 
@@ -185,6 +205,7 @@ impl MemoryApi for Counting {
         expected_sha256: &'a str,
     ) -> BoxFuture<'a, Result<Memory, Error>> {
         self.others.fetch_add(1, Ordering::SeqCst);
+        self.writes.fetch_add(1, Ordering::SeqCst);
         self.client
             .update(store_id, memory_id, content, expected_sha256)
     }
@@ -196,6 +217,7 @@ impl MemoryApi for Counting {
         expected_sha256: &'a str,
     ) -> BoxFuture<'a, Result<(), Error>> {
         self.others.fetch_add(1, Ordering::SeqCst);
+        self.writes.fetch_add(1, Ordering::SeqCst);
         self.client.delete(store_id, memory_id, expected_sha256)
     }
 }
