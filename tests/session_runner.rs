@@ -398,6 +398,28 @@ async fn a_dropped_stream_reconnects_and_the_history_fills_the_gap() {
     }
 }
 
+/// A `409` on the event stream is retried like a `408` or `429`, as the
+/// reference does (its fatal 4xx are all the others): one conflict does not
+/// end the run.
+#[tokio::test]
+async fn a_conflict_on_the_event_stream_is_retried_not_fatal() {
+    let server = TestServer::start().await;
+    server
+        .add_faults(vec![json!({"method": "GET", "path": "/v1/sessions/*/events/stream", "status": 409, "times": 2})])
+        .await;
+    let served = serve(
+        &server,
+        json!({"name": "stream-conflict", "steps": [
+            {"tool": "bash", "input": {"command": "echo one"}, "expect": {"contains": "one"}}
+        ]}),
+        quick(),
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.run.end, RunEnd::Idle);
+    assert_eq!(served.results_for(&served.step_id(0)).len(), 1);
+}
+
 #[tokio::test]
 async fn a_failed_result_post_is_retried_and_lands_once() {
     let server = TestServer::start().await;

@@ -6,7 +6,7 @@
 //! unanswered by an earlier run is answered now. Event ids are deduplicated
 //! across the two. On a disconnect it reconnects with jittered backoff
 //! (0.5 s doubling to 10 s, reset once a connection stayed up 5 s); a
-//! permanent 4xx ends the run.
+//! permanent 4xx (any but 408, 409 and 429, as the reference) ends the run.
 //!
 //! Calls run one at a time. A call the server gated (`evaluated_permission:
 //! ask`, or a value this worker does not know) waits for its
@@ -1155,6 +1155,13 @@ fn is_conflict(e: &Error) -> bool {
     e.status() == Some(409)
 }
 
+/// A stream error no reconnect can mend: a 4xx but 408, 409 and 429 (the
+/// reference's fatal set; a `409` is a conflict worth retrying), or a
+/// response that cannot be read.
+fn ends_the_stream(e: &Error) -> bool {
+    e.is_permanent() && !is_conflict(e)
+}
+
 /// A `409` on a result post that says the call already has a result.
 /// Another `409` (a lock timeout) is retried like a transient failure.
 fn already_answered(e: &Error) -> bool {
@@ -1175,7 +1182,7 @@ async fn stream_task(
     loop {
         let connected_at = Instant::now();
         match client.sessions().stream(&session_id).await {
-            Err(e) if e.is_permanent() => {
+            Err(e) if ends_the_stream(&e) => {
                 let _ = tx.send(Feed::Fatal(e)).await;
                 return;
             }
@@ -1210,7 +1217,7 @@ async fn stream_task(
                                     return;
                                 }
                             }
-                            Some(Err(e)) if e.is_permanent() => {
+                            Some(Err(e)) if ends_the_stream(&e) => {
                                 let _ = tx.send(Feed::Fatal(e)).await;
                                 return;
                             }
