@@ -420,6 +420,40 @@ async fn a_conflict_on_the_event_stream_is_retried_not_fatal() {
     assert_eq!(served.results_for(&served.step_id(0)).len(), 1);
 }
 
+/// A transient failure of the history read after a reconnect is retried
+/// (twice, as the reference's client retries a request), so a call emitted
+/// while the stream was down is not left waiting for another reconnect.
+#[tokio::test]
+async fn a_transient_failure_of_the_history_read_is_retried() {
+    let logs = Logs::capture();
+    let server = TestServer::start().await;
+    // The first two stream connections fail: the call reaches the runner
+    // only through the history, whose first read fails once.
+    server
+        .add_faults(vec![
+            json!({"method": "GET", "path": "/v1/sessions/*/events/stream", "status": 503, "times": 2}),
+            json!({"method": "GET", "path": "/v1/sessions/*/events", "status": 503, "times": 1}),
+        ])
+        .await;
+    let served = serve(
+        &server,
+        json!({"name": "history-retried", "steps": [
+            {"tool": "bash", "input": {"command": "echo one"}, "timeout_ms": 15000, "expect": {"contains": "one"}}
+        ]}),
+        quick(),
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.results_for(&served.step_id(0)).len(), 1);
+    assert_eq!(
+        logs.count("reading the session's history failed; retrying"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(logs.count("reconcile list failed"), 0, "{}", logs.text());
+}
+
 #[tokio::test]
 async fn a_failed_result_post_is_retried_and_lands_once() {
     let server = TestServer::start().await;

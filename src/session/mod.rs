@@ -108,6 +108,15 @@ const DEADLINE_SLACK: Duration = Duration::from_secs(5);
 /// the lease survived does not end the session, short enough that a result
 /// the API keeps refusing gives the slot back.
 pub const UNDELIVERED_BOUND_WINDOWS: u32 = 2;
+/// Attempts of one history read after a (re)connect: the first and two
+/// retries of a transient failure, as the reference's client retries any
+/// request (its default `max_retries` of 2). A read that still fails skips
+/// that reconcile, and only the next reconnect would find a call emitted
+/// while the stream was down.
+const HISTORY_READ_ATTEMPTS: u32 = 3;
+/// The wait before the first retry of a history read; it doubles (jittered),
+/// as the reference client's 0.5 s.
+const HISTORY_RETRY_START: Duration = Duration::from_millis(500);
 
 /// How long a failing result post may keep retrying: the worker sets it to
 /// the lease TTL on every heartbeat, so a post is only abandoned once the
@@ -1170,6 +1179,37 @@ fn already_answered(e: &Error) -> bool {
     })
 }
 
+/// The session's whole history, oldest first; a transient failure is
+/// retried ([`HISTORY_READ_ATTEMPTS`]).
+async fn read_history(client: &Client, session_id: &str) -> Result<Vec<SessionEvent>, Error> {
+    let mut wait = HISTORY_RETRY_START;
+    let mut attempt = 1;
+    loop {
+        let read = client
+            .sessions()
+            .events(
+                session_id,
+                ListEvents {
+                    limit: Some(1000),
+                    order: Some(Order::Asc),
+                    ..Default::default()
+                },
+            )
+            .try_collect::<Vec<_>>()
+            .await;
+        match read {
+            Err(e) if attempt < HISTORY_READ_ATTEMPTS && !ends_the_stream(&e) => {
+                let jittered = wait.mul_f64(rand::rng().random_range(0.75..=1.0));
+                warn!(session_id = %session_id, attempt, backoff_ms = jittered.as_millis() as u64, error = %e, "reading the session's history failed; retrying");
+                tokio::time::sleep(jittered).await;
+                wait *= 2;
+                attempt += 1;
+            }
+            read => return read,
+        }
+    }
+}
+
 /// Keep the event stream open: connect, read the history, forward live
 /// events; reconnect with jittered backoff; report a permanent error.
 async fn stream_task(
@@ -1192,18 +1232,7 @@ async fn stream_task(
             Ok(stream) => {
                 // The stream is attached first: an event emitted while the
                 // history is read arrives live instead of being lost.
-                let history = client
-                    .sessions()
-                    .events(
-                        &session_id,
-                        ListEvents {
-                            limit: Some(1000),
-                            order: Some(Order::Asc),
-                            ..Default::default()
-                        },
-                    )
-                    .try_collect::<Vec<_>>()
-                    .await;
+                let history = read_history(&client, &session_id).await;
                 if tx.send(Feed::History(history)).await.is_err() {
                     return;
                 }
