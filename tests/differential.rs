@@ -263,7 +263,10 @@ async fn edits_between_two_syncs_make_one_version() {
     .await;
     let f = &ours.versions["notes"]["/f.md"];
     assert_eq!(f.len(), 1, "{f:?}");
-    assert_eq!(f[0].content_sha256.as_deref(), Some(common::sha256("v3\n").as_str()));
+    assert_eq!(
+        f[0].content_sha256.as_deref(),
+        Some(common::sha256("v3\n").as_str())
+    );
 }
 
 /// An edit whose content the server already holds (another writer set the
@@ -359,4 +362,56 @@ async fn a_stuck_upload_at_teardown_holds_back_no_other_file() {
         "{}",
         theirs.log
     );
+}
+
+/// Issue 24 item 7: a result post the API refuses (a 400, once) does not end
+/// the session. The call stays unanswered until the next reconcile, after
+/// the event stream reconnects (the devserver closes each stream 2 s after
+/// it opens), which answers it; the session goes on to its next call. The
+/// call is a `write` of fixed content, so the reference's second run of the
+/// tool and envworker's post of the result it kept leave the same workdir.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_result_post_that_fails_is_answered_at_the_next_reconcile() {
+    let (ours, theirs) = both(Case::new(
+        "answered-again",
+        json!({
+            "name": "answered-again",
+            "steps": [
+                {"faults": [
+                    {"method": "GET", "path": "/v1/sessions/*/events/stream", "cut_after_ms": 2000},
+                    {"method": "POST", "path": "/v1/sessions/*/events", "status": 400, "times": 1}
+                ]},
+                {"tool": "write", "input": {"file_path": "notes.txt", "content": "kept\n"},
+                 "timeout_ms": 60000, "expect": {"is_error": false}},
+                {"tool": "read", "input": {"file_path": "notes.txt"},
+                 "expect": {"is_error": false, "contains": "kept"}},
+                {"clear_faults": true}
+            ]
+        }),
+    ))
+    .await;
+    assert!(
+        theirs.log.contains("failed to send tool result"),
+        "{}",
+        theirs.log
+    );
+    for (who, served) in [("envworker", &ours), ("the SDK", &theirs)] {
+        // The refused post, then a reconnect of the stream, then the post
+        // that landed: answered at the reconcile, not by a retry.
+        let at = |want: &dyn Fn(&(String, String), u16) -> bool, from: usize| {
+            (from..served.requests.len())
+                .find(|&i| want(&served.requests[i], served.statuses[i]))
+                .unwrap_or_else(|| panic!("{who}: {:#?}", served.requests))
+        };
+        let post = |(m, p): &(String, String)| m == "POST" && p.ends_with("/events");
+        let refused = at(&|r, s| post(r) && s == 400, 0);
+        let stream = at(
+            &|(m, p), _| m == "GET" && p.ends_with("/events/stream"),
+            refused,
+        );
+        let landed = at(&|r, s| post(r) && s == 200, refused);
+        assert!(stream < landed, "{who}: {:#?}", served.requests);
+    }
+    let tree = ours.workdir_tree();
+    assert_eq!(tree["notes.txt"], "file: kept\n", "{tree:#?}");
 }

@@ -8,10 +8,13 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::harness::Logs;
 use common::{ADMIN_KEY, Started, TestServer};
 use envworker::api::types::{PollWork, WorkSecret};
 use envworker::api::{Client, Credential};
-use envworker::session::{CallOutcome, RunEnd, RunReport, RunnerOptions, SessionRunner};
+use envworker::session::{
+    CallOutcome, RunEnd, RunReport, RunnerOptions, SendWindow, SessionRunner,
+};
 use envworker::tools::{ToolContext, ToolError, ToolHandler, ToolOutput, Toolset};
 use futures::future::BoxFuture;
 use reqwest::Method;
@@ -395,6 +398,62 @@ async fn a_dropped_stream_reconnects_and_the_history_fills_the_gap() {
     }
 }
 
+/// A `409` on the event stream is retried like a `408` or `429`, as the
+/// reference does (its fatal 4xx are all the others): one conflict does not
+/// end the run.
+#[tokio::test]
+async fn a_conflict_on_the_event_stream_is_retried_not_fatal() {
+    let server = TestServer::start().await;
+    server
+        .add_faults(vec![json!({"method": "GET", "path": "/v1/sessions/*/events/stream", "status": 409, "times": 2})])
+        .await;
+    let served = serve(
+        &server,
+        json!({"name": "stream-conflict", "steps": [
+            {"tool": "bash", "input": {"command": "echo one"}, "expect": {"contains": "one"}}
+        ]}),
+        quick(),
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.run.end, RunEnd::Idle);
+    assert_eq!(served.results_for(&served.step_id(0)).len(), 1);
+}
+
+/// A transient failure of the history read after a reconnect is retried
+/// (twice, as the reference's client retries a request), so a call emitted
+/// while the stream was down is not left waiting for another reconnect.
+#[tokio::test]
+async fn a_transient_failure_of_the_history_read_is_retried() {
+    let logs = Logs::capture();
+    let server = TestServer::start().await;
+    // The first two stream connections fail: the call reaches the runner
+    // only through the history, whose first read fails once.
+    server
+        .add_faults(vec![
+            json!({"method": "GET", "path": "/v1/sessions/*/events/stream", "status": 503, "times": 2}),
+            json!({"method": "GET", "path": "/v1/sessions/*/events", "status": 503, "times": 1}),
+        ])
+        .await;
+    let served = serve(
+        &server,
+        json!({"name": "history-retried", "steps": [
+            {"tool": "bash", "input": {"command": "echo one"}, "timeout_ms": 15000, "expect": {"contains": "one"}}
+        ]}),
+        quick(),
+    )
+    .await;
+    served.assert_passed();
+    assert_eq!(served.results_for(&served.step_id(0)).len(), 1);
+    assert_eq!(
+        logs.count("reading the session's history failed; retrying"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(logs.count("reconcile list failed"), 0, "{}", logs.text());
+}
+
 #[tokio::test]
 async fn a_failed_result_post_is_retried_and_lands_once() {
     let server = TestServer::start().await;
@@ -458,12 +517,14 @@ async fn a_permanent_post_error_is_not_retried() {
     let workdir = tempfile::tempdir().unwrap();
     let attempts = Arc::new(Mutex::new(Vec::new()));
     let seen = attempts.clone();
+    let window = Duration::from_millis(500);
     let runner = SessionRunner::new(
         claimed.client.clone(),
         &started.session_id,
         Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
         RunnerOptions {
             observer: Some(Arc::new(move |r| seen.lock().unwrap().push(r.clone()))),
+            send_window: SendWindow::fixed(window),
             ..quick()
         },
     );
@@ -474,11 +535,8 @@ async fn a_permanent_post_error_is_not_retried() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // One attempt only: well under the 1 s first backoff.
-    assert!(
-        began.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        began.elapsed()
-    );
+    let gave_up = began.elapsed();
+    assert!(gave_up < Duration::from_millis(900), "{gave_up:?}");
     assert_eq!(
         attempts.lock().unwrap()[0].outcome,
         CallOutcome::Answered {
@@ -486,11 +544,18 @@ async fn a_permanent_post_error_is_not_retried() {
             posted: false
         }
     );
-    // The agent would wait for that result forever: the run ends by itself.
+    // The agent would wait for that result for ever, and no reconcile comes
+    // (the stream stays up): the run ends by itself once the call has stayed
+    // undeliverable for the bound, two send windows — not at once.
     let report = tokio::time::timeout(Duration::from_secs(5), run)
         .await
         .expect("the run ends")
         .unwrap();
+    assert!(
+        began.elapsed() >= 2 * window,
+        "ended {:?} after the start; the post was given up by {gave_up:?}",
+        began.elapsed()
+    );
     match report.end {
         RunEnd::Undelivered { tool_use_id, error } => {
             assert_eq!(tool_use_id, attempts.lock().unwrap()[0].tool_use_id);
@@ -498,6 +563,216 @@ async fn a_permanent_post_error_is_not_retried() {
         }
         other => panic!("expected an undelivered result, got {other:?}"),
     }
+}
+
+/// The runner's own requests on the session (method, path after the
+/// session's, status), in arrival order, from the devserver's request log.
+async fn session_requests(server: &TestServer, session_id: &str) -> Vec<(String, String, u64)> {
+    let logged = server.dev(Method::GET, "/dev/requests", None).await.ok();
+    let prefix = format!("/v1/sessions/{session_id}");
+    logged["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["auth"] == "bearer")
+        .filter_map(|r| {
+            let rest = r["path"].as_str()?.strip_prefix(&prefix)?;
+            Some((
+                r["method"].as_str()?.to_string(),
+                rest.to_string(),
+                r["status"].as_u64()?,
+            ))
+        })
+        .collect()
+}
+
+/// Wait until `logs` has `n` lines holding `needle`.
+async fn until_logged(logs: &Logs, needle: &str, n: usize, within: Duration) {
+    let began = std::time::Instant::now();
+    while logs.count(needle) < n {
+        assert!(
+            began.elapsed() < within,
+            "no {n}× {needle:?} within {within:?}:\n{}",
+            logs.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 24 item 7: a result that could not be posted within the send
+/// window does not end the run. The call stays unanswered until the next
+/// reconcile — after the event stream reconnects, as the reference does —
+/// which posts the result computed the first time (the tool does not run a
+/// second time), and the session goes on to its next call.
+#[tokio::test]
+async fn a_result_that_could_not_be_posted_is_answered_at_the_next_reconcile_and_the_session_goes_on()
+ {
+    let logs = Logs::capture();
+    let server = TestServer::start().await;
+    server
+        .add_faults(vec![
+            // The first event stream is closed by the server 3.5 s after it
+            // opens: after the post gave up (a 2 s window), well before the
+            // bound (two more windows).
+            json!({"method": "GET", "path": "/v1/sessions/*/events/stream", "cut_after_ms": 3500, "times": 1}),
+            // Every result post fails until the test clears the rules.
+            json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 503}),
+        ])
+        .await;
+    let started = server
+        .start_scenario(&json!({"name": "answered-again", "steps": [
+            {"tool": "bash", "input": {"command": "echo ran >> runs.txt; wc -l < runs.txt"},
+             "timeout_ms": 30000, "expect": {"is_error": false, "contains": "1"}},
+            {"tool": "bash", "input": {"command": "echo two"}, "expect": {"contains": "two"}}
+        ]}))
+        .await;
+    let claimed = claim(&server, &started).await;
+    let workdir = tempfile::tempdir().unwrap();
+    let runner = SessionRunner::new(
+        claimed.client.clone(),
+        &started.session_id,
+        Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
+        RunnerOptions {
+            send_window: SendWindow::fixed(Duration::from_secs(2)),
+            post_backoff_start: Duration::from_millis(50),
+            post_backoff_cap: Duration::from_millis(200),
+            ..quick()
+        },
+    );
+    let run = tokio::spawn(runner.run(CancellationToken::new()));
+    until_logged(
+        &logs,
+        "failed to send tool result",
+        1,
+        Duration::from_secs(10),
+    )
+    .await;
+    server.clear_faults().await;
+    let run = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("the runner ends")
+        .unwrap();
+    claimed
+        .env_client
+        .work(&started.environment_id)
+        .stop(&claimed.work_id, true)
+        .await
+        .unwrap();
+    let report = server
+        .final_report(&started.session_id, Duration::from_secs(30))
+        .await;
+    assert_eq!(report["status"], "passed", "{report:#}\n{}", logs.text());
+    assert_eq!(run.end, RunEnd::Idle, "{}", logs.text());
+    assert_eq!(
+        (
+            run.stats.executed,
+            run.stats.posted,
+            run.stats.post_failures
+        ),
+        (2, 2, 1)
+    );
+    // The command ran once: the result posted at the reconcile is the one
+    // computed before.
+    assert_eq!(
+        std::fs::read_to_string(workdir.path().join("runs.txt")).unwrap(),
+        "ran\n"
+    );
+    // Nothing was posted between the give-up and the reconnect: the first
+    // result that landed came after the second stream and its history read.
+    let requests = session_requests(&server, &started.session_id).await;
+    let landed = requests
+        .iter()
+        .position(|(m, p, s)| m == "POST" && p == "/events" && *s == 200)
+        .expect("a result landed");
+    let streams: Vec<usize> = requests
+        .iter()
+        .enumerate()
+        .filter(|(_, (m, p, _))| m == "GET" && p == "/events/stream")
+        .map(|(i, _)| i)
+        .collect();
+    assert!(streams.len() >= 2, "{requests:#?}");
+    assert!(streams[1] < landed, "{requests:#?}");
+    let last_refused = requests
+        .iter()
+        .rposition(|(m, p, s)| m == "POST" && p == "/events" && *s == 503)
+        .unwrap();
+    assert!(last_refused < streams[1], "{requests:#?}");
+    assert_eq!(logs.count("still undeliverable"), 0, "{}", logs.text());
+}
+
+/// The bound: a call whose result stays undeliverable is answered again at
+/// each reconcile, but the slot is not held for ever — two send windows
+/// after its first post gave up, the run ends and says why. The tool ran once.
+#[tokio::test]
+async fn a_result_still_undeliverable_past_the_bound_ends_the_run_and_says_so() {
+    let logs = Logs::capture();
+    let server = TestServer::start().await;
+    server
+        .add_faults(vec![
+            // Every event stream is closed 700 ms after it opens: reconciles keep coming.
+            json!({"method": "GET", "path": "/v1/sessions/*/events/stream", "cut_after_ms": 700}),
+            json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 503}),
+        ])
+        .await;
+    let started = server
+        .start_scenario(&json!({"name": "never-delivered", "steps": [
+            {"tool": "bash", "input": {"command": "echo ran >> runs.txt"}, "timeout_ms": 30000}
+        ]}))
+        .await;
+    let claimed = claim(&server, &started).await;
+    let workdir = tempfile::tempdir().unwrap();
+    let window = Duration::from_secs(1);
+    let runner = SessionRunner::new(
+        claimed.client.clone(),
+        &started.session_id,
+        Arc::new(Toolset::new(ToolContext::new(workdir.path()))),
+        RunnerOptions {
+            send_window: SendWindow::fixed(window),
+            post_backoff_start: Duration::from_millis(50),
+            post_backoff_cap: Duration::from_millis(200),
+            ..quick()
+        },
+    );
+    let began = std::time::Instant::now();
+    let run = tokio::time::timeout(
+        Duration::from_secs(20),
+        runner.run(CancellationToken::new()),
+    )
+    .await
+    .expect("the run ends");
+    // The first post gives up a window after the call, and the bound is two
+    // more windows.
+    assert!(
+        began.elapsed() >= 3 * window,
+        "ended after {:?}: {}",
+        began.elapsed(),
+        logs.text()
+    );
+    match &run.end {
+        RunEnd::Undelivered { error, .. } => assert!(error.contains("503"), "{error}"),
+        other => panic!("expected an undelivered result, got {other:?}"),
+    }
+    assert!(
+        logs.count("failed to send tool result") >= 2,
+        "answered again at a reconcile: {}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("still undeliverable"),
+        1,
+        "the end says why: {}",
+        logs.text()
+    );
+    assert!(
+        logs.count("ending the session's work item so its slot is not held") >= 1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(run.stats.executed, 1);
+    assert_eq!(
+        std::fs::read_to_string(workdir.path().join("runs.txt")).unwrap(),
+        "ran\n"
+    );
 }
 
 /// A tool handler that sleeps past its deadline, and records the order of calls and hooks.

@@ -1535,9 +1535,12 @@ async fn the_lease_ttl_bounds_how_long_a_failing_tool_result_send_is_retried() {
     // Every result post hangs 1.2 s, then fails with a 503. The runner keeps
     // retrying (1 s, 2 s, 4 s … jittered) for the send window, which the
     // heartbeat sets to the lease TTL: with 2 s the window closes after the
-    // second attempt; with 10 s it allows four or five. Then the result is
-    // undeliverable and the item ends instead of holding its slot.
-    for (ttl, least) in [(2, 2), (10, 4)] {
+    // second attempt; with 10 s it allows four or five. Then the call waits
+    // for the next reconcile (none comes: the stream stays up). With 2 s the
+    // bound (two TTLs) ends the item; with 10 s the session moves on first:
+    // the scenario's step times out at 15 s and ends the turn, and the item
+    // ends idle. Either way it does not hold its slot.
+    for (ttl, least, step_timeout_ms) in [(2, 2, 30000), (10, 4, 15000)] {
         let env = Env::with_ttl(ttl).await;
         let recorder = Recorder::start(&env.server, None).await;
         env.fault(json!({"method": "POST", "path": "/v1/sessions/*/events", "latency_ms": 1200, "status": 503}))
@@ -1546,16 +1549,17 @@ async fn the_lease_ttl_bounds_how_long_a_failing_tool_result_send_is_retried() {
             .server
             .start_scenario(&json!({"name": "unsent", "steps": [
                 // Long enough for the first heartbeat to set the window.
-                {"tool": "bash", "input": {"command": "sleep 1; echo done"}, "timeout_ms": 30000}
+                {"tool": "bash", "input": {"command": "sleep 1; echo done"}, "timeout_ms": step_timeout_ms}
             ]}))
             .await;
         let logs = Logs::capture();
         let items = drain(&env.worker(&started, |o| o.base_url = recorder.url.clone())).await;
-        match &items[0].outcome {
-            ItemOutcome::Served(RunEnd::Undelivered { error, .. }) => {
+        match (ttl, &items[0].outcome) {
+            (2, ItemOutcome::Served(RunEnd::Undelivered { error, .. })) => {
                 assert!(error.contains("503"), "{error}")
             }
-            other => panic!("TTL {ttl}s: expected an undelivered result, got {other:?}"),
+            (10, ItemOutcome::Served(RunEnd::Idle)) => {}
+            (_, other) => panic!("TTL {ttl}s: unexpected end {other:?}"),
         }
         assert!(items[0].stopped);
         let posts = recorder.matching(
@@ -1871,4 +1875,156 @@ async fn a_drain_serving_items_side_by_side_gives_each_its_own_fresh_directory()
     assert_eq!(report.items.len(), 2);
     passed(&env.report(&a).await);
     passed(&env.report(&b).await);
+}
+
+/// Spawn a drain of `started`'s environment, so the test can act while the
+/// item runs.
+fn spawn_drain(env: &Env, started: &Started) -> tokio::task::JoinHandle<Vec<ItemReport>> {
+    let worker = env.worker(started, |_| {});
+    tokio::spawn(async move { drain(&worker).await })
+}
+
+/// Wait until `logs` has a line holding `needle`; when it was seen.
+async fn until_logged(logs: &Logs, needle: &str, within: Duration) -> Instant {
+    let began = Instant::now();
+    while logs.count(needle) == 0 {
+        assert!(
+            began.elapsed() < within,
+            "no {needle:?} within {within:?}:\n{}",
+            logs.text()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Instant::now()
+}
+
+/// Issue 24 item 7: a result the worker could not post within the send
+/// window (the lease TTL) does not end the item. The next reconcile, after
+/// the event stream reconnects, answers the call with the result computed
+/// the first time, and the session goes on to its next call.
+#[tokio::test]
+async fn a_result_that_could_not_be_posted_is_answered_at_the_next_reconcile_and_the_item_goes_on()
+{
+    let logs = Logs::capture();
+    // A 3 s TTL: the post gives up 3 s after the result, the bound is 6 s more.
+    let env = Env::with_ttl(3).await;
+    env.server
+        .add_faults(vec![
+            // The first stream is closed 6 s after it opens: after the give-up.
+            json!({"method": "GET", "path": "/v1/sessions/*/events/stream", "cut_after_ms": 6000, "times": 1}),
+            json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 503}),
+        ])
+        .await;
+    let started = env
+        .server
+        .start_scenario(&json!({"name": "answered-again", "steps": [
+            // Long enough for the first heartbeat to set the window.
+            {"tool": "bash", "input": {"command": "sleep 1; echo ran >> runs.txt; wc -l < runs.txt"},
+             "timeout_ms": 30000, "expect": {"is_error": false, "contains": "1"}},
+            {"tool": "bash", "input": {"command": "echo two"}, "expect": {"contains": "two"}}
+        ]}))
+        .await;
+    let drained = spawn_drain(&env, &started);
+    until_logged(&logs, "failed to send tool result", Duration::from_secs(15)).await;
+    env.server.clear_faults().await;
+    let items = drained.await.unwrap();
+    passed(&env.report(&started).await);
+    assert_eq!(
+        items[0].outcome,
+        ItemOutcome::Served(RunEnd::Idle),
+        "{}",
+        logs.text()
+    );
+    assert!(items[0].stopped);
+    assert_eq!(
+        (items[0].stats.executed, items[0].stats.post_failures),
+        (2, 1)
+    );
+    assert_eq!(
+        std::fs::read_to_string(env.work.path().join("runs.txt")).unwrap(),
+        "ran\n",
+        "the command ran once"
+    );
+    assert_eq!(logs.count("tool result delivered at the reconcile"), 1);
+    assert_eq!(logs.count("still undeliverable"), 0, "{}", logs.text());
+}
+
+/// The bound in the worker: the send window is the lease TTL, so a call
+/// whose result stays undeliverable ends the item two TTLs after its post
+/// gave up — not at once — and the log says so; the item is stopped.
+#[tokio::test]
+async fn a_result_undeliverable_for_two_lease_ttls_ends_the_item_and_says_so() {
+    let logs = Logs::capture();
+    let env = Env::with_ttl(2).await;
+    env.fault(json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 503}))
+        .await;
+    let started = env
+        .server
+        .start_scenario(&json!({"name": "never-delivered", "steps": [
+            {"tool": "bash", "input": {"command": "sleep 1; echo hi"}, "timeout_ms": 30000}
+        ]}))
+        .await;
+    let drained = spawn_drain(&env, &started);
+    let gave_up = until_logged(&logs, "failed to send tool result", Duration::from_secs(15)).await;
+    let items = drained.await.unwrap();
+    let waited = gave_up.elapsed();
+    match &items[0].outcome {
+        ItemOutcome::Served(RunEnd::Undelivered { error, .. }) => {
+            assert!(error.contains("503"), "{error}")
+        }
+        other => panic!("expected an undelivered result, got {other:?}"),
+    }
+    assert!(
+        waited >= Duration::from_millis(3800) && waited < Duration::from_secs(10),
+        "the item ended {waited:?} after the give-up; the bound is 2 × 2 s"
+    );
+    assert!(items[0].stopped);
+    assert_eq!(
+        logs.count("failed to send tool result"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert_eq!(
+        logs.count("still undeliverable"),
+        1,
+        "the end says why: {}",
+        logs.text()
+    );
+}
+
+/// While a call waits for the reconcile that answers it again, losing the
+/// lease still ends the item at once, as before: released, not stopped,
+/// without waiting for the bound.
+#[tokio::test]
+async fn a_lease_lost_while_a_result_waits_for_the_reconcile_ends_the_item_at_once() {
+    let logs = Logs::capture();
+    let env = Env::with_ttl(2).await;
+    env.fault(json!({"method": "POST", "path": "/v1/sessions/*/events", "status": 503}))
+        .await;
+    let started = env
+        .server
+        .start_scenario(&json!({"name": "lost-while-waiting", "steps": [
+            {"tool": "bash", "input": {"command": "sleep 1; echo hi"}, "timeout_ms": 30000}
+        ]}))
+        .await;
+    let drained = spawn_drain(&env, &started);
+    let gave_up = until_logged(&logs, "failed to send tool result", Duration::from_secs(15)).await;
+    env.fault(json!({"path": "/v1/environments/*/work/*/heartbeat", "status": 412}))
+        .await;
+    let items = drained.await.unwrap();
+    let waited = gave_up.elapsed();
+    assert_eq!(
+        items[0].outcome,
+        ItemOutcome::Served(RunEnd::Cancelled),
+        "{}",
+        logs.text()
+    );
+    assert_eq!(items[0].lease, Some(LeaseEnd::Lost));
+    assert!(!items[0].stopped, "released, not stopped");
+    assert!(
+        waited < Duration::from_secs(3),
+        "the lease's loss ended the item {waited:?} after the give-up, not the bound (4 s)"
+    );
+    assert_eq!(logs.count("still undeliverable"), 0, "{}", logs.text());
 }

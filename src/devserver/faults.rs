@@ -5,8 +5,11 @@
 //!
 //! Rule syntax for the flag: `[METHOD ]PATH_GLOB:key=value[,key=value…]`,
 //! where `*` in the glob matches anything (slashes too) and the keys are
-//! `latency_ms`, `status`, `rate` (0–1, default 1), `drop` (`true`) and
-//! `times` (apply to this many matching requests, then stop). For example
+//! `latency_ms`, `status`, `rate` (0–1, default 1), `drop` (`true`),
+//! `cut_after_ms` (handle the request, then end its response this long after
+//! it began: an open event stream is closed by the server, as a proxy's
+//! timeout or a deploy does, and the client must reconnect) and `times`
+//! (apply to this many matching requests, then stop). For example
 //! `POST /v1/memory_stores/*/memories/*:status=503,rate=0.5` or
 //! `*:latency_ms=5`. Through `POST /dev/faults` a rule may also carry
 //! `headers` (e.g. `{"retry-after-ms": "1500"}`) added to its injected error
@@ -54,6 +57,11 @@ pub struct FaultRule {
     /// Handle the request (it commits), then drop the response.
     #[serde(default)]
     pub(crate) drop_response: bool,
+    /// Handle the request, then end its response body this many ms after it
+    /// began. An event stream open that long is closed by the server, as a
+    /// proxy's idle timeout or a deploy does; the client has to reconnect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cut_after_ms: Option<u64>,
     /// Probability that a matching request gets the status or the drop.
     #[serde(default = "one")]
     pub(crate) rate: f64,
@@ -87,6 +95,7 @@ impl FaultRule {
             latency_ms: 0,
             status: None,
             drop_response: false,
+            cut_after_ms: None,
             rate: 1.0,
             times: None,
             headers: BTreeMap::new(),
@@ -101,6 +110,9 @@ impl FaultRule {
                 "status" => rule.status = Some(value.trim().parse().map_err(|_| bad())?),
                 "rate" => rule.rate = value.trim().parse().map_err(|_| bad())?,
                 "drop" => rule.drop_response = value.trim().parse().map_err(|_| bad())?,
+                "cut_after_ms" => {
+                    rule.cut_after_ms = Some(value.trim().parse().map_err(|_| bad())?)
+                }
                 "times" => rule.times = Some(value.trim().parse().map_err(|_| bad())?),
                 other => return Err(format!("fault {spec:?}: unknown key {other:?}")),
             }
@@ -115,6 +127,16 @@ impl FaultRule {
                 "latency_ms is {}; it must be at most {MAX_LATENCY_MS} (10 minutes)",
                 self.latency_ms
             ));
+        }
+        if let Some(cut) = self.cut_after_ms
+            && cut > MAX_LATENCY_MS
+        {
+            return Err(format!(
+                "cut_after_ms is {cut}; it must be at most {MAX_LATENCY_MS} (10 minutes)"
+            ));
+        }
+        if self.cut_after_ms.is_some() && self.status.is_some() {
+            return Err("cut_after_ms cuts a handled response; it cannot go with a status".into());
         }
         if let Some(times) = self.times
             && times > MAX_TIMES
@@ -195,6 +217,8 @@ struct Decision {
     /// The headers of the rule whose status applies.
     headers: BTreeMap<String, String>,
     drop_response: bool,
+    /// End the response body this long after the request began.
+    cut_after: Option<Duration>,
 }
 
 impl Faults {
@@ -241,6 +265,10 @@ impl Faults {
                 }
                 decision.status = decision.status.or(rule.status);
                 decision.drop_response |= rule.drop_response;
+                if let Some(ms) = rule.cut_after_ms {
+                    let cut = Duration::from_millis(ms);
+                    decision.cut_after = Some(decision.cut_after.map_or(cut, |c| c.min(cut)));
+                }
             }
         }
         rules.retain(|r| r.times != Some(0));
@@ -266,6 +294,7 @@ fn error_kind(status: u16) -> &'static str {
 
 /// The middleware: applied to the API routes (not to `/dev`).
 pub async fn inject(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let began = tokio::time::Instant::now();
     let decision = state
         .faults()
         .decide(request.method().as_str(), request.uri().path());
@@ -295,6 +324,15 @@ pub async fn inject(State(state): State<AppState>, request: Request, next: Next)
             Err::<bytes::Bytes, std::io::Error>(std::io::Error::other("fault: response dropped"))
         });
         return Response::from_parts(parts, Body::from_stream(broken));
+    }
+    if let Some(cut) = decision.cut_after {
+        // The body ends cleanly at the cut, as a server closing the stream.
+        use futures::StreamExt;
+        let (parts, body) = response.into_parts();
+        let cut_off = body
+            .into_data_stream()
+            .take_until(tokio::time::sleep_until(began + cut));
+        return Response::from_parts(parts, Body::from_stream(cut_off));
     }
     response
 }
@@ -374,6 +412,29 @@ mod tests {
         ] {
             assert!(FaultRule::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_cut_rides_on_a_handled_request_and_the_earliest_applies() {
+        let r =
+            FaultRule::parse("GET /v1/sessions/*/events/stream:cut_after_ms=1500,times=1").unwrap();
+        assert_eq!((r.cut_after_ms, r.times), (Some(1500), Some(1)));
+        assert!(FaultRule::parse("/x:cut_after_ms=1,status=503").is_err());
+        assert!(FaultRule::parse("/x:cut_after_ms=600001").is_err());
+        let faults = Faults::new(vec![
+            FaultRule::parse("GET /s:cut_after_ms=900").unwrap(),
+            FaultRule::parse("*:cut_after_ms=300,times=1").unwrap(),
+        ]);
+        let first = faults.decide("GET", "/s");
+        assert_eq!(
+            (first.cut_after, first.status),
+            (Some(Duration::from_millis(300)), None)
+        );
+        assert_eq!(
+            faults.decide("GET", "/s").cut_after,
+            Some(Duration::from_millis(900))
+        );
+        assert_eq!(faults.decide("GET", "/other").cut_after, None);
     }
 
     #[test]

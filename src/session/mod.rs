@@ -6,7 +6,7 @@
 //! unanswered by an earlier run is answered now. Event ids are deduplicated
 //! across the two. On a disconnect it reconnects with jittered backoff
 //! (0.5 s doubling to 10 s, reset once a connection stayed up 5 s); a
-//! permanent 4xx ends the run.
+//! permanent 4xx (any but 408, 409 and 429, as the reference) ends the run.
 //!
 //! Calls run one at a time. A call the server gated (`evaluated_permission:
 //! ask`, or a value this worker does not know) waits for its
@@ -20,13 +20,25 @@
 //! previous call's sync. A `409` saying the call already has a result (the
 //! answer to an attempt that landed was lost) counts as delivered.
 //!
+//! A result that could not be posted (refused, or still failing when the
+//! window ran out) does not end the run: as in the reference, the call stays
+//! unanswered and the next reconcile — the history read after the stream
+//! reconnects — finds it and answers it again, and the session goes on.
+//! Unlike the reference, which runs the tool a second time, the result
+//! computed the first time is kept and posted again: a command with side
+//! effects does not run twice, and an edit that was made is not reported as
+//! failed the second time. A call answered meanwhile (the post landed though
+//! its answer was lost, or another client answered it) or of a thread that
+//! terminated is forgotten. The slot is still never held for ever: a call
+//! that stays undeliverable for [`UNDELIVERED_BOUND_WINDOWS`] send windows
+//! after its first post gave up ends the run ([`RunEnd::Undelivered`]).
+//!
 //! The run ends on `session.status_terminated` / `session.deleted`, after
 //! `max_idle` of idle following a turn that ended, on a permanent error, when
-//! a result cannot be delivered (refused, or the window ran out: the agent
-//! would wait for it forever, so the slot is given back), or when the caller
-//! cancels (lease lost, control-plane stop) — which drops the call in flight
-//! (the shell is killed) and returns at once: the item is no longer ours, or
-//! the control plane took it back.
+//! a result stayed undeliverable past the bound, or when the caller cancels
+//! (lease lost, control-plane stop) — which drops the call in flight (the
+//! shell is killed) and returns at once: the item is no longer ours, or the
+//! control plane took it back.
 //!
 //! A shutdown of this worker (SIGTERM) is different:
 //! the session still waits for the call in flight, and nobody else will
@@ -83,6 +95,28 @@ pub const DEFAULT_CALL_GRACE: Duration = DRAIN_TIMEOUT;
 /// Slack past a call's deadline before the runner stops waiting for a tool
 /// that ignores it.
 const DEADLINE_SLACK: Duration = Duration::from_secs(5);
+/// How long a call whose result could not be posted may stay undelivered
+/// before the run ends ([`RunEnd::Undelivered`]), in send windows counted
+/// from the moment its first post gave up. Meanwhile it waits for the next
+/// reconcile (the stream's reconnect), which posts the result again, as
+/// the reference does. The reference waits without a bound, so a stream
+/// that stays up while results cannot be posted would hold the item's slot
+/// for ever. Two windows leave room for a reconnect (its backoff is at most
+/// 10 s) and for one more complete delivery attempt, which itself retries
+/// for a whole window. The window is the lease TTL in the worker, so the
+/// bound is two lease TTLs: long enough that a blip of the events endpoint
+/// the lease survived does not end the session, short enough that a result
+/// the API keeps refusing gives the slot back.
+pub const UNDELIVERED_BOUND_WINDOWS: u32 = 2;
+/// Attempts of one history read after a (re)connect: the first and two
+/// retries of a transient failure, as the reference's client retries any
+/// request (its default `max_retries` of 2). A read that still fails skips
+/// that reconcile, and only the next reconnect would find a call emitted
+/// while the stream was down.
+const HISTORY_READ_ATTEMPTS: u32 = 3;
+/// The wait before the first retry of a history read; it doubles (jittered),
+/// as the reference client's 0.5 s.
+const HISTORY_RETRY_START: Duration = Duration::from_millis(500);
 
 /// How long a failing result post may keep retrying: the worker sets it to
 /// the lease TTL on every heartbeat, so a post is only abandoned once the
@@ -91,6 +125,14 @@ const DEADLINE_SLACK: Duration = Duration::from_secs(5);
 pub struct SendWindow(Arc<AtomicU64>);
 
 impl SendWindow {
+    /// A window of `window` that nothing updates (a runner used without a
+    /// lease, or a test). A zero window means the default.
+    pub fn fixed(window: Duration) -> SendWindow {
+        let fixed = SendWindow::default();
+        fixed.set(window);
+        fixed
+    }
+
     pub(crate) fn set(&self, window: Duration) {
         self.0.store(window.as_millis() as u64, Ordering::Relaxed);
     }
@@ -156,10 +198,12 @@ pub enum RunEnd {
     Cancelled,
     /// A permanent error (401, 403, 404 …) on the event stream.
     Fatal(String),
-    /// A tool result could not be delivered: the API refused it for good, or
-    /// it kept failing for the whole send window. The agent would wait for
-    /// it forever, so the run ends and the worker lets the item go (final
-    /// sync, flush, stop) instead of holding its slot.
+    /// A tool result stayed undeliverable past the bound
+    /// ([`UNDELIVERED_BOUND_WINDOWS`] send windows after its first post gave
+    /// up), though each reconcile meanwhile posted it again. The agent would
+    /// wait for it for ever, so the run ends and the worker lets the item go
+    /// (final sync, flush, stop) instead of holding its slot. `error` is the
+    /// last post's failure.
     Undelivered { tool_use_id: String, error: String },
 }
 
@@ -348,12 +392,36 @@ struct State {
     awaiting: HashMap<String, Call>,
     queue: VecDeque<(Call, bool)>,
     terminated_threads: HashSet<String>,
+    /// Results computed and not delivered, by call id.
+    undelivered: HashMap<String, Undelivered>,
     clock: IdleClock,
     stats: RunStats,
 }
 
-/// One call run, answered and synced; the error when its result could not be delivered.
-type Done = (Call, bool, CallRecord, Option<String>);
+/// A result computed and not delivered: posted again, as it is, when a
+/// reconcile finds its call still unanswered.
+struct Undelivered {
+    result: SessionEvent,
+    /// The call's thread: a result for a terminated thread is forgotten.
+    thread: Option<String>,
+    /// When its first post gave up: the bound counts from here.
+    since: Instant,
+    /// The last post's failure.
+    error: String,
+}
+
+/// One call dealt with: run and answered (then synced), or its kept result
+/// posted again.
+struct Done {
+    call: Call,
+    /// Released by an `allow` verdict: it holds the idle clock until now.
+    allowed: bool,
+    /// The run's record; `None` when a kept result was posted again.
+    executed: Option<CallRecord>,
+    result: SessionEvent,
+    /// Why the result could not be delivered, if it could not.
+    undelivered: Option<String>,
+}
 
 /// The call being run, answered and synced, and the token that cuts it off
 /// (its command is killed and an error result posted in its place).
@@ -416,6 +484,7 @@ impl SessionRunner {
                 }
                 _ => None,
             };
+            let undelivered_deadline = self.undelivered_deadline(&st);
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => break RunEnd::Cancelled,
@@ -425,9 +494,7 @@ impl SessionRunner {
                 }
                 done = async { (&mut in_flight.as_mut().expect("guarded").done).await }, if in_flight.is_some() => {
                     in_flight = None;
-                    if let Some(end) = self.finish_call(&mut st, done) {
-                        break end;
-                    }
+                    self.finish_call(&mut st, done);
                 }
                 msg = feed.recv() => match msg {
                     None => break RunEnd::Fatal("the event stream task ended".into()),
@@ -460,6 +527,9 @@ impl SessionRunner {
                     info!(session_id = %self.session_id, max_idle_s = max.as_secs_f64(), "session idle for {:.0}s after its turn ended; stopping", max.as_secs_f64());
                     break RunEnd::Idle;
                 }
+                _ = sleep_until(undelivered_deadline), if undelivered_deadline.is_some() => {
+                    break self.give_up_undelivered(&mut st);
+                }
             }
         };
         stream_stop.cancel();
@@ -477,10 +547,7 @@ impl SessionRunner {
                     .await;
             } else if matches!(end, RunEnd::Idle | RunEnd::Fatal(_)) {
                 match tokio::time::timeout(DRAIN_TIMEOUT, call).await {
-                    Ok(done) => {
-                        // Ending anyway: an undelivered result changes nothing.
-                        let _ = self.finish_call(&mut st, done);
-                    }
+                    Ok(done) => self.finish_call(&mut st, done),
                     Err(_) => {
                         warn!(session_id = %self.session_id, "the tool call in flight did not finish within {}s; dropping it", DRAIN_TIMEOUT.as_secs())
                     }
@@ -499,12 +566,13 @@ impl SessionRunner {
     }
 
     /// Whether the session still needs a worker: a call is in flight,
-    /// queued or held for its confirmation, or the turn has not ended (the
-    /// idle countdown is not running).
+    /// queued, held for its confirmation or waiting to be answered again, or
+    /// the turn has not ended (the idle countdown is not running).
     fn mid_turn(&self, st: &State, in_flight: bool) -> bool {
         in_flight
             || !st.queue.is_empty()
             || !st.awaiting.is_empty()
+            || !st.undelivered.is_empty()
             || st.clock.armed_at().is_none()
     }
 
@@ -532,10 +600,7 @@ impl SessionRunner {
             }
         };
         tokio::select! {
-            done = answered => {
-                // Ending anyway: an undelivered result changes nothing.
-                let _ = self.finish_call(st, done);
-            }
+            done = answered => self.finish_call(st, done),
             _ = cancel.cancelled() => {
                 warn!(session_id = %self.session_id, "the lease ended while the tool call in flight was being answered; dropping it");
             }
@@ -579,6 +644,7 @@ impl SessionRunner {
             }
         }
         self.drop_terminated_holds(st);
+        self.forget_settled_results(st);
         let unanswered: Vec<Call> = pending
             .into_iter()
             .filter(|c| !st.answered.contains(&c.id))
@@ -624,6 +690,7 @@ impl SessionRunner {
             }
         } else if let Some(id) = answered_id(&event) {
             st.answered.insert(id.to_string());
+            self.forget_settled_results(st);
         } else if let SessionEvent::UserToolConfirmation(c) = &event {
             st.confirmations
                 .insert(c.tool_use_id.clone(), c.result.clone());
@@ -633,8 +700,54 @@ impl SessionRunner {
         } else if let Some(thread) = terminated_thread(&event) {
             st.terminated_threads.insert(thread);
             self.drop_terminated_holds(st);
+            self.forget_settled_results(st);
         }
         false
+    }
+
+    /// Forget the kept results of calls that need none any more: answered
+    /// meanwhile (a post that landed though its answer was lost, or another
+    /// client), or of a thread that terminated (the API takes no result).
+    fn forget_settled_results(&self, st: &mut State) {
+        let (answered, terminated) = (&st.answered, &st.terminated_threads);
+        st.undelivered.retain(|id, kept| {
+            let settled = answered.contains(id)
+                || kept.thread.as_ref().is_some_and(|t| terminated.contains(t));
+            if settled {
+                info!(session_id = %self.session_id, tool_use_id = %id, "the call whose result could not be posted needs none any more (answered, or its thread terminated); forgetting the result");
+            }
+            !settled
+        });
+    }
+
+    /// When the oldest undelivered result passes the bound.
+    fn undelivered_deadline(&self, st: &State) -> Option<Instant> {
+        let bound = self.options.send_window.get() * UNDELIVERED_BOUND_WINDOWS;
+        st.undelivered.values().map(|u| u.since + bound).min()
+    }
+
+    /// The bound passed: end the run over the oldest undelivered result.
+    fn give_up_undelivered(&self, st: &mut State) -> RunEnd {
+        let (id, kept) = st
+            .undelivered
+            .iter()
+            .min_by_key(|(_, u)| u.since)
+            .expect("a deadline means an undelivered result");
+        let waited = kept.since.elapsed();
+        error!(
+            session_id = %self.session_id,
+            tool_use_id = %id,
+            undelivered_ms = waited.as_millis() as u64,
+            bound_windows = UNDELIVERED_BOUND_WINDOWS,
+            error = %kept.error,
+            "tool result still undeliverable {:.0}s after its post first gave up ({} send windows, the bound); ending the session's work item so its slot is not held",
+            waited.as_secs_f64(),
+            UNDELIVERED_BOUND_WINDOWS
+        );
+        RunEnd::Undelivered {
+            tool_use_id: id.clone(),
+            error: kept.error.clone(),
+        }
     }
 
     fn in_terminated_thread(&self, st: &State, call: &Call) -> bool {
@@ -743,6 +856,11 @@ impl SessionRunner {
                 true
             } else if st.answered.contains(&call.id) {
                 true
+            } else if let Some(kept) = st.undelivered.get(&call.id) {
+                return Some(InFlight {
+                    done: self.post_again(call, allowed, kept.result.clone()),
+                    cut_off: CancellationToken::new(),
+                });
             } else if !self.tools.owns(&call.name) {
                 info!(session_id = %self.session_id, tool = %call.name, tool_use_id = %call.id, "tool not owned by this runner; leaving the tool_use_id pending for its owner");
                 st.stats.not_owned += 1;
@@ -865,12 +983,12 @@ impl SessionRunner {
                 );
                 answered.record("is_error", is_error);
                 answered.record("duration_ms", duration.as_millis() as u64);
-                let event = call.result(content, is_error);
-                let delivery = post_result(&client, &session_id, &call.id, event, backoff, &window).await;
-                (is_error, duration, summary, delivery)
+                let result = call.result(content, is_error);
+                let delivery = post_result(&client, &session_id, &call.id, &result, backoff, &window).await;
+                (is_error, duration, summary, result, delivery)
             }
             .instrument(span);
-            let (is_error, duration, summary, delivery) = run.await;
+            let (is_error, duration, summary, result, delivery) = run.await;
             let posted = delivery.is_ok();
             let record = CallRecord {
                 tool_use_id: call.id.clone(),
@@ -887,34 +1005,97 @@ impl SessionRunner {
             if let Some(hook) = hook {
                 hook().await;
             }
-            (call, allowed, record, delivery.err())
+            Done {
+                call,
+                allowed,
+                executed: Some(record),
+                result,
+                undelivered: delivery.err(),
+            }
         }
         .boxed()
     }
 
-    /// Count a finished call; the run's end when its result was not delivered.
-    fn finish_call(
+    /// Post a kept result again (a reconcile found its call unanswered). The
+    /// tool does not run again, so no hook either: nothing changed on disk.
+    fn post_again(
         &self,
-        st: &mut State,
-        (call, allowed, record, undelivered): Done,
-    ) -> Option<RunEnd> {
-        if let CallOutcome::Answered { is_error, posted } = record.outcome {
+        call: Call,
+        allowed: bool,
+        result: SessionEvent,
+    ) -> BoxFuture<'static, Done> {
+        let client = self.client.clone();
+        let session_id = self.session_id.clone();
+        let window = self.options.send_window.clone();
+        let backoff = (
+            self.options.post_backoff_start,
+            self.options.post_backoff_cap,
+        );
+        let span = tracing::info_span!(
+            "tool_result_again",
+            session_id = %session_id,
+            tool.name = %call.name,
+            tool_use_id = %call.id,
+        );
+        async move {
+            info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "posting the tool result again at the reconcile (the result computed when the call ran; the tool does not run twice)");
+            let delivery =
+                post_result(&client, &session_id, &call.id, &result, backoff, &window).await;
+            if delivery.is_ok() {
+                info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "tool result delivered at the reconcile; the session goes on");
+            }
+            Done {
+                call,
+                allowed,
+                executed: None,
+                result,
+                undelivered: delivery.err(),
+            }
+        }
+        .instrument(span)
+        .boxed()
+    }
+
+    /// Count a finished call. A result not delivered is kept for the next
+    /// reconcile; the bound runs from its first failure.
+    fn finish_call(&self, st: &mut State, done: Done) {
+        let Done {
+            call,
+            allowed,
+            executed,
+            result,
+            undelivered,
+        } = done;
+        if let Some(CallRecord {
+            outcome: CallOutcome::Answered { is_error, .. },
+            ..
+        }) = executed
+        {
             st.stats.executed += 1;
             st.stats.errors += is_error as usize;
-            if posted {
+        }
+        match undelivered {
+            None => {
                 st.stats.posted += 1;
-                st.answered.insert(call.id.clone());
-            } else {
+                st.undelivered.remove(&call.id);
+                st.answered.insert(call.id);
+            }
+            Some(error) => {
                 st.stats.post_failures += 1;
+                st.undelivered
+                    .entry(call.id)
+                    .and_modify(|kept| kept.error.clone_from(&error))
+                    .or_insert(Undelivered {
+                        result,
+                        thread: call.thread,
+                        since: Instant::now(),
+                        error,
+                    });
             }
         }
         if allowed {
             st.clock.release();
         }
-        undelivered.map(|error| RunEnd::Undelivered {
-            tool_use_id: call.id,
-            error,
-        })
     }
 }
 
@@ -929,13 +1110,13 @@ async fn sleep_until(deadline: Option<Instant>) {
 /// jittered backoff (`start` doubling to `cap`) for as long as the send
 /// window allows; each attempt is bounded. `Ok` once the session has the
 /// result — including a `409` saying it already had it, the answer to a
-/// retry of an attempt that landed. `Err` (logged here, once) when it cannot
-/// be delivered.
+/// retry of an attempt that landed. `Err` (logged here, once, in the
+/// reference's words) when it could not be delivered this time.
 async fn post_result(
     client: &Client,
     session_id: &str,
     tool_use_id: &str,
-    event: SessionEvent,
+    event: &SessionEvent,
     (start, cap): (Duration, Duration),
     window: &SendWindow,
 ) -> Result<(), String> {
@@ -975,12 +1156,19 @@ async fn post_result(
         tokio::time::sleep(wait).await;
         backoff = backoff.saturating_mul(2).min(cap);
     };
-    error!(session_id = %session_id, tool_use_id = %tool_use_id, attempts = attempt, error = %failure, "failed to send tool result; ending the session's work item so its slot is not held");
+    error!(session_id = %session_id, tool_use_id = %tool_use_id, attempts = attempt, error = %failure, "failed to send tool result; the call is answered again at the next reconcile (after the event stream reconnects)");
     Err(failure)
 }
 
 fn is_conflict(e: &Error) -> bool {
     e.status() == Some(409)
+}
+
+/// A stream error no reconnect can mend: a 4xx but 408, 409 and 429 (the
+/// reference's fatal set; a `409` is a conflict worth retrying), or a
+/// response that cannot be read.
+fn ends_the_stream(e: &Error) -> bool {
+    e.is_permanent() && !is_conflict(e)
 }
 
 /// A `409` on a result post that says the call already has a result.
@@ -989,6 +1177,37 @@ fn already_answered(e: &Error) -> bool {
     e.api().is_some_and(|api| {
         api.status == 409 && api.message.to_ascii_lowercase().contains("already")
     })
+}
+
+/// The session's whole history, oldest first; a transient failure is
+/// retried ([`HISTORY_READ_ATTEMPTS`]).
+async fn read_history(client: &Client, session_id: &str) -> Result<Vec<SessionEvent>, Error> {
+    let mut wait = HISTORY_RETRY_START;
+    let mut attempt = 1;
+    loop {
+        let read = client
+            .sessions()
+            .events(
+                session_id,
+                ListEvents {
+                    limit: Some(1000),
+                    order: Some(Order::Asc),
+                    ..Default::default()
+                },
+            )
+            .try_collect::<Vec<_>>()
+            .await;
+        match read {
+            Err(e) if attempt < HISTORY_READ_ATTEMPTS && !ends_the_stream(&e) => {
+                let jittered = wait.mul_f64(rand::rng().random_range(0.75..=1.0));
+                warn!(session_id = %session_id, attempt, backoff_ms = jittered.as_millis() as u64, error = %e, "reading the session's history failed; retrying");
+                tokio::time::sleep(jittered).await;
+                wait *= 2;
+                attempt += 1;
+            }
+            read => return read,
+        }
+    }
 }
 
 /// Keep the event stream open: connect, read the history, forward live
@@ -1003,7 +1222,7 @@ async fn stream_task(
     loop {
         let connected_at = Instant::now();
         match client.sessions().stream(&session_id).await {
-            Err(e) if e.is_permanent() => {
+            Err(e) if ends_the_stream(&e) => {
                 let _ = tx.send(Feed::Fatal(e)).await;
                 return;
             }
@@ -1013,18 +1232,7 @@ async fn stream_task(
             Ok(stream) => {
                 // The stream is attached first: an event emitted while the
                 // history is read arrives live instead of being lost.
-                let history = client
-                    .sessions()
-                    .events(
-                        &session_id,
-                        ListEvents {
-                            limit: Some(1000),
-                            order: Some(Order::Asc),
-                            ..Default::default()
-                        },
-                    )
-                    .try_collect::<Vec<_>>()
-                    .await;
+                let history = read_history(&client, &session_id).await;
                 if tx.send(Feed::History(history)).await.is_err() {
                     return;
                 }
@@ -1038,7 +1246,7 @@ async fn stream_task(
                                     return;
                                 }
                             }
-                            Some(Err(e)) if e.is_permanent() => {
+                            Some(Err(e)) if ends_the_stream(&e) => {
                                 let _ = tx.send(Feed::Fatal(e)).await;
                                 return;
                             }

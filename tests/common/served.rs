@@ -129,6 +129,9 @@ pub struct Served {
     pub writes: Vec<Write>,
     /// Every request the worker sent (method and path), in arrival order.
     pub requests: Vec<(String, String)>,
+    /// The status each of `requests` was answered with (an injected fault's
+    /// included), in the same order.
+    pub statuses: Vec<u16>,
     /// What the worker logged (the SDK's stderr; envworker's is not kept).
     pub log: String,
     /// The host's root; the workdir is `root/work`.
@@ -236,12 +239,14 @@ async fn collect(
     let logged = server.dev(Method::GET, "/dev/requests", None).await.ok();
     let mut writes = Vec::new();
     let mut requests = Vec::new();
+    let mut statuses = Vec::new();
     for r in logged["data"].as_array().into_iter().flatten() {
         if r["auth"] != "bearer" {
             continue;
         }
         let (method, path) = (r["method"].as_str().unwrap(), r["path"].as_str().unwrap());
         requests.push((method.to_string(), path.to_string()));
+        statuses.push(r["status"].as_u64().unwrap() as u16);
         let Some(write) = r.get("memory_write") else {
             continue;
         };
@@ -261,6 +266,7 @@ async fn collect(
         versions,
         writes,
         requests,
+        statuses,
         log,
         root: host.root,
     }
