@@ -217,11 +217,14 @@ fn notes(memories: serde_json::Value) -> serde_json::Value {
     json!([{"key": "notes", "name": "notes", "access": "read_write", "memories": memories}])
 }
 
-/// A tool call after a pause past the 5 s interval: the sync it triggers.
-fn sync_step() -> [serde_json::Value; 2] {
+/// A tool call after a pause past the 5 s interval, which triggers a sync,
+/// and a pause for that sync to end: the SDK's worker syncs once the call's
+/// result is posted, so a remote step right after it would race the sync.
+fn sync_step() -> [serde_json::Value; 3] {
     [
         json!({"wait_ms": 5500}),
         json!({"tool": "bash", "input": {"command": "true"}, "expect": {"is_error": false}}),
+        json!({"wait_ms": 1000}),
     ]
 }
 
@@ -307,16 +310,18 @@ async fn a_lost_send_seen_superseded_never_overwrites_another_writer() {
             "name": "lost-send",
             "memory_stores": notes(json!({"/f.md": "v0\n"})),
             "steps": steps(vec![
-                json!({"faults": [{"method": "POST", "path": "/v1/memory_stores/*/memories/*", "status": 503, "times": 50}]}),
+                json!({"faults": [{"method": "POST", "path": "/v1/memory_stores/*/memories/*", "status": 503}]}),
                 json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v1\n"}}),
                 json!("sync"),
+                // The sync's upload and both its retries (0.5 s, 1 s) fail
+                // before the fault goes.
+                json!({"wait_ms": 2000}),
                 json!({"clear_faults": true}),
                 json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v0\n"}}),
                 json!("sync"),
                 json!({"remote": {"op": "update", "store": "notes", "path": "/f.md", "content": "v1\n"}}),
                 json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v2\n"}}),
                 json!("sync"),
-                json!({"wait_ms": 500}),
                 json!({"tool": "read", "input": {"file_path": "{mount:notes}/f.md"},
                        "expect": {"is_error": false, "contains": "v1"}}),
             ]),

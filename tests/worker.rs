@@ -2028,3 +2028,30 @@ async fn a_lease_lost_while_a_result_waits_for_the_reconcile_ends_the_item_at_on
     );
     assert_eq!(logs.count("still undeliverable"), 0, "{}", logs.text());
 }
+
+/// One transient failure of the session's fetch at the item's start does
+/// not fail the item: the fetch is retried as the official SDK's client
+/// retries it (twice, 0.5 s doubling).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transient_failure_of_the_session_fetch_is_retried_not_fatal() {
+    let env = Env::new().await;
+    let started = start_in(
+        &env,
+        None,
+        json!([{"tool": "bash", "input": {"command": "echo served"}, "expect": {"contains": "served"}}]),
+    )
+    .await;
+    env.fault(json!({"method": "GET", "path": format!("/v1/sessions/{}", started.session_id), "status": 503, "times": 2}))
+        .await;
+    let items = drain(&env.worker(&started, |_| {})).await;
+    assert_eq!(
+        items[0].outcome,
+        ItemOutcome::Served(RunEnd::Idle),
+        "{items:?}"
+    );
+    passed(&env.report(&started).await);
+    assert!(
+        env.server.faults().await.is_empty(),
+        "both failures were met"
+    );
+}

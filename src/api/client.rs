@@ -354,7 +354,23 @@ impl Client {
         &self,
         rb: RequestBuilder,
     ) -> Result<T, Error> {
-        let (body, _) = self.send_retrying(rb, &self.inner.memory_retry).await?;
+        let (body, _) = self
+            .send_retrying(rb, &self.inner.memory_retry, "memory request")
+            .await?;
+        serde_json::from_str(utf8(&body)?).map_err(|e| Error::Decode(e.to_string()))
+    }
+
+    /// A read that retries a transient failure as the official SDK's client
+    /// retries every request (two retries, 0.5 s doubling): for a GET
+    /// whose one failure would otherwise fail a whole work item (the
+    /// session's fetch at the item's start).
+    pub(crate) async fn json_retrying<T: DeserializeOwned>(
+        &self,
+        rb: RequestBuilder,
+    ) -> Result<T, Error> {
+        let (body, _) = self
+            .send_retrying(rb, &RetryPolicy::default(), "request")
+            .await?;
         serde_json::from_str(utf8(&body)?).map_err(|e| Error::Decode(e.to_string()))
     }
 
@@ -365,7 +381,9 @@ impl Client {
         &self,
         rb: RequestBuilder,
     ) -> Result<(T, Option<super::types::Timestamp>), Error> {
-        let (body, date) = self.send_retrying(rb, &self.inner.memory_retry).await?;
+        let (body, date) = self
+            .send_retrying(rb, &self.inner.memory_retry, "memory request")
+            .await?;
         let value = serde_json::from_str(utf8(&body)?).map_err(|e| Error::Decode(e.to_string()))?;
         Ok((value, date))
     }
@@ -373,10 +391,12 @@ impl Client {
     /// Send until a success, a failure not worth retrying, or the policy's
     /// last retry; the whole body of the success. Each attempt reads the body
     /// too, so an answer cut short is retried like a dropped connection.
+    /// `what` names the request in the log line of each retry.
     async fn send_retrying(
         &self,
         rb: RequestBuilder,
         policy: &RetryPolicy,
+        what: &str,
     ) -> Result<(Bytes, Option<super::types::Timestamp>), Error> {
         let mut retries = 0u32;
         loop {
@@ -410,7 +430,7 @@ impl Client {
                 backoff_ms = wait.as_millis() as u64,
                 server_asked_ms = hints.retry_after.map(|d| d.as_millis() as u64),
                 error = %error,
-                "memory request failed; retrying"
+                "{what} failed; retrying"
             );
             tokio::time::sleep(wait).await;
         }

@@ -25,11 +25,13 @@ impl Sessions<'_> {
         format!("/v1/sessions/{}", seg(id))
     }
 
+    /// The session; a transient failure is retried twice, as the official
+    /// SDK's client retries it (one 5xx must not fail the work item).
     pub async fn retrieve(&self, id: &str) -> Result<Session, Error> {
         let rb = self
             .client
             .request(Method::GET, ApiFamily::ManagedAgents, &Self::one(id));
-        self.client.json(rb).await
+        self.client.json_retrying(rb).await
     }
 
     pub(crate) async fn list_events(

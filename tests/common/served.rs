@@ -305,7 +305,11 @@ pub async fn by_the_sdk(case: &Case) -> Served {
     .unwrap();
     assert!(stdout.contains("served work_"), "{stdout}\n{stderr}");
     let doc = host.doc.clone();
-    collect(name, &doc, &server, &started.session_id, stderr, host).await
+    if std::env::var_os("ENVWORKER_TEST_LOG").is_some() {
+        eprintln!("--- the SDK's worker, {name}:\n{stderr}");
+    }
+    let who = format!("{name} (the SDK's worker)");
+    collect(&who, &doc, &server, &started.session_id, stderr, host).await
 }
 
 /// envworker's worker serves the case, the queue drained once.
@@ -316,6 +320,13 @@ pub async fn by_envworker(case: &Case) -> Served {
 /// [`by_envworker`] with `adjust` applied to the worker's options last.
 pub async fn by_envworker_with(case: &Case, adjust: impl FnOnce(&mut WorkerOptions)) -> Served {
     let (name, knobs) = (case.name.as_str(), case.knobs);
+    // `ENVWORKER_TEST_LOG=debug` shows envworker's logs (a debugging aid).
+    if let Ok(level) = std::env::var("ENVWORKER_TEST_LOG") {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(level)
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let host = Host::new(&case.doc);
     let server = host.server().await;
     let started = case.start(&server, &host.doc).await;
@@ -334,7 +345,7 @@ pub async fn by_envworker_with(case: &Case, adjust: impl FnOnce(&mut WorkerOptio
     assert_eq!(drained.items.len(), 1, "{name}: one item served");
     let doc = host.doc.clone();
     collect(
-        name,
+        &format!("{name} (envworker)"),
         &doc,
         &server,
         &started.session_id,
