@@ -288,6 +288,12 @@ fn cases() -> Vec<Case> {
             Err("glob: Unacceptable pattern: ''"),
         ),
         case(
+            "glob with ** inside a segment is refused in Path.glob's words",
+            "glob",
+            json!({"pattern": "a**/*.txt", "path": "g"}),
+            Err("glob: Invalid pattern: '**' can only be an entire path component"),
+        ),
+        case(
             "glob under a link leaving the roots",
             "glob",
             json!({"pattern": "*", "path": "dir-out"}),

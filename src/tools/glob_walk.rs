@@ -71,6 +71,12 @@ impl Pattern {
                 if s == "**" {
                     return Ok(Segment::Recursive);
                 }
+                if s.contains("**") {
+                    // `Path.glob`'s own refusal, in its words.
+                    return Err(ToolError::new(
+                        "glob: Invalid pattern: '**' can only be an entire path component",
+                    ));
+                }
                 globset::GlobBuilder::new(s)
                     .literal_separator(true)
                     .backslash_escape(true)
