@@ -176,6 +176,52 @@ pub(crate) fn refuse_pseudo_fs(fd: OwnedFd) -> Result<OwnedFd, Errno> {
     Ok(fd)
 }
 
+/// What a name in a directory is, as [`lookup_at`] found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Dir,
+    Symlink,
+    /// A regular file, a FIFO, a device, a socket.
+    Other,
+}
+
+/// Open `name` in `parent` as an `O_PATH` descriptor that never follows it
+/// (`O_PATH | O_NOFOLLOW`: a symlink yields the link itself, and nothing is
+/// read, opened for I/O or blocked on), with what it is. A directory of a
+/// kernel pseudo-filesystem answers `EXDEV` ([`refuse_pseudo_fs`]). The
+/// building block of a resolution that follows symlinks by reading them
+/// ([`link_target`]) and re-anchoring, never by letting the kernel follow
+/// a name.
+pub(crate) fn lookup_at<Fd: AsFd>(parent: Fd, name: &str) -> Result<(OwnedFd, Kind), Errno> {
+    let fd = rustix::fs::openat(
+        parent,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    Ok(match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => (refuse_pseudo_fs(fd)?, Kind::Dir),
+        FileType::Symlink => (fd, Kind::Symlink),
+        _ => (fd, Kind::Other),
+    })
+}
+
+/// The target of the symlink `link` (an `O_PATH | O_NOFOLLOW` descriptor
+/// of the link itself, from [`lookup_at`]), read from that very inode:
+/// `readlinkat(link, "")`, never by name.
+pub(crate) fn link_target<Fd: AsFd>(link: Fd) -> Result<std::ffi::OsString, Errno> {
+    use std::os::unix::ffi::OsStringExt;
+    let target = rustix::fs::readlinkat(link, c"", Vec::new())?;
+    Ok(std::ffi::OsString::from_vec(target.into_bytes()))
+}
+
+/// The directory an `O_PATH` descriptor names, opened for reading its
+/// entries: `openat(dir, ".")`, the same inode whatever its name is now.
+pub(crate) fn reopen_dir<Fd: AsFd>(dir: Fd) -> Result<OwnedFd, Errno> {
+    rustix::fs::openat(dir, c".", DIR_FLAGS, Mode::empty()).and_then(refuse_pseudo_fs)
+}
+
 /// `ENOTDIR` from a no-follow open of a symlink reads as `ELOOP`, so every
 /// caller tells "a symlink is in the way" from "a file is in the way".
 fn symlink_errno(parent: std::os::fd::BorrowedFd<'_>, name: &str, e: Errno) -> Errno {
@@ -408,6 +454,36 @@ mod tests {
             open_beneath(&fd, &["..", "out", "s"], OFlags::RDONLY).unwrap_err(),
             Errno::INVAL
         );
+    }
+
+    #[test]
+    fn lookup_at_never_follows_and_link_target_reads_the_link_it_was_given() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("d")).unwrap();
+        std::fs::write(t.path().join("f"), "f").unwrap();
+        symlink("d", t.path().join("to-d")).unwrap();
+        symlink("/proc/self", t.path().join("proc")).unwrap();
+        let fd = root(t.path());
+        assert_eq!(lookup_at(&fd, "d").unwrap().1, Kind::Dir);
+        assert_eq!(lookup_at(&fd, "f").unwrap().1, Kind::Other);
+        assert_eq!(lookup_at(&fd, "missing").unwrap_err(), Errno::NOENT);
+        let (link, kind) = lookup_at(&fd, "to-d").unwrap();
+        assert_eq!(kind, Kind::Symlink);
+        // The link is replaced after it was looked up: what was read is the
+        // inode looked up, not whatever the name holds now.
+        std::fs::remove_file(t.path().join("to-d")).unwrap();
+        symlink("/etc", t.path().join("to-d")).unwrap();
+        assert_eq!(link_target(&link).unwrap(), "d");
+        // `/proc/self` is a link like any other; its target is only text.
+        let (proc, kind) = lookup_at(&fd, "proc").unwrap();
+        assert_eq!(kind, Kind::Symlink);
+        assert_eq!(link_target(&proc).unwrap(), "/proc/self");
+        let root_fd = rustix::fs::open("/", DIR_FLAGS, Mode::empty()).unwrap();
+        assert_eq!(lookup_at(&root_fd, "proc").unwrap_err(), Errno::XDEV);
+        let (d, _) = lookup_at(&fd, "d").unwrap();
+        std::fs::write(t.path().join("d/inside"), "i").unwrap();
+        let dir = reopen_dir(&d).unwrap();
+        assert_eq!(names_in(&dir).unwrap().count(), 1);
     }
 
     #[test]

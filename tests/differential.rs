@@ -420,3 +420,210 @@ async fn a_result_post_that_fails_is_answered_at_the_next_reconcile() {
     let tree = ours.workdir_tree();
     assert_eq!(tree["notes.txt"], "file: kept\n", "{tree:#?}");
 }
+
+/// Symbolic links that stay inside the roots are followed by both workers
+/// (issue 24 item 6): a relative link, a chain, `current -> releases/42`, a
+/// `node_modules/.bin` link, a dangling link `write` creates the target of,
+/// an edit through a link, a workdir link into a store (read, and a write
+/// that reaches the server), and `glob`/`grep` through symlinked
+/// directories.
+#[tokio::test(flavor = "multi_thread")]
+async fn symlinks_inside_the_roots_are_followed() {
+    let (ours, theirs) = both(Case::new(
+        "symlinks-inside",
+        json!({
+            "name": "symlinks-inside",
+            "memory_stores": [
+                {"key": "notes", "name": "notes", "access": "read_write",
+                 "mount_path": "{root}/stores/notes", "memories": {"/a.md": "alpha\n"}}
+            ],
+            "prepare": {
+                "files": {
+                    "{workdir}/real.txt": "real content\n",
+                    "{workdir}/releases/42/app.txt": "release 42\n",
+                    "{workdir}/node_modules/pkg/bin/tool.js": "the tool\n",
+                    "{workdir}/edit-me.txt": "one two\n",
+                    "{workdir}/g/realdir/d.txt": "d needle\n"
+                },
+                "symlinks": {
+                    "{workdir}/alias.txt": "real.txt",
+                    "{workdir}/c1": "c2",
+                    "{workdir}/c2": "{workdir}/c3",
+                    "{workdir}/c3": "real.txt",
+                    "{workdir}/current": "releases/42",
+                    "{workdir}/node_modules/.bin/tool": "../pkg/bin/tool.js",
+                    "{workdir}/new.txt": "made/created.txt",
+                    "{workdir}/edit-alias.txt": "edit-me.txt",
+                    "{workdir}/notes": "{root}/stores/notes",
+                    "{workdir}/g/linkdir": "realdir"
+                }
+            },
+            "steps": [
+                {"tool": "read", "input": {"file_path": "alias.txt"},
+                 "expect": {"is_error": false, "contains": "real content"}},
+                {"tool": "read", "input": {"file_path": "c1"},
+                 "expect": {"is_error": false, "contains": "real content"}},
+                {"tool": "read", "input": {"file_path": "current/app.txt"},
+                 "expect": {"is_error": false, "contains": "release 42"}},
+                {"tool": "read", "input": {"file_path": "{workdir}/node_modules/.bin/tool"},
+                 "expect": {"is_error": false, "contains": "the tool"}},
+                {"tool": "write", "input": {"file_path": "new.txt", "content": "created\n"},
+                 "expect": {"is_error": false}},
+                {"tool": "read", "input": {"file_path": "made/created.txt"},
+                 "expect": {"is_error": false, "contains": "created"}},
+                {"tool": "edit", "input": {"file_path": "edit-alias.txt", "old_string": "one", "new_string": "1"},
+                 "expect": {"is_error": false}},
+                {"tool": "read", "input": {"file_path": "notes/a.md"},
+                 "expect": {"is_error": false, "contains": "alpha"}},
+                {"tool": "write", "input": {"file_path": "notes/b.md", "content": "beta\n"},
+                 "expect": {"is_error": false}},
+                {"tool": "glob", "input": {"pattern": "*/*.txt", "path": "g"},
+                 "expect": {"is_error": false, "contains": "{workdir}/g/linkdir/d.txt"}},
+                {"tool": "glob", "input": {"pattern": "*.md", "path": "notes"},
+                 "expect": {"is_error": false, "contains": ["{root}/stores/notes/a.md", "{root}/stores/notes/b.md"]}},
+                {"tool": "grep", "input": {"pattern": "needle", "path": "g/linkdir"},
+                 "expect": {"is_error": false, "contains": "{workdir}/g/realdir/d.txt:1:d needle"}},
+                {"tool": "grep", "input": {"pattern": "needle", "path": "g"},
+                 "expect": {"is_error": false, "not_contains": "linkdir"}}
+            ],
+            "expect_final": {"notes": {"/a.md": "alpha\n", "/b.md": "beta\n"}}
+        }),
+    ))
+    .await;
+    // Written through the links: the targets changed, the links are links.
+    let tree = ours.workdir_tree();
+    assert_eq!(tree["made/created.txt"], "file: created\n", "{tree:#?}");
+    assert_eq!(tree["edit-me.txt"], "file: 1 two\n", "{tree:#?}");
+    assert_eq!(tree["new.txt"], "link -> made/created.txt", "{tree:#?}");
+    for served in [&ours, &theirs] {
+        assert!(
+            served
+                .writes
+                .iter()
+                .any(|w| w.path.as_deref() == Some("/b.md")
+                    && w.content_sha256.as_deref() == Some(common::sha256("beta\n").as_str())),
+            "the write through the link reached the server: {:?}",
+            served.writes
+        );
+    }
+}
+
+/// Links that leave the roots are refused by both workers, dangling or
+/// not, absolute or relative, under a directory link or at the leaf; a
+/// loop answers "too many levels of symbolic links" without the workdir;
+/// an alias of a read-only store refuses writes; `glob` through a
+/// directory link leading out finds nothing; `glob` with an empty pattern
+/// is refused (item 8). Nothing is created outside.
+#[tokio::test(flavor = "multi_thread")]
+async fn symlinks_leaving_the_roots_are_refused() {
+    let outside = "is outside the session's working directory and its other permitted directories";
+    let (ours, theirs) = both(Case::new(
+        "symlinks-leaving",
+        json!({
+            "name": "symlinks-leaving",
+            "memory_stores": [
+                {"key": "kb", "name": "kb", "access": "read_only",
+                 "mount_path": "{root}/stores/kb", "memories": {"/faq.md": "Q\n"}}
+            ],
+            "prepare": {
+                "files": {"{root}/outside/secret.txt": "the secret\n"},
+                "symlinks": {
+                    "{workdir}/abs-out": "{root}/outside/secret.txt",
+                    "{workdir}/rel-out": "../outside/secret.txt",
+                    "{workdir}/dir-out": "../outside",
+                    "{workdir}/dangling-out": "{root}/outside/not-yet.txt",
+                    "{workdir}/loop-a": "loop-b",
+                    "{workdir}/loop-b": "{workdir}/loop-a",
+                    "{workdir}/kb-alias": "{root}/stores/kb"
+                }
+            },
+            "steps": [
+                {"tool": "read", "input": {"file_path": "abs-out"},
+                 "expect": {"is_error": true, "contains": outside, "not_contains": "the secret"}},
+                {"tool": "read", "input": {"file_path": "rel-out"},
+                 "expect": {"is_error": true, "contains": outside, "not_contains": "the secret"}},
+                {"tool": "read", "input": {"file_path": "dir-out/secret.txt"},
+                 "expect": {"is_error": true, "contains": outside, "not_contains": "the secret"}},
+                {"tool": "write", "input": {"file_path": "dangling-out", "content": "planted"},
+                 "expect": {"is_error": true, "contains": outside}},
+                {"tool": "write", "input": {"file_path": "dir-out/planted.txt", "content": "planted"},
+                 "expect": {"is_error": true, "contains": outside}},
+                {"tool": "read", "input": {"file_path": "loop-a"},
+                 "expect": {"is_error": true, "contains": "too many levels of symbolic links", "not_contains": "{workdir}"}},
+                {"tool": "write", "input": {"file_path": "loop-b/x", "content": "x"},
+                 "expect": {"is_error": true, "contains": "too many levels of symbolic links", "not_contains": "{workdir}"}},
+                {"tool": "read", "input": {"file_path": "kb-alias/faq.md"},
+                 "expect": {"is_error": false, "contains": "Q"}},
+                {"tool": "write", "input": {"file_path": "kb-alias/faq.md", "content": "changed"},
+                 "expect": {"is_error": true, "contains": "kb-alias/faq.md is inside read-only directory"}},
+                {"tool": "glob", "input": {"pattern": "dir-out/*"},
+                 "expect": {"is_error": false, "contains": "no matches"}},
+                {"tool": "glob", "input": {"pattern": "*", "path": "dir-out"},
+                 "expect": {"is_error": true, "contains": outside}},
+                {"tool": "grep", "input": {"pattern": "secret", "path": "dir-out"},
+                 "expect": {"is_error": true, "contains": outside}},
+                {"tool": "glob", "input": {"pattern": ""},
+                 "expect": {"is_error": true, "contains": "glob: Unacceptable pattern: ''"}}
+            ],
+            "expect_final": {"kb": {"/faq.md": "Q\n"}}
+        }),
+    ))
+    .await;
+    for served in [&ours, &theirs] {
+        let outside = served.root.path().join("outside");
+        let mut names: Vec<_> = std::fs::read_dir(&outside)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        names.sort();
+        assert_eq!(names, vec!["secret.txt"], "nothing planted outside");
+    }
+}
+
+/// A store whose mount path has a symlinked ancestor (`{root}/link ->
+/// {root}/real`, the store at `{root}/link/notes`) is reachable by the file
+/// tools at the path the agent is told, by both workers; what the agent
+/// writes there reaches the server.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_store_under_a_symlinked_ancestor_is_reachable_at_its_mount_path() {
+    let (ours, theirs) = both(Case::new(
+        "store-under-symlinked-ancestor",
+        json!({
+            "name": "store-under-symlinked-ancestor",
+            "memory_stores": [
+                {"key": "notes", "name": "notes", "access": "read_write",
+                 "mount_path": "{root}/link/notes", "memories": {"/a.md": "alpha\n"}}
+            ],
+            "prepare": {
+                "dirs": ["{root}/real"],
+                "symlinks": {"{root}/link": "{root}/real"}
+            },
+            "steps": [
+                {"tool": "read", "input": {"file_path": "{root}/link/notes/a.md"},
+                 "expect": {"is_error": false, "contains": "alpha"}},
+                {"tool": "write", "input": {"file_path": "{root}/link/notes/b.md", "content": "beta\n"},
+                 "expect": {"is_error": false}},
+                {"tool": "edit", "input": {"file_path": "{root}/link/notes/a.md", "old_string": "alpha", "new_string": "alpha edited"},
+                 "expect": {"is_error": false}},
+                {"tool": "glob", "input": {"pattern": "*.md", "path": "{root}/link/notes"},
+                 "expect": {"is_error": false, "contains": ["a.md", "b.md"]}},
+                {"tool": "grep", "input": {"pattern": "beta", "path": "{root}/link/notes"},
+                 "expect": {"is_error": false, "contains": "b.md:1:beta"}},
+                {"tool": "bash", "input": {"command": "cat {root}/link/notes/b.md"},
+                 "expect": {"is_error": false, "contains": "beta"}}
+            ],
+            "expect_final": {"notes": {"/a.md": "alpha edited\n", "/b.md": "beta\n"}}
+        }),
+    ))
+    .await;
+    for served in [&ours, &theirs] {
+        assert!(
+            served
+                .writes
+                .iter()
+                .any(|w| w.path.as_deref() == Some("/b.md")),
+            "{:?}",
+            served.writes
+        );
+    }
+}

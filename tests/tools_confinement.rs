@@ -2,8 +2,10 @@
 //! (issue 12 item 1): a store folder or a directory on the way replaced by a
 //! symlink (to `/proc/self`, to a directory holding a secret), a root renamed
 //! away and re-created, and a `renameat2(RENAME_EXCHANGE)` loop between a
-//! directory and a symlink racing thousands of `read`/`glob`/`grep`/`write`
-//! calls. Nothing outside the roots is ever returned or touched.
+//! directory and symlinks (leading outside, absolute and relative, and
+//! staying inside, absolute and relative) racing thousands of
+//! `read`/`glob`/`grep`/`edit`/`write` calls. Nothing outside the roots is
+//! ever returned or touched, and the links that stay inside are followed.
 //!
 //! The race runs a bounded count in CI; set `ENVWORKER_RACE_ATTEMPTS` for
 //! more (e.g. `ENVWORKER_RACE_ATTEMPTS=100000 cargo test --test
@@ -151,6 +153,10 @@ async fn a_directory_on_the_way_replaced_by_a_symlink_is_refused_by_every_tool()
             ("grep", json!({"pattern": "SECRET", "path": t.s(root)})),
             ("glob", json!({"pattern": "**/*.txt", "path": t.s(root)})),
             ("glob", json!({"pattern": "*", "path": sub})),
+            // A plain segment enters a symlinked directory: one leading
+            // out of the search root is dropped.
+            ("glob", json!({"pattern": "sub/*", "path": t.s(root)})),
+            ("glob", json!({"pattern": "*/*", "path": t.s(root)})),
             (
                 "write",
                 json!({"file_path": format!("{sub}/planted.md"), "content": "x"}),
@@ -170,7 +176,12 @@ async fn a_directory_on_the_way_replaced_by_a_symlink_is_refused_by_every_tool()
             .call("read", json!({"file_path": format!("{sub}/secret.txt")}))
             .await
             .unwrap_err();
-        assert!(err.contains("symbolic link"), "{err}");
+        assert!(
+            err.ends_with(
+                "is outside the session's working directory and its other permitted directories"
+            ),
+            "{err}"
+        );
     }
     assert_eq!(outside_names(&t), vec!["secret.txt"]);
 }
@@ -235,46 +246,88 @@ fn race_attempts() -> u64 {
         .unwrap_or(DEFAULT_RACE_ATTEMPTS)
 }
 
-/// Exchange `a` and `b` (a directory and a symlink) until `stop`.
-fn exchange_loop(a: PathBuf, b: PathBuf, stop: Arc<AtomicBool>, swaps: Arc<AtomicU64>) {
+/// Exchange `a` with each of `partners` in turn (a directory and symlinks)
+/// until `stop`: the name `a` holds, in turn, the directory and each link.
+fn exchange_loop(a: PathBuf, partners: Vec<PathBuf>, stop: Arc<AtomicBool>, swaps: Arc<AtomicU64>) {
     use rustix::fs::{CWD, RenameFlags, renameat_with};
     while !stop.load(Ordering::Relaxed) {
-        renameat_with(CWD, &a, CWD, &b, RenameFlags::EXCHANGE).expect("renameat2 EXCHANGE");
-        swaps.fetch_add(1, Ordering::Relaxed);
+        for b in &partners {
+            renameat_with(CWD, &a, CWD, b, RenameFlags::EXCHANGE).expect("renameat2 EXCHANGE");
+            swaps.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
+/// What a file reached through a link that stays inside holds.
+const VIA_INSIDE_LINK: &str = "inside, through a link";
+
+/// What one race saw.
+struct Raced {
+    leaks: u64,
+    /// Files created outside.
+    planted: u64,
+    /// Reads answered through a link that stays inside (links are followed
+    /// under the race, not refused).
+    through_links: u64,
+}
+
 /// `attempts` tool calls through `work/d` and `mem`, each of which a thread
-/// keeps exchanging with a symlink to `outside`; returns the leaks.
-async fn race(attempts: u64) -> u64 {
+/// keeps exchanging with symlinks: to `outside` (absolute and relative) and
+/// to a directory inside (absolute and relative); returns what it saw.
+async fn race(attempts: u64) -> Raced {
     let t = tree();
     // work/d and mem hold `inside.txt` and a harmless `secret.txt`; outside
-    // holds the real `secret.txt` and a name of its own.
+    // holds the real `secret.txt` and a name of its own; work/in is where
+    // the links that stay inside lead.
     std::fs::write(t.p(&format!("outside/{OUTSIDE_ONLY}")), "x").unwrap();
     std::fs::create_dir(t.p("work/d")).unwrap();
+    std::fs::create_dir(t.p("work/in")).unwrap();
     for dir in ["work/d", "mem"] {
         std::fs::write(t.p(&format!("{dir}/inside.txt")), "inside").unwrap();
         std::fs::write(t.p(&format!("{dir}/secret.txt")), "inside too").unwrap();
     }
-    symlink(t.p("outside"), t.p("work/l")).unwrap();
-    symlink(t.p("outside"), t.p("mem-link")).unwrap();
+    std::fs::write(t.p("work/in/inside.txt"), "inside").unwrap();
+    std::fs::write(t.p("work/in/secret.txt"), VIA_INSIDE_LINK).unwrap();
+    let links: [(&str, PathBuf); 7] = [
+        ("work/l", t.p("outside")),
+        ("work/l-rel", PathBuf::from("../outside")),
+        ("work/l-in", t.p("work/in")),
+        ("work/l-in-rel", PathBuf::from("in")),
+        ("mem-link", t.p("outside")),
+        ("mem-rel", PathBuf::from("outside")),
+        ("mem-in-rel", PathBuf::from("work/in")),
+    ];
+    for (link, target) in &links {
+        symlink(target, t.p(link)).unwrap();
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let swaps = Arc::new(AtomicU64::new(0));
-    let threads: Vec<_> = [("work/d", "work/l"), ("mem", "mem-link")]
-        .into_iter()
-        .map(|(a, b)| {
-            let (a, b, stop, swaps) = (t.p(a), t.p(b), stop.clone(), swaps.clone());
-            std::thread::spawn(move || exchange_loop(a, b, stop, swaps))
-        })
-        .collect();
-    let mut leaks = 0;
+    let threads: Vec<_> = [
+        (
+            "work/d",
+            &["work/l", "work/l-in", "work/l-rel", "work/l-in-rel"][..],
+        ),
+        ("mem", &["mem-link", "mem-in-rel", "mem-rel"][..]),
+    ]
+    .into_iter()
+    .map(|(a, partners)| {
+        let (a, stop, swaps) = (t.p(a), stop.clone(), swaps.clone());
+        let partners = partners.iter().map(|b| t.p(b)).collect();
+        std::thread::spawn(move || exchange_loop(a, partners, stop, swaps))
+    })
+    .collect();
+    let mut raced = Raced {
+        leaks: 0,
+        planted: 0,
+        through_links: 0,
+    };
     for i in 0..attempts {
         let base = if i % 2 == 0 {
             t.s("work/d")
         } else {
             t.s("mem")
         };
-        let (tool, input) = match (i / 2) % 5 {
+        let (tool, input) = match (i / 2) % 8 {
             0 => ("read", json!({"file_path": format!("{base}/secret.txt")})),
             1 => ("grep", json!({"pattern": "SECRET", "path": base})),
             2 => (
@@ -282,6 +335,14 @@ async fn race(attempts: u64) -> u64 {
                 json!({"pattern": "SECRET", "path": format!("{base}/secret.txt")}),
             ),
             3 => ("glob", json!({"pattern": "*", "path": base})),
+            // Through the workdir: `d` (and the links beside it) entered by
+            // a plain segment, whatever each holds at that instant.
+            4 => ("glob", json!({"pattern": "*/*.txt", "path": t.s("work")})),
+            5 => ("read", json!({"file_path": "d/secret.txt"})),
+            6 => (
+                "edit",
+                json!({"file_path": format!("{base}/inside.txt"), "old_string": "inside", "new_string": "inside"}),
+            ),
             _ => (
                 "write",
                 json!({"file_path": format!("{base}/w{i}.md"), "content": "x"}),
@@ -293,24 +354,30 @@ async fn race(attempts: u64) -> u64 {
         };
         // glob lists names only: a name only `outside` has is a leak.
         let leaked = text.contains(SECRET) || text.contains(OUTSIDE_ONLY);
-        if leaked && leaks == 0 {
+        if leaked && raced.leaks == 0 {
             eprintln!("first leak: {tool}: {text}");
         }
         if leaked {
-            leaks += 1;
+            raced.leaks += 1;
+        }
+        if text == VIA_INSIDE_LINK {
+            raced.through_links += 1;
         }
     }
     stop.store(true, Ordering::Relaxed);
     for th in threads {
         th.join().unwrap();
     }
-    let planted = outside_names(&t).len() as u64 - 2;
+    raced.planted = outside_names(&t).len() as u64 - 2;
     eprintln!(
-        "race [{}]: {leaks} leaks and {planted} files written outside in {attempts} attempts ({} exchanges)",
+        "race [{}]: {} leaks and {} files written outside in {attempts} attempts ({} exchanges; {} reads answered through a link staying inside)",
         kernel_path(),
-        swaps.load(Ordering::Relaxed)
+        raced.leaks,
+        raced.planted,
+        swaps.load(Ordering::Relaxed),
+        raced.through_links,
     );
-    leaks + planted
+    raced
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -322,9 +389,19 @@ async fn race_a_rename_exchange_loop_never_yields_an_outside_byte() {
     let with_walk = race(attempts).await;
     set_openat2(true);
     assert_eq!(
-        (with_openat2, with_walk),
+        (
+            with_openat2.leaks + with_openat2.planted,
+            with_walk.leaks + with_walk.planted
+        ),
         (0, 0),
         "leaks out of {attempts} attempts (openat2, walk)"
+    );
+    // The links that stay inside were followed, not refused.
+    assert!(
+        with_openat2.through_links > 0 && with_walk.through_links > 0,
+        "no read went through a link staying inside ({}, {})",
+        with_openat2.through_links,
+        with_walk.through_links
     );
 }
 

@@ -1,10 +1,12 @@
 //! `read`, `write` and `edit`.
 //!
-//! Every file is reached from its root's directory fd (see [`super::paths`]):
-//! `read` opens it with `openat2`/the no-follow walk, `write` and `edit` walk
-//! to its directory fd (creating missing directories with `mkdirat`) and
-//! work by name in that fd only. No symlink is followed anywhere, so a swap
-//! in the agent's shell can only make a call fail, never lead it outside.
+//! The path is first resolved as the reference resolves it, its symlinks
+//! followed (see [`super::paths`]); the canonical file is then reached from
+//! its root's directory fd: `read` opens it with `openat2`/the no-follow
+//! walk, `write` and `edit` walk to its directory fd (creating missing
+//! directories with `mkdirat`) and work by name in that fd only. Nothing is
+//! followed by name after the resolution: a link the agent's shell swaps in
+//! meanwhile makes the call resolve again, never leads it outside.
 //! A FIFO or a device is refused after `fstat` without ever blocking on it
 //! (`O_NONBLOCK`), and reads are bounded: at most the cap + 1 bytes are read
 //! whatever size the file has or grows to. Writes go to an `O_EXCL`
@@ -15,7 +17,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::OwnedFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use rand::RngExt;
@@ -62,11 +64,22 @@ fn regular(op: &str, p: &str, fd: OwnedFd) -> Result<(File, u64, (u64, u64)), To
     Ok((File::from(fd), st.st_size as u64, (st.st_dev, st.st_ino)))
 }
 
-/// Open the target for reading from its root: no symlink on the way, no
-/// blocking open.
-fn open_regular(op: &str, target: &Target<'_>, p: &str) -> Result<(File, u64), ToolError> {
-    let fd = target.open(op, OFlags::RDONLY | OFlags::NONBLOCK)?;
-    regular(op, p, fd).map(|(f, size, _)| (f, size))
+/// Resolve `p` and open it for reading from its root (no blocking open),
+/// refusing anything but a regular file: its canonical path, the file and
+/// its size. `check` runs once the path resolved, before anything is opened
+/// (the reference validates its other inputs there).
+fn open_regular(
+    op: &str,
+    policy: &PathPolicy,
+    p: &str,
+    check: impl Fn() -> Result<(), ToolError>,
+) -> Result<(PathBuf, File, u64), ToolError> {
+    policy.with_target(op, Some(p), |target| {
+        check()?;
+        let fd = target.open(op, OFlags::RDONLY | OFlags::NONBLOCK)?;
+        let (file, size, _) = regular(op, p, fd)?;
+        Ok((target.shown().to_path_buf(), file, size))
+    })
 }
 
 /// Read at most `limit` bytes; `Err(read)` when the file held more (it may
@@ -97,19 +110,16 @@ pub(crate) fn read(
 ) -> Result<ToolOutput, ToolError> {
     let input: ReadInput = super::parse_input("read", input)?;
     let p = input.file_path.as_str();
-    let target = policy.locate("read", p)?;
     let view_range = input.view_range.filter(|r| !r.is_empty());
     let range = match view_range.as_deref() {
-        None => None,
-        Some([start, end]) => Some((*start, *end)),
-        Some(_) => {
-            return Err(ToolError::new(
-                "read: view_range must be [start_line, end_line]",
-            ));
-        }
+        None | Some([_, _]) => Ok(view_range.as_deref().map(|r| (r[0], r[1]))),
+        Some(_) => Err(ToolError::new(
+            "read: view_range must be [start_line, end_line]",
+        )),
     };
-    let (mut file, size) = open_regular("read", &target, p)?;
-    if let Some(media) = media_type(target.shown()) {
+    let (shown, mut file, size) = open_regular("read", policy, p, || range.clone().map(|_| ()))?;
+    let range = range?;
+    if let Some(media) = media_type(&shown) {
         if range.is_some() {
             return Err(ToolError::new(
                 "read: view_range is not supported for image/PDF files",
@@ -165,7 +175,7 @@ pub(crate) fn read(
                     let Some((start, end)) = range else {
                         return Err(too_large(grown, limit));
                     };
-                    let (file, _) = open_regular("read", &target, p)?;
+                    let (_, file, _) = open_regular("read", policy, p, || Ok(()))?;
                     return read_line_range(file, p, start, end, limit, deadline);
                 }
             }
@@ -342,14 +352,47 @@ struct WriteInput {
 pub(crate) fn write(policy: &PathPolicy, input: Value) -> Result<ToolOutput, ToolError> {
     let input: WriteInput = super::parse_input("write", input)?;
     let p = input.file_path.as_str();
-    let target = policy.locate("write", p)?;
-    let (dir, leaf) = target.parent_for_write("write", true)?;
-    check_leaf_writable("write", &target, &dir, &leaf)?;
-    write_atomic(&dir, &leaf, input.content.as_bytes()).map_err(|e| target.error("write", e))?;
+    policy.with_target("write", Some(p), |target| {
+        target.refuse_read_only("write")?;
+        let (dir, leaf) = target.parent_for_write("write", true)?;
+        check_leaf_writable("write", target, &dir, &leaf)?;
+        write_atomic(&dir, &leaf, input.content.as_bytes()).map_err(|e| target.fail("write", e))
+    })?;
     Ok(ToolOutput::Text(format!(
         "wrote {} bytes to {p}",
         input.content.len()
     )))
+}
+
+/// The whole of a file `edit` is about to change, as text, within the cap.
+fn read_for_edit(
+    file: &mut File,
+    p: &str,
+    size: u64,
+    max_bytes: Option<u64>,
+) -> Result<String, ToolError> {
+    let too_large = |size: u64, limit: u64| {
+        ToolError::new(format!(
+            "edit: {p} is {size} bytes, exceeds {limit}-byte limit. The edit tool loads the whole file and cannot modify a file this large."
+        ))
+    };
+    let bytes = match max_bytes {
+        Some(limit) if size > limit => return Err(too_large(size, limit)),
+        Some(limit) => read_capped(file, size, limit)
+            .map_err(|e| fs_error("edit", p, &e))?
+            .map_err(|grown| too_large(grown, limit))?,
+        None => {
+            let mut bytes = Vec::with_capacity(size as usize);
+            file.read_to_end(&mut bytes)
+                .map_err(|e| fs_error("edit", p, &e))?;
+            bytes
+        }
+    };
+    String::from_utf8(bytes).map_err(|_| {
+        ToolError::new(format!(
+            "edit: {p}: not valid UTF-8 text (cannot edit binary files)"
+        ))
+    })
 }
 
 #[derive(Deserialize)]
@@ -371,57 +414,40 @@ pub(crate) fn edit(
     if input.old_string.is_empty() {
         return Err(ToolError::new("edit: old_string must not be empty"));
     }
-    let target = policy.locate("edit", p)?;
-    let (dir, leaf) = target.parent_for_write("edit", false)?;
-    let fd = rustix::fs::openat(
-        &dir,
-        leaf.as_str(),
-        OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| target.error("edit", e))?;
-    let (mut file, size, id) = regular("edit", p, fd)?;
-    target.check_writable_file("edit", id)?;
-    let too_large = |size: u64, limit: u64| {
-        ToolError::new(format!(
-            "edit: {p} is {size} bytes, exceeds {limit}-byte limit. The edit tool loads the whole file and cannot modify a file this large."
-        ))
-    };
-    let bytes = match max_bytes {
-        Some(limit) if size > limit => return Err(too_large(size, limit)),
-        Some(limit) => read_capped(&mut file, size, limit)
-            .map_err(|e| fs_error("edit", p, &e))?
-            .map_err(|grown| too_large(grown, limit))?,
-        None => {
-            let mut bytes = Vec::with_capacity(size as usize);
-            file.read_to_end(&mut bytes)
-                .map_err(|e| fs_error("edit", p, &e))?;
-            bytes
-        }
-    };
-    drop(file);
-    let text = String::from_utf8(bytes).map_err(|_| {
-        ToolError::new(format!(
-            "edit: {p}: not valid UTF-8 text (cannot edit binary files)"
-        ))
-    })?;
-    let count = text.matches(input.old_string.as_str()).count();
-    if count == 0 {
-        return Err(ToolError::new(format!("edit: old_string not found in {p}")));
-    }
     let replace_all = input.replace_all.unwrap_or(false);
-    if !replace_all && count > 1 {
-        return Err(ToolError::new(format!(
-            "edit: old_string appears {count} times in {p} (must be unique)"
-        )));
-    }
-    // Literal replacement: no `$&`-style expansion of `new_string`.
-    let updated = if replace_all {
-        text.replace(input.old_string.as_str(), &input.new_string)
-    } else {
-        text.replacen(input.old_string.as_str(), &input.new_string, 1)
-    };
-    write_atomic(&dir, &leaf, updated.as_bytes()).map_err(|e| target.error("edit", e))?;
+    let count = policy.with_target("edit", Some(p), |target| {
+        target.refuse_read_only("edit")?;
+        let (dir, leaf) = target.parent_for_write("edit", false)?;
+        let fd = rustix::fs::openat(
+            &dir,
+            leaf.as_str(),
+            OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| target.fail("edit", e))?;
+        let (mut file, size, id) = regular("edit", p, fd)?;
+        target.check_writable_file("edit", id)?;
+        let text = read_for_edit(&mut file, p, size, max_bytes)?;
+        drop(file);
+        let count = text.matches(input.old_string.as_str()).count();
+        if count == 0 {
+            return Err(ToolError::new(format!("edit: old_string not found in {p}")).into());
+        }
+        if !replace_all && count > 1 {
+            return Err(ToolError::new(format!(
+                "edit: old_string appears {count} times in {p} (must be unique)"
+            ))
+            .into());
+        }
+        // Literal replacement: no `$&`-style expansion of `new_string`.
+        let updated = if replace_all {
+            text.replace(input.old_string.as_str(), &input.new_string)
+        } else {
+            text.replacen(input.old_string.as_str(), &input.new_string, 1)
+        };
+        write_atomic(&dir, &leaf, updated.as_bytes()).map_err(|e| target.fail("edit", e))?;
+        Ok(count)
+    })?;
     let replaced = if replace_all { count } else { 1 };
     Ok(ToolOutput::Text(format!(
         "edited {p} ({replaced} replacement(s))"

@@ -3,8 +3,12 @@
 //! official SDKs.
 //!
 //! - [`paths`] — where the file tools may go: the workdir and the allowed
-//!   roots, each opened once as a directory fd, every path resolved from it
-//!   without following a symlink (read-only roots refuse writes);
+//!   roots, each opened once as a directory fd; a path is accepted when,
+//!   its symlinks followed as the reference follows them, it lies inside
+//!   one of them (read-only roots refuse writes);
+//! - [`resolve`] — that resolution, from the roots' fds: each link read
+//!   from its own descriptor and the walk restarted from the root its
+//!   target lies under, never a name followed by the kernel;
 //! - [`files`] — `read`, `write`, `edit`;
 //! - [`search`] — `glob`, `grep` (built in);
 //! - [`bash`] — the persistent shell.
@@ -17,8 +21,10 @@
 
 pub(crate) mod bash;
 pub(crate) mod files;
+mod glob_walk;
 mod lines;
 pub mod paths;
+mod resolve;
 pub(crate) mod search;
 
 use std::path::PathBuf;

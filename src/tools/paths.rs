@@ -1,30 +1,45 @@
 //! Where the file tools may go, and how they get there without leaving.
 //!
+//! The rule is the reference's (`resolve_path` of the official SDK): a tool
+//! path, relative to the (canonical) workdir or absolute, has `.` and `..`
+//! collapsed by text, then every symlink on it followed (the leaf and a
+//! dangling one included, at most 40 hops); it is accepted when that
+//! canonical path lies inside the workdir or an allowed root, and the tool
+//! then works on the canonical path. So `current -> releases/42`,
+//! `node_modules/.bin/tool`, a chain of links, a dangling link `write`
+//! creates the target of, a workdir link into a store all work, and a link
+//! leading out answers `path "<p>" is outside the session's working
+//! directory` (` and its other permitted directories` when there are).
+//!
 //! The agent has a shell beside the tools: it can replace any directory with
 //! a symlink (to `/proc/self`, to `/`) or exchange the two in a loop while a
 //! tool runs. So nothing here trusts a path between a check and a use:
 //!
 //! - the workdir and every allowed and read-only root are opened **once**,
 //!   when the session's toolset is built (before the agent's first call), as
-//!   directory fds, and their (device, inode) remembered;
-//! - a tool path is made absolute and normalised **lexically** (`.` and `..`
-//!   collapsed, nothing on disk consulted), then matched component-wise to
-//!   the longest root it lies under, as configured or as the root's
-//!   canonical path at the start — `/mnt/memory/notes-old` is not inside
-//!   `/mnt/memory/notes`;
-//! - it is then opened *from that root's fd* with [`crate::fsx::open_beneath`]
-//!   (`openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)`
-//!   or a per-component `O_NOFOLLOW` walk): a symlink anywhere below a root is
-//!   refused, never followed, so no rename race can lead outside;
+//!   directory fds, and their (device, inode) and canonical path remembered;
+//! - a tool path is resolved by [`super::resolve`] from those fds, one
+//!   `O_PATH | O_NOFOLLOW` component at a time, each link read from its own
+//!   descriptor and the walk restarted from the root its target lies under:
+//!   the kernel never follows a name, and every component of the result was
+//!   reached by descending from a root's fd;
+//! - the tool then opens the canonical components from that root's fd with
+//!   [`crate::fsx::open_beneath`] (`openat2(RESOLVE_BENEATH |
+//!   RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` or a per-component
+//!   `O_NOFOLLOW` walk): a link swapped in since the resolution is refused
+//!   there, never followed, and the call resolves again (a few times, then
+//!   answers that the path kept changing);
 //! - before each use the root's path must still name the directory opened at
 //!   the start; a root renamed away, removed or replaced (by a symlink or a
 //!   new directory) answers "was replaced or removed during the session".
 //!
-//! `write` and `edit` also refuse anything in a read-only root: the root the
-//! path matched, any directory they walk through, or the file itself having
-//! the identity of a read-only root (so a read-only store moved elsewhere
-//! under a writable root stays read-only). Error texts name the path as the
-//! agent spelled it, never the absolute workdir.
+//! `write` and `edit` also refuse anything in a read-only root: when the
+//! canonical target lies under a read-only root's canonical path (whichever
+//! alias reached it, as the reference compares), when the root the path
+//! resolved under or any directory they walk through has the identity of a
+//! read-only root, or the file itself has (so a read-only store moved
+//! elsewhere under a writable root stays read-only). Error texts name the
+//! path as the agent spelled it, never the absolute workdir.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -35,10 +50,15 @@ use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
 use super::ToolError;
+use super::resolve::{self, Anchor, Unresolved};
 use crate::fsx;
 
 /// Where directories the tools create get their mode.
 const NEW_DIR_MODE: u32 = 0o755;
+
+/// How many times a call resolves its path again after meeting a symlink
+/// where the resolution found none (the agent's shell swapping one in).
+const RACE_RETRIES: usize = 8;
 
 /// The workdir and the extra directories the file tools may reach, each
 /// opened once.
@@ -50,10 +70,27 @@ pub struct PathPolicy {
 #[derive(Debug)]
 struct Roots {
     workdir: PathBuf,
-    /// Longest path first, so the first match is the most specific root.
+    /// The workdir's canonical path at the start: relative tool paths are
+    /// joined to it (as the reference joins them to `workdir.resolve()`).
+    workdir_canonical: PathBuf,
+    /// The workdir first (it wins a tie between equal spellings).
     roots: Vec<Root>,
-    /// (device, inode) of each read-only root, with its path as configured.
-    read_only: Vec<((u64, u64), PathBuf)>,
+    read_only: Vec<ReadOnly>,
+}
+
+/// A read-only root: its identity and its spellings at the start.
+#[derive(Debug)]
+struct ReadOnly {
+    id: Option<(u64, u64)>,
+    /// As configured (absolute, normalised) and canonical.
+    spellings: Vec<PathBuf>,
+}
+
+impl ReadOnly {
+    /// How the refusal names it: as configured.
+    fn shown(&self) -> &Path {
+        &self.spellings[0]
+    }
 }
 
 /// One root, opened when the policy was built.
@@ -65,6 +102,9 @@ struct Root {
     /// operator's symlinks above a root resolved once): a tool path under
     /// either spelling belongs to this root.
     spellings: Vec<PathBuf>,
+    /// Where it is: its canonical path at the start (`path` when that
+    /// could not be found). Answers name paths below a root by it.
+    canonical: PathBuf,
     is_workdir: bool,
     /// What was opened, or why nothing could be.
     opened: Result<Opened, Errno>,
@@ -95,19 +135,26 @@ fn identity_of(path: &Path) -> Result<(u64, u64), Errno> {
     Ok((st.st_dev, st.st_ino))
 }
 
+/// `path` and, when it differs, its canonical form now.
+fn spellings_of(path: &Path) -> Vec<PathBuf> {
+    let mut spellings = vec![path.to_path_buf()];
+    if let Ok(real) = std::fs::canonicalize(path)
+        && real != path
+    {
+        spellings.push(real);
+    }
+    spellings
+}
+
 impl Root {
     fn open(path: PathBuf, is_workdir: bool) -> Root {
         let opened = Self::open_dir(&path).or_else(|e| match e {
             Errno::NOTDIR => Self::open_file(&path),
             e => Err(e),
         });
-        let mut spellings = vec![path.clone()];
-        if let Ok(real) = std::fs::canonicalize(&path)
-            && real != path
-        {
-            spellings.push(real);
-        }
+        let spellings = spellings_of(&path);
         Root {
+            canonical: spellings.last().cloned().unwrap_or_else(|| path.clone()),
             path,
             spellings,
             is_workdir,
@@ -179,6 +226,31 @@ impl Root {
             _ => Err(gone()),
         }
     }
+
+    /// This root as a place [`resolve::resolve`] starts from.
+    fn anchor(&self) -> Anchor<'_> {
+        let opened = self.opened.as_ref().ok();
+        Anchor {
+            spellings: &self.spellings,
+            canonical: &self.canonical,
+            fd: opened.map(|o| o.base.as_fd()),
+            file: opened.and_then(|o| o.file.as_deref()),
+        }
+    }
+}
+
+/// Why a call on a resolved path stopped: an answer for the agent, or a
+/// symlink met where the resolution found none (resolve again).
+#[derive(Debug)]
+pub(crate) enum Failed {
+    Tool(ToolError),
+    Raced,
+}
+
+impl From<ToolError> for Failed {
+    fn from(e: ToolError) -> Self {
+        Failed::Tool(e)
+    }
 }
 
 impl PathPolicy {
@@ -207,10 +279,14 @@ impl PathPolicy {
         );
         let read_only = keep(read_only_roots)
             .into_iter()
-            .filter_map(|r| Some((identity_of(&r).ok()?, r)))
+            .map(|r| ReadOnly {
+                id: identity_of(&r).ok(),
+                spellings: spellings_of(&r),
+            })
             .collect();
         PathPolicy {
             inner: Arc::new(Roots {
+                workdir_canonical: roots[0].canonical.clone(),
                 workdir,
                 roots,
                 read_only,
@@ -223,67 +299,81 @@ impl PathPolicy {
         self.inner.workdir.clone()
     }
 
-    /// Where `p` (relative to the workdir) lies: its root and the components
-    /// below it, or a refusal when it lies under no root or its root was
-    /// replaced.
-    pub(crate) fn locate<'a>(&'a self, op: &str, p: &'a str) -> Result<Target<'a>, ToolError> {
+    /// Run `f` on `p` (relative to the workdir; `None`: the workdir
+    /// itself) resolved; when `f` meets a symlink the resolution did not
+    /// see, resolve again, at most [`RACE_RETRIES`] times.
+    pub(crate) fn with_target<T>(
+        &self,
+        op: &str,
+        p: Option<&str>,
+        mut f: impl FnMut(&Target<'_>) -> Result<T, Failed>,
+    ) -> Result<T, ToolError> {
+        for _ in 0..RACE_RETRIES {
+            let target = match p {
+                Some(p) => self.resolve(op, p)?,
+                None => self.resolve_workdir(op)?,
+            };
+            match f(&target) {
+                Ok(done) => return Ok(done),
+                Err(Failed::Tool(e)) => return Err(e),
+                Err(Failed::Raced) => continue,
+            }
+        }
+        Err(ToolError::new(format!(
+            "{op}: {}: the path kept changing while the tool opened it (a symbolic link was swapped in on its way); try again",
+            p.unwrap_or(".")
+        )))
+    }
+
+    /// Where `p` (relative to the workdir) leads: its root and canonical
+    /// components, or a refusal when it leads under no root, loops, or its
+    /// root was replaced.
+    pub(crate) fn resolve<'a>(&'a self, op: &str, p: &'a str) -> Result<Target<'a>, ToolError> {
         let candidate = Path::new(p);
         let full = if candidate.is_absolute() {
             normalize(candidate)
         } else {
-            normalize(&self.inner.workdir.join(candidate))
+            normalize(&self.inner.workdir_canonical.join(candidate))
         };
-        // The most specific root: the longest spelling `full` lies under (the
-        // workdir wins a tie: it is listed first).
-        let mut best: Option<(&Root, &Path, usize)> = None;
-        for root in &self.inner.roots {
-            let single_file = matches!(&root.opened, Ok(Opened { file: Some(_), .. }));
-            for spelling in &root.spellings {
-                let Ok(rest) = full.strip_prefix(spelling) else {
-                    continue;
+        let anchors: Vec<Anchor<'_>> = self.inner.roots.iter().map(Root::anchor).collect();
+        let resolved = match resolve::resolve(&anchors, &full, &mut 0) {
+            Ok(resolved) => resolved,
+            Err(Unresolved::Outside) => {
+                let others = if self.inner.roots.len() > 1 {
+                    " and its other permitted directories"
+                } else {
+                    ""
                 };
-                if single_file && !rest.as_os_str().is_empty() {
-                    continue;
-                }
-                let depth = spelling.components().count();
-                if best.is_none_or(|(_, _, d)| depth > d) {
-                    best = Some((root, rest, depth));
-                }
+                return Err(ToolError::new(format!(
+                    "{op}: path {p:?} is outside the session's working directory{others}"
+                )));
             }
-        }
-        if let Some((root, rest, _)) = best {
-            let mut comps = Vec::new();
-            for c in rest.components() {
-                match c.as_os_str().to_str() {
-                    Some(s) => comps.push(s.to_string()),
-                    // Tool inputs are JSON strings: always UTF-8.
-                    None => return Err(ToolError::new(format!("{op}: path {p:?} is not UTF-8"))),
-                }
+            Err(Unresolved::Unopened(i)) => {
+                return Err(self.inner.roots[i]
+                    .live(op)
+                    .err()
+                    .unwrap_or_else(|| path_error(op, p, Errno::BADF)));
             }
-            let opened = root.live(op)?;
-            if let Some(name) = &opened.file {
-                comps.push(name.clone());
+            Err(Unresolved::Os(Errno::XDEV)) => return Err(path_error(op, p, Errno::XDEV)),
+            Err(Unresolved::Os(e)) => {
+                return Err(ToolError::new(format!(
+                    "{op}: path {p:?}: {}",
+                    errno_reason(e)
+                )));
             }
-            return Ok(Target {
-                policy: self,
-                opened,
-                comps,
-                shown: full,
-                p,
-            });
-        }
-        let others = if self.inner.roots.len() > 1 {
-            " and its other permitted directories"
-        } else {
-            ""
         };
-        Err(ToolError::new(format!(
-            "{op}: path {p:?} is outside the session's working directory{others}"
-        )))
+        let root = &self.inner.roots[resolved.anchor];
+        Ok(Target {
+            policy: self,
+            opened: root.live(op)?,
+            comps: resolved.comps,
+            shown: resolved.canonical,
+            p,
+        })
     }
 
     /// The workdir itself, as a target (for `glob`/`grep` without a path).
-    pub(crate) fn locate_workdir<'a>(&'a self, op: &str) -> Result<Target<'a>, ToolError> {
+    fn resolve_workdir<'a>(&'a self, op: &str) -> Result<Target<'a>, ToolError> {
         let root = self
             .inner
             .roots
@@ -294,40 +384,45 @@ impl PathPolicy {
             policy: self,
             opened: root.live(op)?,
             comps: Vec::new(),
-            shown: self.inner.workdir.clone(),
+            shown: root.canonical.clone(),
             p: ".",
         })
     }
 
-    /// The configured path of the read-only root whose identity is `id`.
-    fn read_only(&self, id: (u64, u64)) -> Option<&Path> {
+    /// The read-only root whose identity is `id`.
+    fn read_only_by_id(&self, id: (u64, u64)) -> Option<&ReadOnly> {
+        self.inner.read_only.iter().find(|ro| ro.id == Some(id))
+    }
+
+    /// The read-only root the canonical `path` lies under.
+    fn read_only_by_path(&self, path: &Path) -> Option<&ReadOnly> {
         self.inner
             .read_only
             .iter()
-            .find(|(ro, _)| *ro == id)
-            .map(|(_, path)| path.as_path())
+            .find(|ro| ro.spellings.iter().any(|s| path.starts_with(s)))
     }
 }
 
-/// A tool path matched to its root: opened only from the root's fd.
+/// A tool path resolved under its root: opened only from the root's fd.
 pub(crate) struct Target<'a> {
     policy: &'a PathPolicy,
     opened: &'a Opened,
-    /// Below the root's fd (a single-file root's name included).
+    /// Canonical, below the root's fd (a single-file root's name included).
     comps: Vec<String>,
+    /// The canonical absolute path (what answers name).
     shown: PathBuf,
     p: &'a str,
 }
 
 impl Target<'_> {
-    /// The absolute, lexically normalised path (for output).
+    /// The canonical absolute path (for output).
     pub(crate) fn shown(&self) -> &Path {
         &self.shown
     }
 
     /// Open the target with `flags` (`O_NOFOLLOW` added), beneath its root.
-    pub(crate) fn open(&self, op: &str, flags: OFlags) -> Result<OwnedFd, ToolError> {
-        self.open_errno(flags).map_err(|e| self.error(op, e))
+    pub(crate) fn open(&self, op: &str, flags: OFlags) -> Result<OwnedFd, Failed> {
+        self.open_errno(flags).map_err(|e| self.fail(op, e))
     }
 
     /// [`Target::open`] with the OS error as it came.
@@ -336,23 +431,41 @@ impl Target<'_> {
         fsx::open_beneath(&self.opened.base, &comps, flags)
     }
 
+    /// A failure on the canonical path: a symlink there now (`ELOOP`) was
+    /// swapped in since the resolution; anything else is the agent's answer.
+    pub(crate) fn fail(&self, op: &str, e: Errno) -> Failed {
+        match e {
+            Errno::LOOP => Failed::Raced,
+            e => Failed::Tool(self.error(op, e)),
+        }
+    }
+
     /// A refusal or failure about this path, in the tools' words.
     pub(crate) fn error(&self, op: &str, e: Errno) -> ToolError {
         path_error(op, self.p, e)
     }
 
-    /// Refuse when the file `id` (already open) is a read-only root.
-    pub(crate) fn check_writable_file(&self, op: &str, id: (u64, u64)) -> Result<(), ToolError> {
-        self.refuse_read_only(op, id)
+    /// Refuse a target whose canonical path lies under a read-only root
+    /// (the reference's check, whichever alias reached it).
+    pub(crate) fn refuse_read_only(&self, op: &str) -> Result<(), ToolError> {
+        match self.policy.read_only_by_path(&self.shown) {
+            Some(ro) => Err(self.read_only_error(op, ro)),
+            None => Ok(()),
+        }
     }
 
-    fn refuse_read_only(&self, op: &str, id: (u64, u64)) -> Result<(), ToolError> {
-        match self.policy.read_only(id) {
-            Some(root) => Err(ToolError::new(format!(
-                "{op}: {} is inside read-only directory {}",
-                self.p,
-                root.display()
-            ))),
+    fn read_only_error(&self, op: &str, ro: &ReadOnly) -> ToolError {
+        ToolError::new(format!(
+            "{op}: {} is inside read-only directory {}",
+            self.p,
+            ro.shown().display()
+        ))
+    }
+
+    /// Refuse when the file `id` (already open) is a read-only root.
+    pub(crate) fn check_writable_file(&self, op: &str, id: (u64, u64)) -> Result<(), ToolError> {
+        match self.policy.read_only_by_id(id) {
+            Some(ro) => Err(self.read_only_error(op, ro)),
             None => Ok(()),
         }
     }
@@ -365,13 +478,13 @@ impl Target<'_> {
         &self,
         op: &str,
         create: bool,
-    ) -> Result<(OwnedFd, String), ToolError> {
+    ) -> Result<(OwnedFd, String), Failed> {
         let Some((leaf, dirs)) = self.comps.split_last() else {
-            return Err(self.error(op, Errno::ISDIR));
+            return Err(Failed::Tool(self.error(op, Errno::ISDIR)));
         };
         let mut current = fsx::open_beneath(&self.opened.base, &[], fsx::DIR_FLAGS)
-            .map_err(|e| self.error(op, e))?;
-        self.refuse_read_only(op, self.opened.id)?;
+            .map_err(|e| self.fail(op, e))?;
+        self.check_writable_file(op, self.opened.id)?;
         for dir in dirs {
             let next = match fsx::open_dir_at(&current, dir) {
                 Err(Errno::NOENT) if create => {
@@ -381,15 +494,15 @@ impl Target<'_> {
                         Mode::from_raw_mode(NEW_DIR_MODE),
                     ) {
                         Ok(()) | Err(Errno::EXIST) => {}
-                        Err(e) => return Err(self.error(op, e)),
+                        Err(e) => return Err(self.fail(op, e)),
                     }
                     fsx::open_dir_at(&current, dir)
                 }
                 other => other,
             }
-            .map_err(|e| self.error(op, e))?;
-            let id = fsx::identity(next.as_fd()).map_err(|e| self.error(op, e))?;
-            self.refuse_read_only(op, id)?;
+            .map_err(|e| self.fail(op, e))?;
+            let id = fsx::identity(next.as_fd()).map_err(|e| self.fail(op, e))?;
+            self.check_writable_file(op, id)?;
             current = next;
         }
         Ok((current, leaf.clone()))
@@ -399,9 +512,6 @@ impl Target<'_> {
 /// An open or walk failure as the agent reads it.
 pub(crate) fn path_error(op: &str, p: &str, e: Errno) -> ToolError {
     match e {
-        Errno::LOOP => ToolError::new(format!(
-            "{op}: {p}: a symbolic link is in the way (the file tools never follow symbolic links)"
-        )),
         // `refuse_pseudo_fs` (or `openat2` refusing to leave the root).
         Errno::XDEV => ToolError::new(format!(
             "{op}: {p}: lies in a kernel filesystem such as /proc, which the file tools never open"
@@ -489,12 +599,12 @@ mod tests {
             vec![t.path().join("work/mem")],
         );
         // Matched to the read-only store, not to the workdir around it.
-        let target = policy.locate("write", "mem/a.md").unwrap();
+        let target = policy.resolve("write", "mem/a.md").unwrap();
         assert!(target.parent_for_write("write", true).is_err());
-        let target = policy.locate("write", "other/a.md").unwrap();
+        let target = policy.resolve("write", "other/a.md").unwrap();
         assert!(target.parent_for_write("write", true).is_ok());
         let outside = t.path().join("notes-old/a").display().to_string();
-        assert!(policy.locate("read", &outside).is_err());
+        assert!(policy.resolve("read", &outside).is_err());
         // A root configured through a symlink answers to both spellings.
         std::os::unix::fs::symlink(t.path().join("work"), t.path().join("work-link")).unwrap();
         std::fs::write(t.path().join("work/f"), "f").unwrap();
@@ -502,7 +612,7 @@ mod tests {
         for p in ["f", &t.path().join("work/f").display().to_string()] {
             assert!(
                 aliased
-                    .locate("read", p)
+                    .resolve("read", p)
                     .unwrap()
                     .open("read", OFlags::RDONLY)
                     .is_ok()
@@ -510,7 +620,7 @@ mod tests {
         }
         let up = "../notes/../notes/x";
         assert_eq!(
-            policy.locate("read", up).unwrap().shown(),
+            policy.resolve("read", up).unwrap().shown(),
             t.path().join("notes/x")
         );
     }

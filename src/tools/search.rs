@@ -2,14 +2,20 @@
 //! installed) and both bounded: at most 50,000 entries walked and 256
 //! levels entered ([`WALK_MAX_DEPTH`]), at most 100 MiB read of one file and
 //! 2,000 bytes held of one line (a one-line sparse file of gigabytes costs
-//! neither memory nor the call's deadline; see `lines.rs`), symlinks
-//! never followed (not even to a file), `.git` and `node_modules` skipped,
-//! FIFOs and devices never opened, and the call's deadline honoured.
+//! neither memory nor the call's deadline; see `lines.rs`), `.git` and
+//! `node_modules` skipped, FIFOs and devices never opened, and the call's
+//! deadline honoured.
+//!
+//! The search path is resolved as every tool path is, its symlinks followed
+//! (see [`super::paths`]), and answers name files below its canonical path,
+//! as the reference's do. Below it, as the reference: `grep`'s walk never
+//! follows a symlink (not even to a file); `glob` follows one where Python's
+//! `Path.glob` does (see [`super::glob_walk`]).
 //!
 //! The walk goes by directory fd, never by path: the search root is opened
-//! from its root's fd (see [`super::paths`]), each subdirectory with
-//! `openat(O_NOFOLLOW | O_DIRECTORY)` from its parent's fd, each entry
-//! classified with `fstatat(AT_SYMLINK_NOFOLLOW)` and each file opened with
+//! from its root's fd, each subdirectory with `openat(O_NOFOLLOW |
+//! O_DIRECTORY)` from its parent's fd, each entry classified with
+//! `fstatat(AT_SYMLINK_NOFOLLOW)` and each file opened with
 //! `openat(O_NOFOLLOW)` in its directory's fd. A directory exchanged for a
 //! symlink mid-walk is skipped, never entered.
 
@@ -26,8 +32,9 @@ use rustix::io::Errno;
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::glob_walk::{Pattern, SearchRoot};
 use super::lines;
-use super::paths::{PathPolicy, Target};
+use super::paths::{Failed, PathPolicy, Target};
 use super::{ToolError, ToolOutput};
 use crate::fsx;
 
@@ -40,7 +47,7 @@ pub(crate) const GREP_MAX_LINE_LENGTH: usize = 2_000;
 /// deadline, and the other files are still searched.
 pub(crate) const GREP_MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
 
-const SKIPPED_DIRS: [&[u8]; 2] = [b".git", b"node_modules"];
+pub(crate) const SKIPPED_DIRS: [&[u8]; 2] = [b".git", b"node_modules"];
 
 /// Deepest directory a walk enters, counted from the search root. The
 /// agent can nest directories without limit; each level entered holds one
@@ -161,30 +168,44 @@ fn walk(
     }
 }
 
-/// The search root opened from its root's fd: a directory, a regular file,
-/// or nothing (`None`: missing, so no matches).
-enum SearchRoot {
+/// The search path opened from its root's fd: a directory, a regular
+/// file, or nothing to search (missing, or neither).
+enum Opened {
     Dir(OwnedFd),
     File(OwnedFd),
     Other,
 }
 
-fn open_search_root(op: &str, target: &Target<'_>) -> Result<SearchRoot, ToolError> {
+fn open_search_root(op: &str, target: &Target<'_>) -> Result<Opened, Failed> {
     let fd = match target.open_errno(OFlags::RDONLY | OFlags::NONBLOCK) {
         Ok(fd) => fd,
-        // As before: a search under a path that does not exist finds nothing.
-        Err(Errno::NOENT) => return Ok(SearchRoot::Other),
-        Err(e) => return Err(target.error(op, e)),
+        // A search under a path that does not exist finds nothing.
+        Err(Errno::NOENT | Errno::NOTDIR) => return Ok(Opened::Other),
+        Err(e) => return Err(target.fail(op, e)),
     };
-    let st = rustix::fs::fstat(&fd).map_err(|e| target.error(op, e))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| target.fail(op, e))?;
     Ok(match FileType::from_raw_mode(st.st_mode) {
-        FileType::Directory => SearchRoot::Dir(fd),
-        FileType::RegularFile => SearchRoot::File(fd),
-        _ => SearchRoot::Other,
+        FileType::Directory => Opened::Dir(fd),
+        FileType::RegularFile => Opened::File(fd),
+        _ => Opened::Other,
     })
 }
 
-fn mtime_ns(st: &Stat) -> i128 {
+/// Resolve the search path (`None`: the workdir) and open it: its
+/// canonical path (what answers name) and what it is.
+fn search_path(
+    op: &str,
+    policy: &PathPolicy,
+    path: Option<&str>,
+    check: impl Fn() -> Result<(), ToolError>,
+) -> Result<(PathBuf, Opened), ToolError> {
+    policy.with_target(op, path.filter(|p| !p.is_empty()), |target| {
+        check()?;
+        Ok((target.shown().to_path_buf(), open_search_root(op, target)?))
+    })
+}
+
+pub(crate) fn mtime_ns(st: &Stat) -> i128 {
     st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128
 }
 
@@ -210,28 +231,29 @@ pub(crate) fn glob(
     if pattern.split('/').any(|seg| seg == "..") {
         return Err(ToolError::new("glob: '..' is not permitted in the pattern"));
     }
-    let target = match input.path.as_deref().filter(|p| !p.is_empty()) {
-        Some(p) => policy.locate("glob", p)?,
-        None => policy.locate_workdir("glob")?,
-    };
-    let matcher = globset::GlobBuilder::new(pattern)
-        .literal_separator(true)
-        .backslash_escape(true)
-        .build()
-        .map_err(|e| ToolError::new(format!("glob: {}", e.kind())))?
-        .compile_matcher();
-    let SearchRoot::Dir(root) = open_search_root("glob", &target)? else {
+    // The reference refuses an empty pattern once the path resolved
+    // (`Path.glob("")`), in Python's words.
+    let (shown, opened) = search_path("glob", policy, input.path.as_deref(), || {
+        if pattern.is_empty() {
+            return Err(ToolError::new("glob: Unacceptable pattern: ''"));
+        }
+        Ok(())
+    })?;
+    let matcher = Pattern::parse(pattern)?;
+    // A pattern ending in `/` names directories only; glob lists files.
+    let Opened::Dir(root) = opened else {
         return Ok(ToolOutput::Text("no matches".into()));
     };
+    if pattern.ends_with('/') {
+        return Ok(ToolOutput::Text("no matches".into()));
+    }
     let mut matches: Vec<(i128, PathBuf)> = Vec::new();
-    let walked = walk(root, deadline, |entry| {
-        // Symlinks never count: only regular files, as the walk saw them.
-        if FileType::from_raw_mode(entry.stat.st_mode) == FileType::RegularFile
-            && matcher.is_match(&entry.rel)
-        {
-            matches.push((mtime_ns(&entry.stat), target.shown().join(&entry.rel)));
-        }
-        true
+    let walked = SearchRoot {
+        fd: &root,
+        canonical: &shown,
+    }
+    .walk(&matcher, deadline, |rel, mtime| {
+        matches.push((mtime, shown.join(rel)));
     });
     if walked.is_err() {
         return Err(ToolError::new("glob: timed out"));
@@ -367,10 +389,7 @@ pub(crate) fn grep(
     deadline: Instant,
 ) -> Result<ToolOutput, ToolError> {
     let input: GrepInput = super::parse_input("grep", input)?;
-    let target = match input.path.as_deref().filter(|p| !p.is_empty()) {
-        Some(p) => policy.locate("grep", p)?,
-        None => policy.locate_workdir("grep")?,
-    };
+    let (shown, opened) = search_path("grep", policy, input.path.as_deref(), || Ok(()))?;
     let rx = regex::RegexBuilder::new(&input.pattern)
         .size_limit(10 * 1024 * 1024)
         .build()
@@ -379,14 +398,14 @@ pub(crate) fn grep(
         lines: Vec::new(),
         budget: GREP_OUTPUT_LIMIT as isize,
     };
-    match open_search_root("grep", &target)? {
-        SearchRoot::File(fd) => {
-            grep_fd(&rx, fd, target.shown(), &mut hits, deadline);
+    match opened {
+        Opened::File(fd) => {
+            grep_fd(&rx, fd, &shown, &mut hits, deadline);
             if Instant::now() >= deadline {
                 return Err(ToolError::new("grep: timed out"));
             }
         }
-        SearchRoot::Dir(root) => {
+        Opened::Dir(root) => {
             let walked = walk(root, deadline, |entry| {
                 if FileType::from_raw_mode(entry.stat.st_mode) != FileType::RegularFile {
                     return true; // symlinks, FIFOs, devices, sockets
@@ -394,14 +413,14 @@ pub(crate) fn grep(
                 if Instant::now() >= deadline {
                     return false;
                 }
-                let shown = target.shown().join(&entry.rel);
+                let shown = shown.join(&entry.rel);
                 grep_at(&rx, entry.dir, entry.name, &shown, &mut hits, deadline)
             });
             if walked.is_err() || Instant::now() >= deadline {
                 return Err(ToolError::new("grep: timed out"));
             }
         }
-        SearchRoot::Other => {}
+        Opened::Other => {}
     }
     if hits.lines.is_empty() {
         return Ok(ToolOutput::Text("no matches".into()));
