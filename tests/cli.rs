@@ -250,3 +250,55 @@ fn a_failure_at_start_writes_only_json_lines_in_json_mode() {
         "{text}"
     );
 }
+
+/// README's table of deliberate differences from the official worker names
+/// flags: each is one `envworker serve` accepts, under that name, with the
+/// variable README gives it, so the table cannot point at a flag that
+/// does not exist.
+#[test]
+fn every_flag_the_divergence_table_names_is_accepted() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let start = readme
+        .find("## Where envworker differs from the official worker")
+        .expect("the divergence table is in README");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| ")).collect();
+    assert!(
+        rows.len() >= 10,
+        "the table lists the differences: {rows:?}"
+    );
+    let mut flags: Vec<String> = section
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .filter(|w| w.starts_with("--") && w[2..].starts_with(|c: char| c.is_ascii_lowercase()))
+        .map(str::to_string)
+        .collect();
+    flags.sort();
+    flags.dedup();
+    for want in ["--fresh-workdir", "--memory-push", "--max-concurrent-items"] {
+        assert!(
+            flags.iter().any(|f| f == want),
+            "{want} is named: {flags:?}"
+        );
+    }
+    let help = String::from_utf8(
+        envworker()
+            .args(["serve", "--help"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    for flag in &flags {
+        assert!(
+            help.split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '[')
+                .any(|w| w == flag),
+            "{flag} (named in README's divergence table) is not a flag of envworker serve"
+        );
+    }
+    // The two switches also read their variables.
+    for var in ["ENVWORKER_FRESH_WORKDIR", "ENVWORKER_MEMORY_PUSH"] {
+        assert!(help.contains(var), "{var} in serve --help");
+    }
+}

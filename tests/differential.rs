@@ -299,7 +299,8 @@ async fn an_edit_the_server_already_holds_is_adopted_without_an_upload() {
 }
 
 /// The lost-send sequence (issue 24 item 2): the agent writes v1, whose
-/// upload is lost; it reverts to v0 and a sync sees the server at v0; then
+/// upload is lost (a gateway's 502: no answer from the API, so the upload
+/// may have landed); it reverts to v0 and a sync sees the server at v0; then
 /// another writer sets v1 while the agent writes v2. The server wins: it
 /// keeps the other writer's v1, and the agent's file becomes v1 too.
 #[tokio::test(flavor = "multi_thread")]
@@ -310,7 +311,7 @@ async fn a_lost_send_seen_superseded_never_overwrites_another_writer() {
             "name": "lost-send",
             "memory_stores": notes(json!({"/f.md": "v0\n"})),
             "steps": steps(vec![
-                json!({"faults": [{"method": "POST", "path": "/v1/memory_stores/*/memories/*", "status": 503}]}),
+                json!({"faults": [{"method": "POST", "path": "/v1/memory_stores/*/memories/*", "status": 502}]}),
                 json!({"tool": "write", "input": {"file_path": "{mount:notes}/f.md", "content": "v1\n"}}),
                 json!("sync"),
                 // The sync's upload and both its retries (0.5 s, 1 s) fail
