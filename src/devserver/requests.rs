@@ -138,36 +138,25 @@ pub async fn record(State(state): State<AppState>, request: Request, next: Next)
     let path = request.uri().path().to_string();
     let query = request.uri().query().map(str::to_string);
     let auth = auth_kind(request.headers());
-    let (request, memory_write) = if is_memory_write(&method, &path) {
+    let (response, memory_write) = if is_memory_write(&method, &path) {
         let (parts, body) = request.into_parts();
         // The handler reads at most this much too, and answers 413 past it.
         match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
             Ok(bytes) => {
                 let write = memory_write(&bytes);
-                (Request::from_parts(parts, Body::from(bytes)), Some(write))
+                let request = Request::from_parts(parts, Body::from(bytes));
+                (next.run(request).await, Some(write))
             }
             Err(_) => {
-                let response = super::error::HttpError::too_large(format!(
+                let refused = super::error::HttpError::too_large(format!(
                     "request body is larger than {MAX_BODY_BYTES} bytes"
-                ))
-                .into_response();
-                state.requests().push(LoggedRequest {
-                    seq: 0,
-                    received_at_us,
-                    method,
-                    path,
-                    query,
-                    status: response.status().as_u16(),
-                    auth,
-                    memory_write: None,
-                });
-                return response;
+                ));
+                (refused.into_response(), None)
             }
         }
     } else {
-        (request, None)
+        (next.run(request).await, None)
     };
-    let response = next.run(request).await;
     state.requests().push(LoggedRequest {
         seq: 0,
         received_at_us,

@@ -38,7 +38,7 @@ use rustix::fs::{AtFlags, FileType, Mode, Stat};
 
 use super::ToolError;
 use super::resolve::{self, Anchor};
-use super::search::{SKIPPED_DIRS, WALK_MAX_DEPTH, WALK_MAX_ENTRIES, mtime_ns};
+use super::walk::{SKIPPED_DIRS, WALK_MAX_DEPTH, WALK_MAX_ENTRIES, mtime_ns, sorted_names};
 use crate::fsx::{self, Kind};
 
 /// One segment of a pattern.
@@ -274,15 +274,9 @@ impl SearchRoot<'_> {
                     }
                 }
             };
-            let Ok(entries) = rustix::fs::Dir::read_from(&level.fd) else {
+            let Some(names) = sorted_names(&level.fd) else {
                 continue;
             };
-            let mut names: Vec<CString> = entries
-                .filter_map(Result::ok)
-                .map(|e| e.file_name().to_owned())
-                .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
-                .collect();
-            names.sort();
             let level = Rc::new(level);
             let deeper = level.depth < WALK_MAX_DEPTH;
             // Depth-first in name order: push directories in reverse.

@@ -43,14 +43,14 @@
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
 use super::ToolError;
-use super::resolve::{self, Anchor, Unresolved};
+use super::resolve::{self, Anchor, Unresolved, normalize};
 use crate::fsx;
 
 /// Where directories the tools create get their mode.
@@ -518,27 +518,6 @@ pub(crate) fn path_error(op: &str, p: &str, e: Errno) -> ToolError {
         )),
         e => ToolError::new(format!("{op}: {p}: {}", errno_reason(e))),
     }
-}
-
-/// Collapse `.` and `..` without touching the filesystem (`..` at `/` stays `/`).
-pub(crate) fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for comp in path.components() {
-        match comp {
-            Component::Prefix(_) | Component::RootDir => out.push(comp.as_os_str()),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if !out.pop() && !path.is_absolute() {
-                    out.push("..");
-                }
-                if out.as_os_str().is_empty() && path.is_absolute() {
-                    out.push("/");
-                }
-            }
-            Component::Normal(name) => out.push(name),
-        }
-    }
-    out
 }
 
 fn errno_reason(e: Errno) -> String {

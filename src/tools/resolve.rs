@@ -33,12 +33,11 @@
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 
-use super::paths::normalize;
 use crate::fsx::{self, Kind};
 
 /// Most symlinks one resolution follows (the kernel's own `MAXSYMLINKS`,
@@ -268,6 +267,27 @@ fn walk(start: Start<'_>, hops: &mut usize) -> Result<Walked, Unresolved> {
         canonical: path,
         leaf,
     }))
+}
+
+/// Collapse `.` and `..` without touching the filesystem (`..` at `/` stays `/`).
+pub(crate) fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for comp in path.components() {
+        match comp {
+            Component::Prefix(_) | Component::RootDir => out.push(comp.as_os_str()),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() && !path.is_absolute() {
+                    out.push("..");
+                }
+                if out.as_os_str().is_empty() && path.is_absolute() {
+                    out.push("/");
+                }
+            }
+            Component::Normal(name) => out.push(name),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -35,26 +35,17 @@ use serde_json::Value;
 use super::glob_walk::{Pattern, SearchRoot};
 use super::lines;
 use super::paths::{Failed, PathPolicy, Target};
+use super::walk::{SKIPPED_DIRS, WALK_MAX_DEPTH, WALK_MAX_ENTRIES, sorted_names};
 use super::{ToolError, ToolOutput};
 use crate::fsx;
 
 pub(crate) const GLOB_RESULT_LIMIT: usize = 200;
-pub(crate) const WALK_MAX_ENTRIES: usize = 50_000;
 pub(crate) const GREP_OUTPUT_LIMIT: usize = 100 * 1024;
 pub(crate) const GREP_MAX_LINE_LENGTH: usize = 2_000;
 /// Most bytes grep reads of one file (100 MiB, a notice says where it
 /// stopped): a sparse or huge file costs bounded time, not the whole call's
 /// deadline, and the other files are still searched.
 pub(crate) const GREP_MAX_FILE_BYTES: u64 = 100 * 1024 * 1024;
-
-pub(crate) const SKIPPED_DIRS: [&[u8]; 2] = [b".git", b"node_modules"];
-
-/// Deepest directory a walk enters, counted from the search root. The
-/// agent can nest directories without limit; each level entered holds one
-/// descriptor (shared by its pending subdirectories) and its path, so the
-/// cap bounds both: at most this many descriptors and this many paths at
-/// once. Deeper entries are skipped, as those past [`WALK_MAX_ENTRIES`] are.
-pub(crate) const WALK_MAX_DEPTH: usize = 256;
 
 /// One non-directory entry met by a walk: its directory's fd, its name
 /// there, its path below the search root, and what `fstatat` (no follow)
@@ -121,15 +112,9 @@ fn walk(
                 }
             }
         };
-        let Ok(entries) = rustix::fs::Dir::read_from(&level.fd) else {
+        let Some(names) = sorted_names(&level.fd) else {
             continue;
         };
-        let mut names: Vec<CString> = entries
-            .filter_map(Result::ok)
-            .map(|e| e.file_name().to_owned())
-            .filter(|n| n.as_bytes() != b"." && n.as_bytes() != b"..")
-            .collect();
-        names.sort();
         let level = Rc::new(level);
         // Depth-first in name order: push directories in reverse.
         let mut dirs = Vec::new();
@@ -203,10 +188,6 @@ fn search_path(
         check()?;
         Ok((target.shown().to_path_buf(), open_search_root(op, target)?))
     })
-}
-
-pub(crate) fn mtime_ns(st: &Stat) -> i128 {
-    st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128
 }
 
 #[derive(Deserialize)]
