@@ -467,8 +467,9 @@ impl Dev {
     }
 
     /// Start `who`'s always-on poller on the scenario's environment, with
-    /// max idle 1 s and the memory sync every [`WORKER_SYNC_INTERVAL_S`].
-    fn worker(&self, who: Who, tag: &str, s: &Started) -> LoggedChild {
+    /// max idle 1 s and the memory sync every [`WORKER_SYNC_INTERVAL_S`];
+    /// ours with the change-driven push when `push` (the SDK has none).
+    fn worker(&self, who: Who, tag: &str, s: &Started, push: bool) -> LoggedChild {
         let dir = self.root.join(tag);
         let workdir = dir.join("work");
         std::fs::create_dir_all(&workdir).unwrap();
@@ -478,6 +479,7 @@ impl Dev {
                 let mut c = Command::new(&self.envworker);
                 c.args(["poll", "--max-idle", "1s", "--memory-sync-interval"])
                     .arg(format!("{interval}s"))
+                    .arg(format!("--memory-push={push}"))
                     .env_remove("RUST_LOG")
                     .env("ANTHROPIC_BASE_URL", &self.url)
                     .env("ANTHROPIC_ENVIRONMENT_ID", &s.environment_id)
@@ -592,7 +594,7 @@ async fn edit_latency_run(dev: &Dev, latency: u64) -> EditRun {
     dev.faults(latency).await;
     let name = format!("bench edit latency {latency}ms");
     let started = dev.start(&name, steps).await;
-    let mut worker = dev.worker(Who::Ours, &format!("edit-{latency}"), &started);
+    let mut worker = dev.worker(Who::Ours, &format!("edit-{latency}"), &started, true);
     let report = dev
         .wait_report(&started.session_id, &mut worker, passed)
         .await;
@@ -700,7 +702,7 @@ async fn idle_run(dev: &Dev, who: Who, latency: u64) -> IdleRun {
     dev.faults(latency).await;
     let tag = format!("idle-{who:?}-{latency}").to_lowercase();
     let started = dev.start(&format!("bench {tag}"), steps).await;
-    let mut worker = dev.worker(who, &tag, &started);
+    let mut worker = dev.worker(who, &tag, &started, false);
     dev.wait_report(&started.session_id, &mut worker, |r| {
         r["steps"][0]["status"] == "passed"
     })
