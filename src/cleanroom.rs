@@ -371,16 +371,47 @@ pub fn sweep_orphans() -> usize {
     found
 }
 
-/// `envworker __supervise PROGRAM ARGS…`: become a child subreaper, run
-/// PROGRAM on our stdin/stdout (which we then close, so the caller sees the
+/// `envworker __supervise [--sandbox ABI RULES… --] PROGRAM ARGS…`: become
+/// a child subreaper, confine ourselves to the session's sandbox when one is
+/// given (see [`crate::sandbox`]), run PROGRAM on our stdin/stdout (which we then close, so the caller sees the
 /// end of the output when PROGRAM exits), reap every child, and when
 /// PROGRAM exits kill what is left and exit with its status.
 pub fn supervise(args: &[OsString]) -> ExitCode {
     use std::os::fd::{FromRawFd, OwnedFd};
+    if args
+        .first()
+        .is_some_and(|a| a == crate::sandbox::NAMESPACE_PROBE)
+    {
+        let probe = crate::sandbox::ShellPolicy {
+            private_tmp: true,
+            ..Default::default()
+        };
+        return match crate::sandbox::confine::enter_namespace(&probe) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(_) => ExitCode::FAILURE,
+        };
+    }
+    let (policy, args) = match crate::sandbox::ShellPolicy::from_args(args) {
+        Ok(parsed) => parsed,
+        Err(e) => {
+            println!("envworker: cannot confine the shell: {e}");
+            return ExitCode::from(126);
+        }
+    };
     let Some((program, rest)) = args.split_first() else {
         eprintln!("envworker {SUPERVISE}: no program");
         return ExitCode::from(2);
     };
+    // The sandbox before the shell, so everything the agent starts inherits
+    // it; a shell that asked for one never runs without it. Stdout is the
+    // tool's output: the agent (and the operator, in the call's result)
+    // reads why.
+    if let Some(policy) = &policy
+        && let Err(e) = crate::sandbox::confine::apply(policy)
+    {
+        println!("envworker: cannot confine the shell: {e}");
+        return ExitCode::from(126);
+    }
     // Refused (a seccomp profile): the shell still runs, and the tree kill
     // still finds what did not detach; a broken `bash` would be worse.
     let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));

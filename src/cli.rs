@@ -111,6 +111,42 @@ pub struct WorkerArgs {
     #[arg(long, env = "ENVWORKER_MEMORY_PUSH", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub(crate) memory_push: bool,
 
+    /// Confine the agent's shell with Landlock (and a private mount namespace where the kernel
+    /// allows): off, auto (what the kernel offers) or require (all of it, or no start). Default: off
+    /// with one session at a time, require with --max-concurrent-items above 1.
+    #[arg(long, env = "ENVWORKER_SHELL_SANDBOX", value_enum)]
+    pub(crate) shell_sandbox: Option<crate::sandbox::Mode>,
+
+    /// A path the sandboxed shell may read and execute (repeatable; the variable takes a
+    /// comma-separated list): a toolchain, a cache, ~/.gitconfig.
+    #[arg(
+        long,
+        env = "ENVWORKER_SHELL_ALLOW_READ",
+        value_name = "PATH",
+        value_delimiter = ','
+    )]
+    pub(crate) shell_allow_read: Vec<PathBuf>,
+
+    /// A path the sandboxed shell may write (repeatable; comma-separated in the variable): a
+    /// shared cache such as a pip or cargo directory.
+    #[arg(
+        long,
+        env = "ENVWORKER_SHELL_ALLOW_WRITE",
+        value_name = "PATH",
+        value_delimiter = ','
+    )]
+    pub(crate) shell_allow_write: Vec<PathBuf>,
+
+    /// Restrict the sandboxed shell's TCP to these ports, bind and connect (repeatable;
+    /// comma-separated in the variable; Landlock ABI 4). Default: TCP unrestricted.
+    #[arg(
+        long,
+        env = "ENVWORKER_SHELL_ALLOW_TCP",
+        value_name = "PORT",
+        value_delimiter = ','
+    )]
+    pub(crate) shell_allow_tcp: Vec<u16>,
+
     /// Stop serving a session this long after its turn ended with no new event, at most 24h (`off` never stops).
     #[arg(long, env = "ENVWORKER_MAX_IDLE", default_value = "60s")]
     pub(crate) max_idle: crate::config::MaxIdle,

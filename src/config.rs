@@ -162,6 +162,18 @@ pub struct EndpointFile {
     /// The change-driven push (`--memory-push`).
     #[serde(default)]
     pub memory_push: Option<bool>,
+    /// The shell's sandbox (`--shell-sandbox`): off, auto or require.
+    #[serde(default)]
+    pub shell_sandbox: Option<crate::sandbox::Mode>,
+    /// Added to `--shell-allow-read`.
+    #[serde(default)]
+    pub shell_allow_read: Vec<PathBuf>,
+    /// Added to `--shell-allow-write`.
+    #[serde(default)]
+    pub shell_allow_write: Vec<PathBuf>,
+    /// Added to `--shell-allow-tcp`.
+    #[serde(default)]
+    pub shell_allow_tcp: Vec<u16>,
     /// Headers added to every API request of this endpoint.
     #[serde(default)]
     pub extra_headers: BTreeMap<String, String>,
@@ -192,6 +204,10 @@ pub struct Endpoint {
     pub max_concurrent_items: usize,
     pub fresh_workdir: Option<bool>,
     pub memory_push: Option<bool>,
+    pub shell_sandbox: Option<crate::sandbox::Mode>,
+    pub shell_allow_read: Vec<PathBuf>,
+    pub shell_allow_write: Vec<PathBuf>,
+    pub shell_allow_tcp: Vec<u16>,
     pub extra_headers: Vec<(String, String)>,
     /// The variables this endpoint's secrets live in (kept from the agent's shell).
     pub secret_env_vars: Vec<String>,
@@ -373,6 +389,10 @@ impl ServeFile {
                 max_concurrent_items,
                 fresh_workdir: file.fresh_workdir,
                 memory_push: file.memory_push,
+                shell_sandbox: file.shell_sandbox,
+                shell_allow_read: file.shell_allow_read.clone(),
+                shell_allow_write: file.shell_allow_write.clone(),
+                shell_allow_tcp: file.shell_allow_tcp.clone(),
                 extra_headers: file
                     .extra_headers
                     .iter()

@@ -75,6 +75,7 @@ pub mod logging;
 pub mod memory;
 pub mod metrics;
 pub mod remap;
+pub mod sandbox;
 pub mod serve;
 pub mod session;
 pub mod skills;

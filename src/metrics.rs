@@ -36,6 +36,16 @@ struct EndpointLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SandboxLabels {
+    endpoint: String,
+    /// `enforced` or `off`.
+    mode: &'static str,
+    /// `private`, `shared` or `unconfined`.
+    tmp: &'static str,
+    scopes: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PollErrorLabels {
     endpoint: String,
     class: &'static str,
@@ -120,6 +130,7 @@ pub struct Metrics {
     work_queue_depth: Family<EndpointLabel, Gauge>,
     poll_errors: Family<PollErrorLabels, Counter>,
     queue_wait_seconds: Family<EndpointLabel, Histogram>,
+    shell_sandbox: Family<SandboxLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -153,7 +164,7 @@ impl Metrics {
             work_items: registered(
                 &mut registry,
                 "work_items",
-                "Work items handled, by outcome (served, cancelled, fatal, not_a_session, already_terminated, failed)",
+                "Work items handled, by outcome (served, cancelled, fatal, undelivered, not_a_session, already_terminated, failed, mount_path_in_use: handed back as a store's mount path was held by another live session)",
                 Family::<OutcomeLabels, Counter>::default(),
             ),
             sessions_in_flight: registered(
@@ -253,6 +264,12 @@ impl Metrics {
                     Histogram::new(QUEUE_WAIT_BUCKETS)
                 }),
             ),
+            shell_sandbox: registered(
+                &mut registry,
+                "shell_sandbox",
+                "The agent's shell sandbox per endpoint: the value is the kernel's Landlock ABI; the labels say what is enforced (mode enforced/off, tmp private/shared/unconfined, scopes true/false)",
+                Family::<SandboxLabels, Gauge>::default(),
+            ),
             registry,
         }
     }
@@ -297,6 +314,18 @@ impl Metrics {
         }
         self.memory_conflicts.inc_by(report.conflicts as u64);
         self.memory_refused_files.inc_by(report.refused as u64);
+    }
+
+    /// Say what `endpoint`'s shell sandbox enforces (once, at start).
+    pub fn set_shell_sandbox(&self, endpoint: &str, d: crate::sandbox::Described) {
+        self.shell_sandbox
+            .get_or_create(&SandboxLabels {
+                endpoint: endpoint.to_string(),
+                mode: d.mode,
+                tmp: d.tmp,
+                scopes: if d.scopes { "true" } else { "false" },
+            })
+            .set(i64::from(d.landlock_abi));
     }
 
     /// An observer of one endpoint's worker: [`Metrics`] labelling what it
@@ -399,6 +428,7 @@ impl Metrics {
                     ItemOutcome::NotASession => "not_a_session",
                     ItemOutcome::AlreadyTerminated => "already_terminated",
                     ItemOutcome::Failed(_) => "failed",
+                    ItemOutcome::MountPathInUse(_) => "mount_path_in_use",
                 };
                 self.work_items
                     .get_or_create(&OutcomeLabels { outcome })

@@ -10,7 +10,7 @@ pub mod run;
 pub mod serve;
 pub mod sign;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
@@ -33,6 +33,12 @@ pub fn worker_options(
     options.workdir = workdir;
     options.fresh_workdir = args.fresh_workdir;
     options.memory_push = args.memory_push;
+    options.shell_sandbox_mode = args.shell_sandbox;
+    options.shell_additions = crate::sandbox::Additions {
+        read: args.shell_allow_read.clone(),
+        write: args.shell_allow_write.clone(),
+        tcp_ports: args.shell_allow_tcp.clone(),
+    };
     // This very binary, even if its file was replaced since it started.
     options.supervisor = Some(PathBuf::from("/proc/self/exe"));
     options.max_idle = args.max_idle.0;
@@ -54,10 +60,162 @@ pub fn worker_options(
     Ok(options)
 }
 
-/// `<tmp>/envworker-<uid>`: on Lambda that is `/tmp`, which a warm
-/// execution environment keeps; one per user, so no user reads another's.
+/// Where the journals live by default: `$XDG_STATE_HOME/envworker`, else
+/// `~/.local/state/envworker` — beside the worker's other state, under no
+/// path a sandboxed shell is granted (not `/tmp`, which the shells share
+/// where they have no private one). On Lambda, and where neither can be
+/// made, `<tmp>/envworker-<uid>` (a warm Lambda's `/tmp` is kept; one per
+/// user, so no user reads another's).
 fn default_state_dir() -> PathBuf {
-    std::env::temp_dir().join(format!("envworker-{}", rustix::process::geteuid().as_raw()))
+    let in_tmp =
+        || std::env::temp_dir().join(format!("envworker-{}", rustix::process::geteuid().as_raw()));
+    if crate::serve::lambda::in_lambda() {
+        return in_tmp();
+    }
+    let absolute_var = |name: &str| {
+        std::env::var_os(name)
+            .map(PathBuf::from)
+            .filter(|p| p.is_absolute() && p != Path::new("/"))
+    };
+    let candidate = absolute_var("XDG_STATE_HOME")
+        .map(|d| d.join("envworker"))
+        .or_else(|| absolute_var("HOME").map(|h| h.join(".local/state/envworker")));
+    match candidate {
+        Some(dir) if std::fs::create_dir_all(&dir).is_ok() => dir,
+        _ => in_tmp(),
+    }
+}
+
+/// Decide `endpoint`'s shell sandbox from its mode (or the default for its
+/// concurrency) and the kernel, before it serves: `Err` when `require`
+/// cannot be met or a grant would expose the worker's own files. Says once
+/// what is enforced (a log line, the metric, `/readyz`'s body), after the
+/// namespace probe, which runs in the background.
+pub fn decide_sandbox(
+    endpoint: &str,
+    options: &mut WorkerOptions,
+    concurrency: usize,
+    endpoint_file: Option<&Path>,
+    metrics: Option<&std::sync::Arc<crate::metrics::Metrics>>,
+) -> anyhow::Result<()> {
+    use crate::sandbox::{self, Described, Mode, probe};
+    let mode = options
+        .shell_sandbox_mode
+        .unwrap_or_else(|| Mode::default_for(concurrency));
+    let abi = probe::landlock_abi();
+    let caps = sandbox::Capabilities {
+        landlock_abi: abi,
+        namespaces: false,
+    };
+    let decided = sandbox::decide(
+        mode,
+        concurrency,
+        caps,
+        options.supervisor.is_some(),
+        &options.shell_additions,
+    )
+    .with_context(|| format!("endpoint {endpoint:?}"))?;
+    let Some(abi) = decided else {
+        options.shell_sandbox = None;
+        if mode == Mode::Auto {
+            tracing::warn!(
+                endpoint,
+                shell_sandbox = mode.as_str(),
+                landlock_abi = abi,
+                "the agent's shell is NOT confined: this kernel has no Landlock (or the shell has no supervisor); it runs as the worker's user, as the official worker's"
+            );
+        }
+        if let Some(m) = metrics {
+            m.set_shell_sandbox(endpoint, Described::off(caps));
+        }
+        return Ok(());
+    };
+    let mut protected = sandbox::Protected::default();
+    if let Some(dir) = &options.state_dir {
+        protected.add("state directory", dir.clone());
+    }
+    if let Some(file) = endpoint_file {
+        protected.add("endpoint file", absolute(file)?);
+    }
+    if let Some(home) = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .filter(|h| h.is_absolute() && h != Path::new("/"))
+    {
+        protected.add("HOME", home);
+    }
+    let fresh = options.fresh_workdir || concurrency > 1;
+    if fresh {
+        protected.add(
+            "directory holding the sessions' directories",
+            options.workdir.clone(),
+        );
+    }
+    protected.add("runtime directory", "/run");
+    let own_mount_root = if options.mount_remap.is_none() {
+        let root = PathBuf::from(sandbox::MOUNT_ROOT);
+        // The mount point each session's own folder is bound over.
+        (std::fs::create_dir_all(&root).is_ok() && root.is_dir()).then_some(root)
+    } else {
+        None
+    };
+    let enforcement = sandbox::Enforcement {
+        landlock_abi: abi,
+        additions: options.shell_additions.clone(),
+        protected,
+        own_mount_root,
+    };
+    // The grants every session gets, checked now against the worker's own
+    // paths (stores are checked per session).
+    let sample_work = if fresh {
+        options.workdir.join("session-x")
+    } else {
+        options.workdir.clone()
+    };
+    let sample_room = sandbox::SessionRoom {
+        path: options
+            .state_dir
+            .clone()
+            .unwrap_or_default()
+            .join("rooms/x"),
+        home: options
+            .state_dir
+            .clone()
+            .unwrap_or_default()
+            .join("rooms/x/home"),
+        tmpdir: None,
+        mount_root: None,
+    };
+    // The namespace probe (a process, a few milliseconds) answers before
+    // the grants are checked: whether /tmp is private decides what a grant
+    // below it exposes.
+    if let Some(supervisor) = &options.supervisor {
+        probe::start_namespace_probe(supervisor);
+    }
+    let grants = enforcement.grants(&sample_work, &sample_room);
+    grants
+        .policy(&enforcement.protected)
+        .map_err(sandbox::SandboxError::from)
+        .with_context(|| format!("endpoint {endpoint:?}"))?;
+    let announce = enforcement.clone();
+    let endpoint_name = endpoint.to_string();
+    let metrics = metrics.cloned();
+    let _ = std::thread::Builder::new()
+        .name("sandbox-announce".into())
+        .spawn(move || {
+            let d = announce.describe();
+            tracing::info!(endpoint = %endpoint_name, shell_sandbox = mode.as_str(), landlock_abi = d.landlock_abi,
+                file_system = d.file_system, scopes = d.scopes, tcp_filter = d.tcp_filter, namespaces = d.namespaces, tmp = d.tmp,
+                "{}", if d.tmp == "private" {
+                    "the agent's shell is sandboxed: Landlock, and a private /tmp, /dev/shm and /mnt/memory per session"
+                } else {
+                    "the agent's shell is sandboxed: Landlock; /tmp and /dev/shm are shared between the sessions of this replica (no mount namespace here)"
+                });
+            if let Some(m) = metrics {
+                m.set_shell_sandbox(&endpoint_name, d);
+            }
+        });
+    options.shell_sandbox = Some(enforcement);
+    Ok(())
 }
 
 /// At start: let go of the memory store folders a dead worker left that

@@ -33,11 +33,12 @@ fn child_stop_grace(worker: &EnvironmentWorker) -> Duration {
 
 pub async fn run(args: PollArgs) -> anyhow::Result<()> {
     super::become_subreaper();
-    let options = super::worker_options(
+    let mut options = super::worker_options(
         &args.worker,
         &args.environment_id,
         Some(&args.environment_key),
     )?;
+    super::decide_sandbox("poll", &mut options, 1, None, None)?;
     super::recover_left_folders(&options);
     super::sweep_left_rooms(&options, options.fresh_workdir);
     if args.on_work.is_none() {

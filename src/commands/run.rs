@@ -35,11 +35,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             "run: environment_key is required when no work secret is given — pass --environment-key or set ANTHROPIC_ENVIRONMENT_KEY"
         );
     }
-    let options = super::worker_options(
+    let mut options = super::worker_options(
         &args.worker,
         &environment_id,
         args.environment_key.as_deref(),
     )?;
+    super::decide_sandbox("run", &mut options, 1, None, None)?;
     super::recover_left_folders(&options);
     super::sweep_left_rooms(&options, options.fresh_workdir);
     let worker = EnvironmentWorker::new(options)?;

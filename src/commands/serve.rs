@@ -50,6 +50,7 @@ pub fn endpoints_with_metrics(
         options.observers.push(metrics.for_endpoint("default"));
         super::recover_left_folders(&options);
         let concurrency = args.max_concurrent_items;
+        super::decide_sandbox("default", &mut options, concurrency, None, Some(metrics))?;
         super::sweep_left_rooms(&options, options.fresh_workdir || concurrency > 1);
         super::announce_workdir("default", &options, concurrency);
         let worker = EnvironmentWorker::new(options)?;
@@ -102,11 +103,31 @@ pub fn endpoints_with_metrics(
         if let Some(push) = endpoint.memory_push {
             options.memory_push = push;
         }
+        if let Some(mode) = endpoint.shell_sandbox {
+            options.shell_sandbox_mode = Some(mode);
+        }
+        let additions = &mut options.shell_additions;
+        additions
+            .read
+            .extend(endpoint.shell_allow_read.iter().cloned());
+        additions
+            .write
+            .extend(endpoint.shell_allow_write.iter().cloned());
+        additions
+            .tcp_ports
+            .extend(endpoint.shell_allow_tcp.iter().copied());
         options.extra_headers.extend(endpoint.extra_headers.clone());
         options.secret_env_vars = all_secret_vars.clone();
         options.observers.push(metrics.for_endpoint(&endpoint.name));
         super::recover_left_folders(&options);
         let concurrency = endpoint.max_concurrent_items;
+        super::decide_sandbox(
+            &endpoint.name,
+            &mut options,
+            concurrency,
+            Some(path),
+            Some(metrics),
+        )?;
         super::sweep_left_rooms(&options, options.fresh_workdir || concurrency > 1);
         super::announce_workdir(&endpoint.name, &options, concurrency);
         let worker = EnvironmentWorker::new(options)

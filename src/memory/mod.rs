@@ -57,6 +57,10 @@ pub enum MemoryError {
     Mount(String),
     #[error("finish() was already called: it is the session's last sync and runs once")]
     FinishedTwice,
+    /// Another live worker (or session) on this host holds the store's
+    /// folder: the item is handed back, not failed.
+    #[error("{0}")]
+    InUse(String),
 }
 
 /// The memory stores attached to one session, materialised on disk.
@@ -382,7 +386,7 @@ impl SessionMemoryStores {
                     match dir.create(owner, &Snapshot::default()) {
                         Ok(journal) => Some(journal),
                         Err(e @ JournalError::Busy(_)) => {
-                            return Err(MemoryError::Mount(format!(
+                            return Err(MemoryError::InUse(format!(
                                 "{e} (memory_store_id={id}); a session's store can be mounted by one worker at a time"
                             )));
                         }

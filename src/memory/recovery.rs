@@ -158,7 +158,7 @@ pub(crate) fn adopt(
         Ok(Some(found)) => found,
         Ok(None) => return Err(occupied(root, store_id)),
         Err(e @ JournalError::Busy(_)) => {
-            return Err(MemoryError::Mount(format!(
+            return Err(MemoryError::InUse(format!(
                 "{e} (memory_store_id={store_id}); a session's store can be mounted by one worker at a time"
             )));
         }

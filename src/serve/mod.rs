@@ -433,6 +433,19 @@ async fn ready(State(state): State<AppState>) -> Response {
                 .health
                 .report(&name, &endpoint.worker.standing(), now, unready_after);
         all_ready &= ready;
+        let mut body = body;
+        if let Some(fields) = body.as_object_mut() {
+            // What the shell's sandbox enforces: information, never the status.
+            let options = endpoint.worker.options();
+            let described = match &options.shell_sandbox {
+                Some(enforcement) => enforcement.describe_now(),
+                None => crate::sandbox::Described::off(crate::sandbox::Capabilities {
+                    landlock_abi: crate::sandbox::probe::landlock_abi(),
+                    namespaces: false,
+                }),
+            };
+            fields.insert("shell_sandbox".into(), json!(described));
+        }
         endpoints.insert(name, body);
     }
     let (status, word) = if all_ready {

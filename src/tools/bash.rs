@@ -76,6 +76,7 @@ impl BashSession {
         workdir: &std::path::Path,
         env: &[(String, String)],
         supervisor: Option<&std::path::Path>,
+        sandbox: Option<&crate::sandbox::ShellPolicy>,
     ) -> Result<Self, BashError> {
         const SHELL: [&str; 3] = ["/bin/bash", "--noprofile", "--norc"];
         let mut command = match supervisor {
@@ -83,8 +84,14 @@ impl BashSession {
                 let mut c = Command::new(binary);
                 c.arg0("envworker-supervisor")
                     .arg(crate::cleanroom::SUPERVISE)
+                    .args(sandbox.map(|p| p.to_args()).unwrap_or_default())
                     .args(SHELL);
                 c
+            }
+            None if sandbox.is_some() => {
+                return Err(BashError::Spawn(std::io::Error::other(
+                    "the shell's sandbox needs the supervisor",
+                )));
             }
             None => {
                 let mut c = Command::new(SHELL[0]);
@@ -276,6 +283,7 @@ pub(crate) struct BashTool {
     workdir: PathBuf,
     env: Vec<(String, String)>,
     supervisor: Option<PathBuf>,
+    sandbox: Option<crate::sandbox::ShellPolicy>,
     shell: tokio::sync::Mutex<Option<BashSession>>,
 }
 
@@ -284,11 +292,13 @@ impl BashTool {
         workdir: PathBuf,
         env: Vec<(String, String)>,
         supervisor: Option<PathBuf>,
+        sandbox: Option<crate::sandbox::ShellPolicy>,
     ) -> Self {
         BashTool {
             workdir,
             env,
             supervisor,
+            sandbox,
             shell: tokio::sync::Mutex::new(None),
         }
     }
@@ -344,9 +354,14 @@ impl BashTool {
     }
 
     async fn start(&self) -> Result<BashSession, ToolError> {
-        BashSession::start(&self.workdir, &self.env, self.supervisor.as_deref())
-            .await
-            .map_err(|e| ToolError::new(format!("bash: {e}")))
+        BashSession::start(
+            &self.workdir,
+            &self.env,
+            self.supervisor.as_deref(),
+            self.sandbox.as_ref(),
+        )
+        .await
+        .map_err(|e| ToolError::new(format!("bash: {e}")))
     }
 
     /// Kill the shell, if one runs.

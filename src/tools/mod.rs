@@ -181,6 +181,8 @@ pub struct ToolContext {
     /// Our own binary, to run the shell under `envworker __supervise` (see
     /// [`crate::cleanroom`]); `None`: the shell is its own subreaper.
     pub supervisor: Option<PathBuf>,
+    /// The shell's sandbox (see [`crate::sandbox`]); `None`: unconfined.
+    pub shell_sandbox: Option<crate::sandbox::ShellPolicy>,
 }
 
 impl ToolContext {
@@ -194,6 +196,7 @@ impl ToolContext {
             bash_env: scrubbed_env(&[]),
             remap: None,
             supervisor: None,
+            shell_sandbox: None,
         }
     }
 }
@@ -211,7 +214,7 @@ impl Toolset {
         Toolset {
             policy: PathPolicy::new(&ctx.workdir, ctx.allowed_roots, ctx.read_only_roots),
             max_file_bytes: ctx.max_file_bytes,
-            bash: BashTool::new(ctx.workdir, ctx.bash_env, ctx.supervisor),
+            bash: BashTool::new(ctx.workdir, ctx.bash_env, ctx.supervisor, ctx.shell_sandbox),
             remap: ctx.remap,
         }
     }

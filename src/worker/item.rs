@@ -124,6 +124,10 @@ pub enum ItemOutcome {
     AlreadyTerminated,
     /// The item could not be served; the message says why.
     Failed(String),
+    /// A memory store's mount path is held by another live session on this
+    /// replica (no mount namespace to give each its own): handed back, never
+    /// failed; another replica, or this one once the path frees, serves it.
+    MountPathInUse(String),
 }
 
 /// Everything the worker did with one item.
@@ -309,6 +313,9 @@ struct ItemRun<'w> {
     workdir: Workdir,
     /// This item's own working directory ([`Workdir::Fresh`]), removed at teardown.
     room: Option<crate::cleanroom::SessionDir>,
+    /// The shell sandbox's own directories of this session (`HOME`, `TMPDIR`,
+    /// its memory folders), when the shell is sandboxed.
+    sandbox_room: Option<crate::sandbox::SessionRoom>,
     report: ItemReport,
 }
 
@@ -391,6 +398,7 @@ impl<'w> ItemRun<'w> {
             mid_turn: None,
             workdir: Workdir::Shared,
             room: None,
+            sandbox_room: None,
             report,
         }
     }
@@ -409,6 +417,11 @@ impl<'w> ItemRun<'w> {
     /// runner started counts as mid-turn: the item was claimed because the
     /// session had work.
     fn hands_back(&self) -> bool {
+        if matches!(self.report.outcome, ItemOutcome::MountPathInUse(_))
+            && !self.stop.is_cancelled()
+        {
+            return true;
+        }
         self.report.outcome == ItemOutcome::Served(RunEnd::Cancelled)
             && self.shutdown.is_cancelled()
             && !self.stop.is_cancelled()
@@ -505,6 +518,30 @@ impl<'w> ItemRun<'w> {
         }
     }
 
+    /// The sandbox's own directories of this session, below
+    /// `<state-dir>/rooms/` (never granted whole: each shell gets only its
+    /// own room's `home`, `tmp` and memory folders).
+    async fn make_sandbox_room(
+        &self,
+        enforcement: &crate::sandbox::Enforcement,
+        session_id: &str,
+    ) -> Result<crate::sandbox::SessionRoom, String> {
+        let Some(state) = self.worker.options().state_dir.clone() else {
+            return Err("the agent's shell cannot be sandboxed: it needs a state directory for the sessions' own HOME and TMPDIR".into());
+        };
+        let enforcement = enforcement.clone();
+        let id = session_id.to_string();
+        tokio::task::spawn_blocking(move || {
+            let own_mounts = enforcement.own_mounts().is_some();
+            let private_tmp = enforcement.caps().namespaces;
+            crate::sandbox::SessionRoom::create(&state.join("rooms"), &id, private_tmp, own_mounts)
+        })
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .map_err(|e| format!("cannot create the session's sandbox directories: {e}"))
+    }
+
     /// Mount the stores (when the session has them and memory is on), then
     /// run the tools until the session ends, a due sync after each call.
     async fn serve_tools(&mut self, session: &Session, with_memory: bool) -> ItemOutcome {
@@ -514,11 +551,32 @@ impl<'w> ItemRun<'w> {
             .as_ref()
             .map(|r| r.path.clone())
             .unwrap_or_else(|| opts.workdir.clone());
-        let mut ctx = ToolContext::new(work);
+        let mut ctx = ToolContext::new(work.clone());
         ctx.supervisor = opts.supervisor.clone();
         ctx.max_file_bytes = opts.max_file_bytes;
         ctx.bash_env = scrubbed_env(&opts.secret_env_vars);
         ctx.remap = opts.mount_remap.clone();
+        if let Some(enforcement) = &opts.shell_sandbox {
+            match self.make_sandbox_room(enforcement, &session.id).await {
+                Ok(room) => {
+                    if let (Some(shown), Some(actual)) =
+                        (enforcement.own_mounts(), &room.mount_root)
+                    {
+                        // This session's stores live in its room and its shell
+                        // sees them at the advertised path (a bind in its
+                        // namespace); the file tools map the paths.
+                        ctx.remap = Some(crate::remap::MountRemap {
+                            advertised: shown.to_path_buf(),
+                            actual: actual.clone(),
+                        });
+                    }
+                    ctx.bash_env.retain(|(k, _)| k != "HOME" && k != "TMPDIR");
+                    ctx.bash_env.extend(room.env());
+                    self.sandbox_room = Some(room);
+                }
+                Err(why) => return ItemOutcome::Failed(why),
+            }
+        }
         if with_memory {
             let mut stores = SessionMemoryStores::new(
                 Arc::new(self.client.clone()),
@@ -526,7 +584,7 @@ impl<'w> ItemRun<'w> {
                 opts.memory_sync_interval,
                 opts.memory_sync_deletions,
             )
-            .with_remap(opts.mount_remap.clone())
+            .with_remap(ctx.remap.clone())
             .with_state_dir(opts.state_dir.as_deref())
             .with_push(opts.memory_push);
             let downloaded = tokio::select! {
@@ -538,10 +596,32 @@ impl<'w> ItemRun<'w> {
             match downloaded {
                 Ok(()) => {}
                 Err(None) => return ItemOutcome::Served(RunEnd::Cancelled),
+                Err(Some(crate::memory::MemoryError::InUse(why))) => {
+                    warn!(error = %why, "a memory store's mount path is in use by another live session on this replica: the work item is handed back, not failed; another replica (or this one, once the path frees) serves the session");
+                    return ItemOutcome::MountPathInUse(why);
+                }
                 Err(Some(e)) => return ItemOutcome::Failed(e.to_string()),
             }
             ctx.allowed_roots = stores.roots();
             ctx.read_only_roots = stores.read_only_roots();
+        }
+        if let (Some(enforcement), Some(room)) = (&opts.shell_sandbox, &self.sandbox_room) {
+            let mut grants = enforcement.grants(&work, room);
+            grants.stores_ro = ctx.read_only_roots.clone();
+            grants.stores_rw = ctx
+                .allowed_roots
+                .iter()
+                .filter(|r| !ctx.read_only_roots.contains(r))
+                .cloned()
+                .collect();
+            match grants.policy(&enforcement.protected) {
+                Ok(policy) => ctx.shell_sandbox = Some(policy),
+                Err(e) => {
+                    return ItemOutcome::Failed(format!(
+                        "the agent's shell cannot be sandboxed: {e}"
+                    ));
+                }
+            }
         }
 
         let tools = Arc::new(Toolset::new(ctx));
@@ -634,6 +714,11 @@ impl<'w> ItemRun<'w> {
             Ok(0) => {}
             Ok(n) => info!(processes = n, "killed processes that escaped their session"),
             Err(e) => warn!(error = %e, "cannot sweep orphaned processes"),
+        }
+        if let Some(sandbox_room) = self.sandbox_room.take()
+            && let Err(e) = tokio::task::spawn_blocking(move || sandbox_room.discard()).await
+        {
+            warn!(error = %e, "cannot remove the session's sandbox directories");
         }
         let Some(room) = self.room.take() else { return };
         let shown = room.path.display().to_string();

@@ -154,8 +154,17 @@ pub struct WorkerOptions {
     pub(crate) mount_remap: Option<crate::remap::MountRemap>,
     /// Where each mounted store's sync state is journaled, so a worker that
     /// dies loses no edit (see `memory::journal`); `None`: not journaled.
-    /// The CLI's default is `<tmp>/envworker-<uid>`.
+    /// The CLI's default is `$XDG_STATE_HOME/envworker` (else
+    /// `~/.local/state/envworker`; `<tmp>/envworker-<uid>` on Lambda).
     pub state_dir: Option<PathBuf>,
+    /// The shell's sandbox, as asked: `None` is the default for the
+    /// concurrency (see [`crate::sandbox::Mode::default_for`]).
+    pub shell_sandbox_mode: Option<crate::sandbox::Mode>,
+    /// What the operator adds to each session's allow-list.
+    pub shell_additions: crate::sandbox::Additions,
+    /// The sandbox each session's shell gets, decided at start
+    /// ([`crate::commands::decide_sandbox`]); `None`: unconfined.
+    pub shell_sandbox: Option<crate::sandbox::Enforcement>,
     pub(crate) events: Option<EventSink>,
     /// Told of the same events first, in order (the server's `/metrics` counters).
     pub(crate) observers: Vec<Arc<dyn WorkerObserver>>,
@@ -216,6 +225,9 @@ impl WorkerOptions {
             memory_sync_bound: crate::memory::options::SYNC_BOUND,
             mount_remap: None,
             state_dir: None,
+            shell_sandbox_mode: None,
+            shell_additions: crate::sandbox::Additions::default(),
+            shell_sandbox: None,
             events: None,
             observers: Vec::new(),
         }
