@@ -185,8 +185,9 @@ pub struct WorkerArgs {
     pub(crate) mount_remap: Option<crate::remap::MountRemap>,
 
     /// Where each mounted memory store's sync state is journaled, so edits survive a killed worker
-    /// (default: <tmp>/envworker-<uid>). Keep it on a disk that outlives the process: an emptyDir,
-    /// a volume, a warm Lambda's /tmp.
+    /// (default: $XDG_STATE_HOME/envworker, else ~/.local/state/envworker; on Lambda
+    /// <tmp>/envworker-<uid>). Keep it on a disk that outlives the process (an emptyDir, a volume,
+    /// a warm Lambda's /tmp) and outside every path a sandboxed shell is granted.
     #[arg(long, env = "ENVWORKER_STATE_DIR")]
     pub(crate) state_dir: Option<PathBuf>,
 

@@ -216,10 +216,13 @@ fn the_kubernetes_deployment_sets_only_variables_envworker_reads() {
 
     // --config points at the mounted ConfigMap key.
     assert!(
-        deployment.contains(r#"args: ["serve", "--config", "/etc/envworker/envworker.toml"]"#),
-        "the Deployment runs serve --config /etc/envworker/envworker.toml"
+        deployment.contains(r#"args: ["serve", "--config", "/config/envworker/envworker.toml"]"#),
+        "the Deployment runs serve --config /config/envworker/envworker.toml"
     );
-    assert!(deployment.contains("mountPath: /etc/envworker\n"));
+    assert!(deployment.contains("mountPath: /config/envworker\n"));
+    // The worker's own files live outside every path a sandboxed shell is
+    // granted (/etc, /tmp, the workdirs).
+    assert!(deployment.contains("mountPath: /var/lib/envworker\n"));
     assert!(deployment.contains("name: envworker-config"));
     assert!(cli.contains("ENVWORKER_CONFIG"));
 

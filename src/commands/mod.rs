@@ -117,6 +117,10 @@ pub fn decide_sandbox(
     .with_context(|| format!("endpoint {endpoint:?}"))?;
     let Some(abi) = decided else {
         options.shell_sandbox = None;
+        if crate::serve::lambda::in_lambda() {
+            tracing::info!(endpoint, shell_sandbox = mode.as_str(), landlock_abi = abi,
+                "on AWS Lambda the agent's shell is not sandboxed (its kernel offers no Landlock to an unprivileged function): each execution environment serves one session at a time, and the session's whole process tree is killed before the invocation ends");
+        }
         if mode == Mode::Auto {
             tracing::warn!(
                 endpoint,

@@ -122,11 +122,14 @@ pub trait ToolHandler: Send + Sync {
 /// Variables the agent's shell never inherits, beyond every `ANTHROPIC_*`
 /// and `ENVWORKER_*` one: cloud credentials of the host, and the Lambda
 /// runtime's address (the shell must not fetch the worker's invocations).
-const HOST_SECRETS: [&str; 9] = [
+const HOST_SECRETS: [&str; 10] = [
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
     "AWS_SESSION_TOKEN",
     "AWS_LAMBDA_RUNTIME_API",
+    // The current invocation's trace header, set by the Lambda runtime
+    // client per event: it names the invocation, not the session.
+    "_X_AMZN_TRACE_ID",
     // ECS/EKS credential endpoints and tokens, web identity (IRSA).
     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
