@@ -438,6 +438,10 @@ memory_sync_deletions = "log_only"
 max_concurrent_items = 2
 fresh_workdir = true
 memory_push = true
+shell_sandbox = "auto"
+shell_allow_read = ["/opt/toolchain"]
+shell_allow_write = ["/var/cache/pip"]
+shell_allow_tcp = [5432, 22]
 extra_headers = { "x-team" = "a" }
 
 [[endpoint]]
@@ -467,6 +471,11 @@ environment_key_env = "B_ENV_KEY"
         assert_eq!(a.memory_sync_deletions, Some(DeleteMode::LogOnly));
         assert_eq!(a.max_concurrent_items, 2);
         assert_eq!((a.fresh_workdir, a.memory_push), (Some(true), Some(true)));
+        assert_eq!(a.shell_sandbox, Some(crate::sandbox::Mode::Auto));
+        assert_eq!(a.shell_allow_read, [PathBuf::from("/opt/toolchain")]);
+        assert_eq!(a.shell_allow_write, [PathBuf::from("/var/cache/pip")]);
+        assert_eq!(a.shell_allow_tcp, [5432, 22]);
+        assert_eq!(endpoints[1].shell_sandbox, None);
         assert_eq!(
             (endpoints[1].fresh_workdir, endpoints[1].memory_push),
             (None, None)

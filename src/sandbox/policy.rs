@@ -309,9 +309,11 @@ mod tests {
             ("/var", false),
             ("/var/lib", false),
             ("/var/work", true),
-            // The worker's HOME and anything holding it.
+            // The worker's HOME and anything holding it; a project below it
+            // is its own subtree (HOME's dotfiles stay out of reach).
             ("/home", false),
-            ("/home/worker/project", false),
+            ("/home/worker", false),
+            ("/home/worker/project", true),
             ("/home/agent", true),
         ];
         for &(workdir, ok) in table {
