@@ -1,11 +1,11 @@
 //! A clean room per session: a fresh private working directory, and every
 //! process the agent started killed and reaped when the session ends.
 //!
-//! - [`create_session_dir`] / [`discard_session_dir`] — each work item gets
+//! - `create_session_dir` / `discard_session_dir` — each work item gets
 //!   `<workdir>/session-<random>` (mode `0700`, `flock`ed by the worker), the
 //!   shell's cwd and the file tools' base; at teardown it is renamed to
 //!   `trash-<random>` at once and removed in the background after the
-//!   release, by fd ([`crate::fsx::remove_tree_at`]: symlinks unlinked,
+//!   release, by fd (`crate::fsx::remove_tree_at`: symlinks unlinked,
 //!   never followed; `chmod 000` directories opened back up through their
 //!   own fd; FIFOs unlinked, never opened). [`sweep_left_rooms`] removes
 //!   what a dead worker left.
@@ -31,7 +31,7 @@
 //!   child subreaper, so a process whose supervisor the agent killed
 //!   (`kill -9 $PPID`) re-parents to the worker, not init; each session's
 //!   teardown kills and reaps every child of the worker it did not start
-//!   itself ([`spawn_tracked`] records those). Such an orphan may come from
+//!   itself (`spawn_tracked` records those). Such an orphan may come from
 //!   a session still running beside it: that session broke its own room.
 //!
 //! Limits: a process started by another user (setuid), or one the agent
@@ -314,11 +314,11 @@ pub(crate) fn spawn_tracked(
 }
 
 /// Kill and reap every child of this process that it did not start itself
-/// ([`spawn_tracked`]): orphans adopted as a subreaper, with their whole
+/// (`spawn_tracked`): orphans adopted as a subreaper, with their whole
 /// trees; zombies among them are reaped too. Each is waited for by its own
 /// pid, never `waitpid(-1)`, so tokio's children keep their statuses (tokio
 /// waits per pid too, so adopted orphans do not confuse it). Blocking, up
-/// to a few [`KILL_BOUND`]s; run it off the runtime. Does nothing unless
+/// to a few `KILL_BOUND`s; run it off the runtime. Does nothing unless
 /// [`become_subreaper`] succeeded. Returns how many orphans were found.
 pub fn sweep_orphans() -> usize {
     if !SUBREAPER.load(std::sync::atomic::Ordering::SeqCst) {

@@ -175,7 +175,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "ENVWORKER_CALL_GRACE", default_value = "30s", value_parser = crate::config::parse_call_grace)]
     pub(crate) call_grace: Duration,
 
-    /// Sent as Anthropic-Worker-ID on polls (default: <hostname>-<random>).
+    /// Sent as Anthropic-Worker-ID on polls (default: the host name, a dash and 12 random hex digits).
     #[arg(long, env = "ANTHROPIC_WORKER_ID")]
     pub(crate) worker_id: Option<String>,
 
@@ -186,7 +186,7 @@ pub struct WorkerArgs {
 
     /// Where each mounted memory store's sync state is journaled, so edits survive a killed worker
     /// (default: $XDG_STATE_HOME/envworker, else ~/.local/state/envworker; on Lambda
-    /// <tmp>/envworker-<uid>). Keep it on a disk that outlives the process (an emptyDir, a volume,
+    /// envworker-UID in the temporary directory). Keep it on a disk that outlives the process (an emptyDir, a volume,
     /// a warm Lambda's /tmp) and outside every path a sandboxed shell is granted.
     #[arg(long, env = "ENVWORKER_STATE_DIR")]
     pub(crate) state_dir: Option<PathBuf>,
@@ -366,7 +366,7 @@ pub struct DevserverArgs {
     #[arg(long, env = "ENVWORKER_DEVSERVER_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 
-    /// Where sessions mount their memory stores: mount_path = <root>/<slug of the store name>.
+    /// Where sessions mount their memory stores: mount_path = ROOT/SLUG, SLUG being the store name's slug.
     #[arg(
         long,
         env = "ENVWORKER_DEVSERVER_MOUNT_ROOT",

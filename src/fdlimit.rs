@@ -22,7 +22,7 @@ pub struct Raised {
 }
 
 /// Raise the soft `RLIMIT_NOFILE` to the hard limit, remembering the
-/// original for [`restore_in_child`]. Call once, at start, before any child
+/// original for `restore_in_child`. Call once, at start, before any child
 /// is spawned. A hard limit of "unlimited" is left alone (the kernel caps
 /// the soft limit at `fs.nr_open` and refuses infinity).
 pub fn raise_to_hard() -> std::io::Result<Raised> {

@@ -15,7 +15,7 @@
 //! `/proc/self` before the worker opened it), or a root such as `/` that has
 //! `/proc` below it, would hand the worker's own `/proc/<pid>/environ` to the
 //! agent: a process may always read its own, non-dumpable or not. So
-//! [`refuse_pseudo_fs`] checks what was opened, and every open here refuses
+//! `refuse_pseudo_fs` checks what was opened, and every open here refuses
 //! procfs, sysfs and their kin with `EXDEV`.
 //!
 //! Which of the two runs is a process-wide switch: cleared the first time

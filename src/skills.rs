@@ -19,8 +19,8 @@
 //! - a file's mode is collapsed to `0755` (any exec bit in the archive) or
 //!   `0644`: scripts stay runnable, but setuid/setgid/sticky and group or
 //!   world write never carry over;
-//! - more than [`MAX_ARCHIVE_ENTRIES`] members, or more than
-//!   [`MAX_UNPACKED_BYTES`] of content, refuses the archive (zip bombs);
+//! - more than `MAX_ARCHIVE_ENTRIES` members, or more than
+//!   `MAX_UNPACKED_BYTES` of content, refuses the archive (zip bombs);
 //! - the skill's name becomes one path component, and a destination that
 //!   would resolve outside `<workdir>/skills` is skipped.
 //!
@@ -182,7 +182,7 @@ pub async fn download_session_skills(
 /// The agent had a shell in the workdir until now, so the removal goes by
 /// fd: the workdir is opened by path, `skills` below it without following a
 /// symlink, and the skill's tree removed from that fd
-/// ([`crate::fsx::remove_tree_at`]). A `skills` directory the agent replaced
+/// (`crate::fsx::remove_tree_at`). A `skills` directory the agent replaced
 /// with a symlink (to a directory outside holding the same name) is left
 /// alone rather than followed.
 pub async fn remove_skills(dirs: &[PathBuf]) {

@@ -12,7 +12,7 @@
 //! The exporter sends with the worker's own `reqwest` (rustls) rather than
 //! a second HTTP stack; the batch thread is not a Tokio thread, so each
 //! request is spawned on the runtime that built the exporter
-//! ([`TokioReqwest`]) and awaited from there.
+//! (`TokioReqwest`) and awaited from there.
 //!
 //! Spans end up on the wire only when flushed: [`flush`] after each Lambda
 //! invocation (the environment may be frozen right after), [`shutdown`]

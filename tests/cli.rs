@@ -276,7 +276,12 @@ fn every_flag_the_divergence_table_names_is_accepted() {
         .collect();
     flags.sort();
     flags.dedup();
-    for want in ["--fresh-workdir", "--memory-push", "--max-concurrent-items", "--shell-sandbox"] {
+    for want in [
+        "--fresh-workdir",
+        "--memory-push",
+        "--max-concurrent-items",
+        "--shell-sandbox",
+    ] {
         assert!(
             flags.iter().any(|f| f == want),
             "{want} is named: {flags:?}"

@@ -993,7 +993,10 @@ fn the_shell_environment_drops_every_credential() {
         ("AWS_SECRET_ACCESS_KEY", "aws"),
         ("AWS_SESSION_TOKEN", "aws"),
         ("AWS_LAMBDA_RUNTIME_API", "127.0.0.1:9001"),
-        ("_X_AMZN_TRACE_ID", "Root=1-5759e988-bd862e3fe1be46a994272793"),
+        (
+            "_X_AMZN_TRACE_ID",
+            "Root=1-5759e988-bd862e3fe1be46a994272793",
+        ),
         ("MY_WEBHOOK_KEY", "whsec_x"),
         // The worker's collector and its credentials (a vendor's key).
         ("OTEL_EXPORTER_OTLP_HEADERS", "x-honeycomb-team=key"),

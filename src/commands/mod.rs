@@ -118,8 +118,12 @@ pub fn decide_sandbox(
     let Some(abi) = decided else {
         options.shell_sandbox = None;
         if crate::serve::lambda::in_lambda() {
-            tracing::info!(endpoint, shell_sandbox = mode.as_str(), landlock_abi = abi,
-                "on AWS Lambda the agent's shell is not sandboxed (its kernel offers no Landlock to an unprivileged function): each execution environment serves one session at a time, and the session's whole process tree is killed before the invocation ends");
+            tracing::info!(
+                endpoint,
+                shell_sandbox = mode.as_str(),
+                landlock_abi = abi,
+                "on AWS Lambda the agent's shell is not sandboxed (its kernel offers no Landlock to an unprivileged function): each execution environment serves one session at a time, and the session's whole process tree is killed before the invocation ends"
+            );
         }
         if mode == Mode::Auto {
             tracing::warn!(

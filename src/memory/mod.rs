@@ -1,13 +1,13 @@
 //! Memory stores on disk: mount each store a session attaches, keep it in
 //! sync while the agent works, and let go without losing an edit.
 //!
-//! - [`folder`] — the confined folder (fd-based, symlink-proof, atomic writes, stat cache);
-//! - [`plan`] — the pure three-way merge of one path;
+//! - `folder` — the confined folder (fd-based, symlink-proof, atomic writes, stat cache);
+//! - `plan` — the pure three-way merge of one path;
 //! - [`store`] — one store's I/O: download, sync pass, dispose;
 //! - `flush` — the push-only flush at a session's end, and the push's pass;
 //! - `push`, `flights` — the change-driven push (opt-in) and its uploads;
 //! - `state` — one store's sync state, committed to its journal as it changes;
-//! - [`journal`] — the durable commit: each store's sync state on disk;
+//! - `journal` — the durable commit: each store's sync state on disk;
 //! - [`recovery`] — folders a dead worker left: recovered, or let go;
 //! - [`remote`] — the memory endpoints the sync uses, behind a trait;
 //! - [`options`] — the sync interval and the delete mode.

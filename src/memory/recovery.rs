@@ -3,7 +3,7 @@
 //!
 //! A worker killed mid-session (SIGKILL, the OOM killer, a Lambda timeout)
 //! leaves its store folders on disk, with their journals in the state
-//! directory (see [`journal`](super::journal)). Without recovery the next
+//! directory (see `journal`). Without recovery the next
 //! mount at that path refuses ("something already exists"), and the edits
 //! made since the last sync are lost.
 //!

@@ -1,5 +1,5 @@
 //! The memory store calls the sync makes, behind a trait so that tests can
-//! inject a failure at an exact point; [`Client`](crate::api::Client) is the
+//! inject a failure at an exact point; [`crate::api::Client`] is the
 //! production implementation.
 
 use futures::future::BoxFuture;

@@ -2,7 +2,7 @@
 //! out the planner's decisions.
 //!
 //! A pass reads: observe (scan the folder, list the store) → plan (the
-//! folder's verdict, then every path, by the pure planner in [`super::plan`])
+//! folder's verdict, then every path, by the pure planner in `super::plan`)
 //! → execute (the I/O, bounded) → commit (each completed operation enters
 //! the state — see `super::state` — and its journal as it completes).
 //!

@@ -163,7 +163,7 @@ impl AppState {
     }
 
     /// A state exporting `metrics`, which the endpoints' workers also feed
-    /// (one of their [`crate::worker::WorkerOptions::observers`]).
+    /// (one of their `crate::worker::WorkerOptions::observers`).
     pub fn with_metrics(endpoints: Vec<Endpoint>, mode: Mode, metrics: Arc<Metrics>) -> Self {
         AppState {
             inner: Arc::new(Shared {

@@ -6,12 +6,12 @@
 //!   roots, each opened once as a directory fd; a path is accepted when,
 //!   its symlinks followed as the reference follows them, it lies inside
 //!   one of them (read-only roots refuse writes);
-//! - [`resolve`] — that resolution, from the roots' fds: each link read
+//! - `resolve` — that resolution, from the roots' fds: each link read
 //!   from its own descriptor and the walk restarted from the root its
 //!   target lies under, never a name followed by the kernel;
-//! - [`files`] — `read`, `write`, `edit`;
-//! - [`search`] — `glob`, `grep` (built in);
-//! - [`bash`] — the persistent shell.
+//! - `files` — `read`, `write`, `edit`;
+//! - `search` — `glob`, `grep` (built in);
+//! - `bash` — the persistent shell.
 //!
 //! Trust model: the file tools are confined to the workdir and the allowed
 //! roots, whatever the agent renames or symlinks meanwhile; `bash` is not
@@ -151,7 +151,7 @@ pub(crate) fn scrubbed_env(also_secret: &[String]) -> Vec<(String, String)> {
     )
 }
 
-/// [`scrubbed_env`] over any set of variables.
+/// `scrubbed_env` over any set of variables.
 pub fn scrub(
     vars: impl Iterator<Item = (String, String)>,
     also_secret: &[String],

@@ -18,13 +18,13 @@
 //! - the workdir and every allowed and read-only root are opened **once**,
 //!   when the session's toolset is built (before the agent's first call), as
 //!   directory fds, and their (device, inode) and canonical path remembered;
-//! - a tool path is resolved by [`super::resolve`] from those fds, one
+//! - a tool path is resolved by `super::resolve` from those fds, one
 //!   `O_PATH | O_NOFOLLOW` component at a time, each link read from its own
 //!   descriptor and the walk restarted from the root its target lies under:
 //!   the kernel never follows a name, and every component of the result was
 //!   reached by descending from a root's fd;
 //! - the tool then opens the canonical components from that root's fd with
-//!   [`crate::fsx::open_beneath`] (`openat2(RESOLVE_BENEATH |
+//!   `crate::fsx::open_beneath` (`openat2(RESOLVE_BENEATH |
 //!   RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)` or a per-component
 //!   `O_NOFOLLOW` walk): a link swapped in since the resolution is refused
 //!   there, never followed, and the call resolves again (a few times, then

@@ -2,7 +2,7 @@
 //! calls with its memory stores mounted, and let go cleanly.
 //!
 //! - [`lease`] — the heartbeat that keeps a claimed item ours;
-//! - [`item`] — one item from claim to force-stop (`handle_item`);
+//! - `item` — one item from claim to force-stop (`handle_item`);
 //! - [`poll`] — the always-on poll loop and the webhook's queue drain;
 //! - [`standing`] — what the API last said of the environment key.
 //!
@@ -88,12 +88,12 @@ pub(crate) type EventSink = mpsc::UnboundedSender<WorkerEvent>;
 /// The worker knows its observers only by this trait, so what subscribes
 /// (the server's `/metrics` counters, say) depends on the worker and never
 /// the other way round. `observe` must be quick and must not block: it runs
-/// inline, before the event reaches [`WorkerOptions::events`].
+/// inline, before the event reaches `WorkerOptions::events`.
 pub trait WorkerObserver: Send + Sync {
     fn observe(&self, event: &WorkerEvent);
 }
 
-/// Everything a worker is built from; [`WorkerOptions::validate`] checks it.
+/// Everything a worker is built from; `WorkerOptions::validate` checks it.
 #[derive(Clone)]
 pub struct WorkerOptions {
     pub environment_id: String,
