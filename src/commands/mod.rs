@@ -197,7 +197,7 @@ pub fn decide_sandbox(
     // the grants are checked: whether /tmp is private decides what a grant
     // below it exposes.
     if let Some(supervisor) = &options.supervisor {
-        probe::start_namespace_probe(supervisor);
+        probe::start_namespace_probe(supervisor, crate::cleanroom::SUPERVISE);
     }
     let grants = enforcement.grants(&sample_work, &sample_room);
     grants

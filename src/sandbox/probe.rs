@@ -2,8 +2,8 @@
 //!
 //! The Landlock ABI is one syscall, read at start. Namespaces take a
 //! process (a user namespace needs one thread, which the worker is not):
-//! the probe runs the supervisor in namespace-only mode on `/bin/true`, off
-//! the start path, and sessions wait for its answer (a few milliseconds).
+//! the probe runs the supervisor in namespace-only mode once, in the
+//! background; whoever needs the answer waits for it (a few milliseconds).
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -62,14 +62,14 @@ fn forced_unavailable(feature: &str) -> bool {
         .is_ok_and(|v| v.split(',').any(|f| f.trim() == feature))
 }
 
-/// Whether `supervisor` can make a private mount namespace here: run it in
-/// namespace-only mode on `/bin/true`.
-pub fn namespaces(supervisor: &Path) -> bool {
+/// Whether the supervisor (`supervisor subcommand`) can make a private
+/// mount namespace here: run it in namespace-only mode.
+pub fn namespaces(supervisor: &Path, subcommand: &str) -> bool {
     if forced_unavailable("namespaces") {
         return false;
     }
     std::process::Command::new(supervisor)
-        .arg(crate::cleanroom::SUPERVISE)
+        .arg(subcommand)
         .arg(super::NAMESPACE_PROBE)
         .env_clear()
         .stdin(std::process::Stdio::null())
@@ -82,9 +82,9 @@ pub fn namespaces(supervisor: &Path) -> bool {
 static NAMESPACES: OnceLock<bool> = OnceLock::new();
 static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Start the namespace probe in the background (once per process): the
-/// start path never waits for it.
-pub fn start_namespace_probe(supervisor: &Path) {
+/// Start the namespace probe in the background (once per process), with
+/// the supervisor run as `supervisor subcommand`.
+pub fn start_namespace_probe(supervisor: &Path, subcommand: &'static str) {
     if STARTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
         return;
     }
@@ -92,7 +92,7 @@ pub fn start_namespace_probe(supervisor: &Path) {
     let spawned = std::thread::Builder::new()
         .name("sandbox-probe".into())
         .spawn(move || {
-            let _ = NAMESPACES.set(namespaces(&supervisor));
+            let _ = NAMESPACES.set(namespaces(&supervisor, subcommand));
         });
     if spawned.is_err() {
         let _ = NAMESPACES.set(false);
