@@ -19,19 +19,9 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use axum::Json;
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::http::{HeaderName, HeaderValue, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderName, HeaderValue};
 use rand::RngExt;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-
-use super::error::{HttpError, HttpResult};
-use super::http::JsonBody;
-use super::state::AppState;
 
 /// Rules active at once (from `--fault` and `POST /dev/faults` together).
 pub const MAX_RULES: usize = 100;
@@ -211,14 +201,14 @@ pub struct Faults {
 
 /// What one request gets.
 #[derive(Debug, Default, PartialEq)]
-struct Decision {
-    latency: Duration,
-    status: Option<u16>,
+pub(super) struct Decision {
+    pub(super) latency: Duration,
+    pub(super) status: Option<u16>,
     /// The headers of the rule whose status applies.
-    headers: BTreeMap<String, String>,
-    drop_response: bool,
+    pub(super) headers: BTreeMap<String, String>,
+    pub(super) drop_response: bool,
     /// End the response body this long after the request began.
-    cut_after: Option<Duration>,
+    pub(super) cut_after: Option<Duration>,
 }
 
 impl Faults {
@@ -246,7 +236,7 @@ impl Faults {
         self.rules.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn decide(&self, method: &str, path: &str) -> Decision {
+    pub(super) fn decide(&self, method: &str, path: &str) -> Decision {
         let mut rules = self.rules.lock().unwrap_or_else(|e| e.into_inner());
         let mut decision = Decision::default();
         let mut rng = rand::rng();
@@ -276,102 +266,10 @@ impl Faults {
     }
 }
 
-/// The error type an injected status answers with.
-fn error_kind(status: u16) -> &'static str {
-    match status {
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        408 => "timeout_error",
-        409 => "conflict_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        529 => "overloaded_error",
-        400..=499 => "invalid_request_error",
-        _ => "api_error",
-    }
-}
-
-/// The middleware: applied to the API routes (not to `/dev`).
-pub async fn inject(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let began = tokio::time::Instant::now();
-    let decision = state
-        .faults()
-        .decide(request.method().as_str(), request.uri().path());
-    if !decision.latency.is_zero() {
-        tokio::time::sleep(decision.latency).await;
-    }
-    if let Some(status) = decision.status {
-        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        let mut response =
-            HttpError::new(status, error_kind(status.as_u16()), "injected fault").into_response();
-        for (name, value) in decision.headers {
-            // Checked when the rule was added.
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(&value),
-            ) {
-                response.headers_mut().insert(name, value);
-            }
-        }
-        return response;
-    }
-    let response = next.run(request).await;
-    if decision.drop_response {
-        // The handler has committed; the client gets a broken response.
-        let (parts, _) = response.into_parts();
-        let broken = futures::stream::once(async {
-            Err::<bytes::Bytes, std::io::Error>(std::io::Error::other("fault: response dropped"))
-        });
-        return Response::from_parts(parts, Body::from_stream(broken));
-    }
-    if let Some(cut) = decision.cut_after {
-        // The body ends cleanly at the cut, as a server closing the stream.
-        use futures::StreamExt;
-        let (parts, body) = response.into_parts();
-        let cut_off = body
-            .into_data_stream()
-            .take_until(tokio::time::sleep_until(began + cut));
-        return Response::from_parts(parts, Body::from_stream(cut_off));
-    }
-    response
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AddFaults {
-    rules: Vec<FaultRule>,
-}
-
-/// `POST /dev/faults`: add rules.
-pub async fn add(
-    State(state): State<AppState>,
-    JsonBody(body): JsonBody<AddFaults>,
-) -> HttpResult<Json<Value>> {
-    for rule in &body.rules {
-        rule.check().map_err(HttpError::invalid_request)?;
-    }
-    state
-        .faults()
-        .add(body.rules)
-        .map_err(HttpError::invalid_request)?;
-    Ok(Json(json!({ "rules": state.faults().rules() })))
-}
-
-/// `GET /dev/faults`.
-pub async fn list(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({ "rules": state.faults().rules() }))
-}
-
-/// `DELETE /dev/faults`: clear every rule.
-pub async fn clear(State(state): State<AppState>) -> Json<Value> {
-    state.faults().clear();
-    Json(json!({ "rules": [] }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{Value, json};
 
     #[test]
     fn globs() {

@@ -22,6 +22,7 @@
 pub(crate) mod auth;
 pub(crate) mod cursor;
 pub(crate) mod db;
+pub(crate) mod dev_routes;
 pub(crate) mod environments;
 pub(crate) mod error;
 pub mod faults;
@@ -338,11 +339,11 @@ pub fn app(state: AppState) -> Router {
             ))
             .layer(middleware::from_fn_with_state(
                 state.clone(),
-                faults::inject,
+                dev_routes::inject,
             ))
             .layer(middleware::from_fn_with_state(
                 state.clone(),
-                requests::record,
+                dev_routes::record,
             ))
     };
     let managed_agents = Router::new()
@@ -406,9 +407,14 @@ pub fn app(state: AppState) -> Router {
         .route("/dev/scenarios/{session_id}", get(scenario::report))
         .route(
             "/dev/faults",
-            get(faults::list).post(faults::add).delete(faults::clear),
+            get(dev_routes::list_faults)
+                .post(dev_routes::add_faults)
+                .delete(dev_routes::clear_faults),
         )
-        .route("/dev/requests", get(requests::list).delete(requests::clear))
+        .route(
+            "/dev/requests",
+            get(dev_routes::list_requests).delete(dev_routes::clear_requests),
+        )
         .layer(middleware::from_fn_with_state(
             state.clone(),
             http::check_admin,

@@ -11,19 +11,11 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use axum::Json;
-use axum::body::Body;
-use axum::extract::{Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::faults::glob;
-use super::http::MAX_BODY_BYTES;
-use super::ids;
-use super::state::AppState;
 
 /// Entries kept; the oldest go first past this.
 pub const MAX_ENTRIES: usize = 100_000;
@@ -69,7 +61,7 @@ pub struct RequestLog {
 }
 
 impl RequestLog {
-    fn push(&self, mut entry: LoggedRequest) {
+    pub(super) fn push(&self, mut entry: LoggedRequest) {
         let mut guard = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         let (next, entries) = &mut *guard;
         *next += 1;
@@ -95,14 +87,14 @@ impl RequestLog {
 }
 
 /// Whether `method path` creates or updates a memory.
-fn is_memory_write(method: &str, path: &str) -> bool {
+pub(super) fn is_memory_write(method: &str, path: &str) -> bool {
     method == "POST"
         && (glob("/v1/memory_stores/*/memories", path)
             || glob("/v1/memory_stores/*/memories/*", path))
 }
 
 /// How a request authenticated, as far as its headers tell.
-fn auth_kind(headers: &axum::http::HeaderMap) -> &'static str {
+pub(super) fn auth_kind(headers: &axum::http::HeaderMap) -> &'static str {
     if headers.contains_key("x-api-key") {
         "api_key"
     } else if headers
@@ -117,7 +109,7 @@ fn auth_kind(headers: &axum::http::HeaderMap) -> &'static str {
 }
 
 /// What a memory write's JSON body asked for (nothing when it is not JSON).
-fn memory_write(body: &[u8]) -> MemoryWrite {
+pub(super) fn memory_write(body: &[u8]) -> MemoryWrite {
     let value: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     MemoryWrite {
         path: value["path"].as_str().map(str::to_string),
@@ -128,57 +120,6 @@ fn memory_write(body: &[u8]) -> MemoryWrite {
             .as_str()
             .map(str::to_string),
     }
-}
-
-/// The middleware, outermost on the API routes: it sees what the client
-/// sent and the status that went back, injected faults included.
-pub async fn record(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let received_at_us = ids::now_micros();
-    let method = request.method().to_string();
-    let path = request.uri().path().to_string();
-    let query = request.uri().query().map(str::to_string);
-    let auth = auth_kind(request.headers());
-    let (response, memory_write) = if is_memory_write(&method, &path) {
-        let (parts, body) = request.into_parts();
-        // The handler reads at most this much too, and answers 413 past it.
-        match axum::body::to_bytes(body, MAX_BODY_BYTES).await {
-            Ok(bytes) => {
-                let write = memory_write(&bytes);
-                let request = Request::from_parts(parts, Body::from(bytes));
-                (next.run(request).await, Some(write))
-            }
-            Err(_) => {
-                let refused = super::error::HttpError::too_large(format!(
-                    "request body is larger than {MAX_BODY_BYTES} bytes"
-                ));
-                (refused.into_response(), None)
-            }
-        }
-    } else {
-        (next.run(request).await, None)
-    };
-    state.requests().push(LoggedRequest {
-        seq: 0,
-        received_at_us,
-        method,
-        path,
-        query,
-        status: response.status().as_u16(),
-        auth,
-        memory_write,
-    });
-    response
-}
-
-/// `GET /dev/requests`: every logged request, oldest first.
-pub async fn list(State(state): State<AppState>) -> Json<Value> {
-    Json(json!({ "data": state.requests().entries() }))
-}
-
-/// `DELETE /dev/requests`: forget them.
-pub async fn clear(State(state): State<AppState>) -> Json<Value> {
-    state.requests().clear();
-    Json(json!({ "data": [] }))
 }
 
 #[cfg(test)]
