@@ -118,7 +118,15 @@ impl Enforcement {
             stores_ro: Vec::new(),
             home: Some(room.home.clone()),
             tmpdir: room.tmpdir.clone(),
-            extra_read: self.additions.read.clone(),
+            // Its own `/mnt/memory` lists only its own stores: `ls` works
+            // there as on the reference's host.
+            extra_read: room
+                .mount_root
+                .iter()
+                .filter(|_| caps.namespaces && self.own_mount_root.is_some())
+                .cloned()
+                .chain(self.additions.read.iter().cloned())
+                .collect(),
             extra_write: self.additions.write.clone(),
             tcp_ports: if caps.tcp() {
                 self.additions.tcp_ports.clone()
