@@ -89,8 +89,7 @@ fn default_state_dir() -> PathBuf {
 /// Decide `endpoint`'s shell sandbox from its mode (or the default for its
 /// concurrency) and the kernel, before it serves: `Err` when `require`
 /// cannot be met or a grant would expose the worker's own files. Says once
-/// what is enforced (a log line, the metric, `/readyz`'s body), after the
-/// namespace probe, which runs in the background.
+/// what is enforced (a log line, the metric, `/readyz`'s body).
 pub fn decide_sandbox(
     endpoint: &str,
     options: &mut WorkerOptions,
@@ -117,28 +116,85 @@ pub fn decide_sandbox(
     .with_context(|| format!("endpoint {endpoint:?}"))?;
     let Some(abi) = decided else {
         options.shell_sandbox = None;
-        if crate::serve::lambda::in_lambda() {
-            tracing::info!(
-                endpoint,
-                shell_sandbox = mode.as_str(),
-                landlock_abi = abi,
-                "on AWS Lambda the agent's shell is not sandboxed (its kernel offers no Landlock to an unprivileged function): each execution environment serves one session at a time, and the session's whole process tree is killed before the invocation ends"
-            );
-        }
-        if mode == Mode::Auto {
-            tracing::warn!(
-                endpoint,
-                shell_sandbox = mode.as_str(),
-                landlock_abi = abi,
-                "the agent's shell is NOT confined: this kernel has no Landlock (or the shell has no supervisor); it runs as the worker's user, as the official worker's"
-            );
-        }
+        announce_unconfined(endpoint, mode, abi);
         if let Some(m) = metrics {
             m.set_shell_sandbox(endpoint, Described::off(caps));
         }
         return Ok(());
     };
-    let mut protected = sandbox::Protected::default();
+    let fresh = options.fresh_workdir || concurrency > 1;
+    let enforcement = sandbox::Enforcement {
+        landlock_abi: abi,
+        additions: options.shell_additions.clone(),
+        protected: protected_paths(options, endpoint_file, fresh)?,
+        own_mount_root: own_mount_root(options),
+    };
+    // Whether /tmp is private decides what a grant below it exposes: the
+    // namespace probe (a process, a few milliseconds) answers first.
+    if let Some(supervisor) = &options.supervisor {
+        probe::start_namespace_probe(supervisor, crate::cleanroom::SUPERVISE);
+    }
+    check_every_sessions_grants(&enforcement, options, fresh)
+        .with_context(|| format!("endpoint {endpoint:?}"))?;
+    let described = enforcement.describe();
+    announce_sandbox(endpoint, mode, &described);
+    if let Some(m) = metrics {
+        m.set_shell_sandbox(endpoint, described);
+    }
+    options.shell_sandbox = Some(enforcement);
+    Ok(())
+}
+
+/// The line of a replica whose shells run unconfined: `auto` without
+/// Landlock, and Lambda's cold start.
+fn announce_unconfined(endpoint: &str, mode: crate::sandbox::Mode, abi: i32) {
+    if mode == crate::sandbox::Mode::Auto {
+        tracing::warn!(
+            endpoint,
+            shell_sandbox = mode.as_str(),
+            landlock_abi = abi,
+            "the agent's shell is NOT confined: this kernel has no Landlock (or the shell has no supervisor); it runs as the worker's user, as the official worker's"
+        );
+    }
+    if crate::serve::lambda::in_lambda() {
+        tracing::info!(
+            endpoint,
+            shell_sandbox = mode.as_str(),
+            landlock_abi = abi,
+            "on AWS Lambda the agent's shell is not sandboxed (its kernel offers no Landlock to an unprivileged function): each execution environment serves one session at a time, and the session's whole process tree is killed before the invocation ends"
+        );
+    }
+}
+
+/// The line saying what a sandboxed replica enforces.
+fn announce_sandbox(endpoint: &str, mode: crate::sandbox::Mode, d: &crate::sandbox::Described) {
+    tracing::info!(
+        endpoint,
+        shell_sandbox = mode.as_str(),
+        landlock_abi = d.landlock_abi,
+        file_system = d.file_system,
+        scopes = d.scopes,
+        tcp_filter = d.tcp_filter,
+        namespaces = d.namespaces,
+        tmp = d.tmp,
+        "{}",
+        if d.tmp == "private" {
+            "the agent's shell is sandboxed: Landlock, and a private /tmp, /dev/shm and /mnt/memory per session"
+        } else {
+            "the agent's shell is sandboxed: Landlock; /tmp and /dev/shm are shared between the sessions of this replica (no mount namespace here)"
+        }
+    );
+}
+
+/// The worker's own paths, which no shell may be granted: the state
+/// directory, the endpoint file, the worker's `HOME`, the directory holding
+/// the sessions' directories (`fresh`), `/run`.
+fn protected_paths(
+    options: &WorkerOptions,
+    endpoint_file: Option<&Path>,
+    fresh: bool,
+) -> anyhow::Result<crate::sandbox::Protected> {
+    let mut protected = crate::sandbox::Protected::default();
     if let Some(dir) = &options.state_dir {
         protected.add("state directory", dir.clone());
     }
@@ -151,7 +207,6 @@ pub fn decide_sandbox(
     {
         protected.add("HOME", home);
     }
-    let fresh = options.fresh_workdir || concurrency > 1;
     if fresh {
         protected.add(
             "directory holding the sessions' directories",
@@ -159,70 +214,41 @@ pub fn decide_sandbox(
         );
     }
     protected.add("runtime directory", "/run");
-    let own_mount_root = if options.mount_remap.is_none() {
-        let root = PathBuf::from(sandbox::MOUNT_ROOT);
-        // The mount point each session's own folder is bound over.
-        (std::fs::create_dir_all(&root).is_ok() && root.is_dir()).then_some(root)
-    } else {
-        None
-    };
-    let enforcement = sandbox::Enforcement {
-        landlock_abi: abi,
-        additions: options.shell_additions.clone(),
-        protected,
-        own_mount_root,
-    };
-    // The grants every session gets, checked now against the worker's own
-    // paths (stores are checked per session).
-    let sample_work = if fresh {
+    Ok(protected)
+}
+
+/// Where each session's own `/mnt/memory` is bound (created when missing),
+/// unless the stores already live elsewhere (`--mount-remap`).
+fn own_mount_root(options: &WorkerOptions) -> Option<PathBuf> {
+    if options.mount_remap.is_some() {
+        return None;
+    }
+    let root = PathBuf::from(crate::sandbox::MOUNT_ROOT);
+    (std::fs::create_dir_all(&root).is_ok() && root.is_dir()).then_some(root)
+}
+
+/// Check now, against the worker's own paths, the grants every session
+/// gets (its stores are checked per session).
+fn check_every_sessions_grants(
+    enforcement: &crate::sandbox::Enforcement,
+    options: &WorkerOptions,
+    fresh: bool,
+) -> Result<(), crate::sandbox::SandboxError> {
+    let work = if fresh {
         options.workdir.join("session-x")
     } else {
         options.workdir.clone()
     };
-    let sample_room = sandbox::SessionRoom {
-        path: options
-            .state_dir
-            .clone()
-            .unwrap_or_default()
-            .join("rooms/x"),
-        home: options
-            .state_dir
-            .clone()
-            .unwrap_or_default()
-            .join("rooms/x/home"),
+    let rooms = options.state_dir.clone().unwrap_or_default().join("rooms");
+    let room = crate::sandbox::SessionRoom {
+        path: rooms.join("x"),
+        home: rooms.join("x/home"),
         tmpdir: None,
         mount_root: None,
     };
-    // The namespace probe (a process, a few milliseconds) answers before
-    // the grants are checked: whether /tmp is private decides what a grant
-    // below it exposes.
-    if let Some(supervisor) = &options.supervisor {
-        probe::start_namespace_probe(supervisor, crate::cleanroom::SUPERVISE);
-    }
-    let grants = enforcement.grants(&sample_work, &sample_room);
-    grants
-        .policy(&enforcement.protected)
-        .map_err(sandbox::SandboxError::from)
-        .with_context(|| format!("endpoint {endpoint:?}"))?;
-    let announce = enforcement.clone();
-    let endpoint_name = endpoint.to_string();
-    let metrics = metrics.cloned();
-    let _ = std::thread::Builder::new()
-        .name("sandbox-announce".into())
-        .spawn(move || {
-            let d = announce.describe();
-            tracing::info!(endpoint = %endpoint_name, shell_sandbox = mode.as_str(), landlock_abi = d.landlock_abi,
-                file_system = d.file_system, scopes = d.scopes, tcp_filter = d.tcp_filter, namespaces = d.namespaces, tmp = d.tmp,
-                "{}", if d.tmp == "private" {
-                    "the agent's shell is sandboxed: Landlock, and a private /tmp, /dev/shm and /mnt/memory per session"
-                } else {
-                    "the agent's shell is sandboxed: Landlock; /tmp and /dev/shm are shared between the sessions of this replica (no mount namespace here)"
-                });
-            if let Some(m) = metrics {
-                m.set_shell_sandbox(&endpoint_name, d);
-            }
-        });
-    options.shell_sandbox = Some(enforcement);
+    enforcement
+        .grants(&work, &room)
+        .policy(&enforcement.protected)?;
     Ok(())
 }
 
