@@ -402,6 +402,9 @@ pub fn supervise(args: &[OsString]) -> ExitCode {
         eprintln!("envworker {SUPERVISE}: no program");
         return ExitCode::from(2);
     };
+    // Whatever the worker inherited without close-on-exec (a parent's
+    // descriptors) must not reach the agent: the shell gets stdio only.
+    close_inherited_descriptors();
     // The sandbox before the shell, so everything the agent starts inherits
     // it; a shell that asked for one never runs without it. Stdout is the
     // tool's output: the agent (and the operator, in the call's result)
@@ -445,6 +448,29 @@ pub fn supervise(args: &[OsString]) -> ExitCode {
         .or_else(|| status.terminating_signal().map(|s| 128 + s))
         .unwrap_or(1);
     ExitCode::from(code.clamp(0, 255) as u8)
+}
+
+/// Close every descriptor above stderr: `close_range(3, ~0)`, or one by one
+/// from `/proc/self/fd` on a kernel without it (before 5.9).
+fn close_inherited_descriptors() {
+    // SAFETY: the supervisor is single-threaded and holds nothing above 2
+    // that it still needs; the syscall takes three integers.
+    let closed = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if closed == 0 {
+        return;
+    }
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")
+        .map(|dir| {
+            dir.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                .filter(|&fd: &i32| fd > 2)
+                .collect()
+        })
+        .unwrap_or_default();
+    for fd in open {
+        // SAFETY: as above; the directory's own descriptor is gone by now.
+        unsafe { libc::close(fd) };
+    }
 }
 
 /// When this process is PID 1: run the worker as a child and be its init

@@ -385,11 +385,7 @@ impl SessionMemoryStores {
                     };
                     match dir.create(owner, &Snapshot::default()) {
                         Ok(journal) => Some(journal),
-                        Err(e @ JournalError::Busy(_)) => {
-                            return Err(MemoryError::InUse(format!(
-                                "{e} (memory_store_id={id}); a session's store can be mounted by one worker at a time"
-                            )));
-                        }
+                        Err(JournalError::Busy(_)) => return Err(recovery::in_use(&root, &id)),
                         Err(e) => {
                             warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
                             None

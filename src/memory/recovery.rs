@@ -65,6 +65,15 @@ pub(crate) fn occupied(root: &Path, store_id: &str) -> MemoryError {
     ))
 }
 
+/// The folder at a store's path is held by a live worker (or session) on
+/// this host: named by the folder, not by its journal's lock file.
+pub(crate) fn in_use(root: &Path, store_id: &str) -> MemoryError {
+    MemoryError::InUse(format!(
+        "another live worker on this host holds the memory store folder {} (memory_store_id={store_id}); a session's store can be mounted by one worker at a time",
+        root.display()
+    ))
+}
+
 /// What became of a folder found at a store's path.
 pub(crate) enum Adopted {
     /// A dead worker's folder of this session: restored, ready for its
@@ -157,11 +166,7 @@ pub(crate) fn adopt(
     let (replay, claim) = match dir.claim(root) {
         Ok(Some(found)) => found,
         Ok(None) => return Err(occupied(root, store_id)),
-        Err(e @ JournalError::Busy(_)) => {
-            return Err(MemoryError::InUse(format!(
-                "{e} (memory_store_id={store_id}); a session's store can be mounted by one worker at a time"
-            )));
-        }
+        Err(JournalError::Busy(_)) => return Err(in_use(root, store_id)),
         Err(e) => {
             warn!(memory_store.id = %store_id, error = %e, "cannot read the state directory to recover the folder at the store's path");
             return Err(occupied(root, store_id));

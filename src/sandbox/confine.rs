@@ -56,9 +56,19 @@ pub fn enter_namespace(policy: &ShellPolicy) -> Result<(), ConfineError> {
         )
     }
     .map_err(|e| ns_step("unshare")(e.into()))?;
-    std::fs::write("/proc/self/setgroups", "deny").map_err(ns_step("setgroups"))?;
-    std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n")).map_err(ns_step("uid_map"))?;
-    std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n")).map_err(ns_step("gid_map"))?;
+    // A non-dumpable process's /proc/self files belong to root: an
+    // unprivileged supervisor could not write its own maps. Dumpable for
+    // these three writes only (the shell's exec resets the flag anyway).
+    use rustix::process::{DumpableBehavior, set_dumpable_behavior};
+    let _ = set_dumpable_behavior(DumpableBehavior::Dumpable);
+    let maps = (|| -> Result<(), ConfineError> {
+        std::fs::write("/proc/self/setgroups", "deny").map_err(ns_step("setgroups"))?;
+        std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))
+            .map_err(ns_step("uid_map"))?;
+        std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n")).map_err(ns_step("gid_map"))
+    })();
+    let _ = set_dumpable_behavior(DumpableBehavior::NotDumpable);
+    maps?;
     // Nothing mounted here reaches the host's namespace.
     rustix::mount::mount_change(
         "/",

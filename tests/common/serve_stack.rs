@@ -29,6 +29,22 @@ pub struct ServeLimits {
     pub nofile: Option<(u64, u64)>,
 }
 
+/// Who the `serve` child runs as, and what it inherits.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ServeUser {
+    /// `(uid, gid)`: set in the child before `exec` (the test must be root);
+    /// std drops the supplementary groups with it (`setgroups(0)` when the
+    /// parent is root and no groups are given).
+    pub ids: Option<(u32, u32)>,
+    /// Close every descriptor above 2 before `exec`: the child starts with
+    /// only its stdio, as under a container runtime, whatever the test
+    /// runner itself inherited.
+    pub only_stdio: bool,
+    /// A descriptor `serve` inherits without close-on-exec (a copy of its
+    /// stderr at this number), as a careless parent leaves one.
+    pub leaked_fd: Option<i32>,
+}
+
 impl Serve {
     pub fn start(port: u16, envs: &[(&str, &str)], extra: &[&str]) -> Serve {
         Self::start_limited(port, envs, extra, ServeLimits::default())
@@ -41,6 +57,17 @@ impl Serve {
         extra: &[&str],
         limits: ServeLimits,
     ) -> Serve {
+        Self::start_as(port, envs, extra, limits, ServeUser::default())
+    }
+
+    /// [`Serve::start_limited`] as another user, or with only stdio.
+    pub fn start_as(
+        port: u16,
+        envs: &[(&str, &str)],
+        extra: &[&str],
+        limits: ServeLimits,
+        user: ServeUser,
+    ) -> Serve {
         let mut command = Command::new(env!("CARGO_BIN_EXE_envworker"));
         command
             .args(["serve", "--listen", &format!("127.0.0.1:{port}")])
@@ -52,6 +79,7 @@ impl Serve {
         if let Some((soft, hard)) = limits.nofile {
             super::process::limit_nofile(&mut command, soft, hard);
         }
+        user.apply(&mut command);
         let mut child = command.spawn().expect("envworker serve starts");
         let stderr = super::process::collect_stderr(&mut child);
         let (url, stdout) =
@@ -100,6 +128,64 @@ impl Serve {
     }
 }
 
+impl ServeUser {
+    /// `nobody` (65534) when this process is root; else the current user.
+    pub fn nobody_if_root() -> ServeUser {
+        ServeUser {
+            ids: rustix::process::geteuid()
+                .is_root()
+                .then_some((65534, 65534)),
+            only_stdio: true,
+            leaked_fd: None,
+        }
+    }
+
+    /// Set up `command` to start as this user.
+    pub fn apply(&self, command: &mut Command) {
+        use std::os::unix::process::CommandExt;
+        if let Some((uid, gid)) = self.ids {
+            command.uid(uid).gid(gid);
+        }
+        if self.only_stdio {
+            // SAFETY: one close_range syscall, async-signal-safe, no
+            // allocation; the pipes std set up are 0-2 by now. Marked
+            // close-on-exec rather than closed: std's own exec-error pipe
+            // must stay open until the exec.
+            unsafe {
+                command.pre_exec(|| {
+                    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 4;
+                    if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC)
+                        != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        if let Some(fd) = self.leaked_fd {
+            // SAFETY: one dup2 syscall, async-signal-safe; the copy it makes
+            // has no close-on-exec flag, so `serve` inherits it.
+            unsafe {
+                command.pre_exec(move || {
+                    if libc::dup2(2, fd) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+    }
+
+    /// Hand `path` (a directory the stack made) to this user.
+    pub fn own(&self, path: &std::path::Path) {
+        if let Some((uid, gid)) = self.ids {
+            std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+        }
+    }
+}
+
 impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -123,6 +209,32 @@ pub struct Stack {
     /// Where sessions mount their stores (empty once every session disposed of them).
     pub mount_root: std::path::PathBuf,
     pub _dirs: (tempfile::TempDir, tempfile::TempDir),
+    /// `--state-dir`, when [`StackOptions::state_dir`] asked for one.
+    pub state_dir: Option<tempfile::TempDir>,
+}
+
+/// Everything [`stack_with_options`] can vary; the defaults are [`stack`]'s.
+#[derive(Debug, Clone, Default)]
+pub struct StackOptions {
+    /// More variables in the `serve` child's environment.
+    pub envs: Vec<(String, String)>,
+    pub limits: ServeLimits,
+    /// Who `serve` runs as; the stack's directories are handed to that user.
+    pub user: ServeUser,
+    /// The devserver's mount root (advertised mount paths are
+    /// `<root>/<slug>`); default: `memory` in a temporary directory.
+    pub mount_root: Option<String>,
+    /// Where the temporary directories are made (default: the system's).
+    pub temp_base: Option<std::path::PathBuf>,
+    /// Pass `--state-dir` (a temporary directory) to `serve`.
+    pub state_dir: bool,
+    /// The devserver's lease TTL (default 10 s).
+    pub lease_ttl_seconds: Option<i64>,
+}
+
+/// A stack started the way `options` says.
+pub async fn stack_with_options(extra: &[&str], options: StackOptions) -> Stack {
+    stack_full(extra, options, true).await
 }
 
 /// A devserver that signs webhooks to a `serve` process serving its environment.
@@ -153,12 +265,38 @@ async fn stack_with(
     limits: ServeLimits,
     webhooks: bool,
 ) -> Stack {
+    let options = StackOptions {
+        envs: envs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        limits,
+        ..Default::default()
+    };
+    stack_full(extra, options, webhooks).await
+}
+
+async fn stack_full(extra: &[&str], options: StackOptions, webhooks: bool) -> Stack {
     let port = free_port();
     let webhook_port = if webhooks { port } else { free_port() };
     let (_key, secret) = SigningKey::generate();
-    let mnt = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let mount_root = mnt.path().join("memory");
+    let tempdir = || match &options.temp_base {
+        Some(base) => tempfile::tempdir_in(base).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
+    let mnt = tempdir();
+    let work = tempdir();
+    let state = options.state_dir.then(tempdir);
+    for dir in [Some(&mnt), Some(&work), state.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        options.user.own(dir.path());
+    }
+    let mount_root = match &options.mount_root {
+        Some(root) => std::path::PathBuf::from(root),
+        None => mnt.path().join("memory"),
+    };
     let server = TestServer::start_with(
         DevserverConfig::new(ADMIN_KEY)
             .mount_root(mount_root.to_str().unwrap())
@@ -166,7 +304,7 @@ async fn stack_with(
                 format!("http://127.0.0.1:{webhook_port}/webhooks/default"),
                 SigningKey::parse(&secret).unwrap(),
             )
-            .lease_ttl_seconds(10),
+            .lease_ttl_seconds(options.lease_ttl_seconds.unwrap_or(10)),
     )
     .await;
     let env = server
@@ -183,6 +321,12 @@ async fn stack_with(
         .filter(|[flag, _]| !extra.contains(flag))
         .flatten()
         .collect();
+    let state_arg = state
+        .as_ref()
+        .map(|d| d.path().to_str().unwrap().to_string());
+    if let Some(dir) = &state_arg {
+        args.extend(["--state-dir", dir.as_str()]);
+    }
     args.extend_from_slice(extra);
     let url = server.url();
     let mut all_envs = vec![
@@ -192,8 +336,8 @@ async fn stack_with(
         ("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret.as_str()),
         ("ENVWORKER_WORKDIR", work.path().to_str().unwrap()),
     ];
-    all_envs.extend_from_slice(envs);
-    let serve = Serve::start_limited(port, &all_envs, &args, limits);
+    all_envs.extend(options.envs.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let serve = Serve::start_as(port, &all_envs, &args, options.limits, options.user);
     Stack {
         server,
         serve,
@@ -201,6 +345,7 @@ async fn stack_with(
         secret,
         mount_root,
         _dirs: (mnt, work),
+        state_dir: state,
     }
 }
 
