@@ -19,15 +19,31 @@
 //!    always-on pollers, work enqueued (`created_at`) → first result. (iii)
 //!    peak RSS (`VmHWM`) of the worker process at the end of the 200-call
 //!    session, and its CPU time during the session.
+//! 3. **The shell's sandbox.** `envworker serve --shell-sandbox require` as
+//!    another worker of the webhook-driven runs of 1 and 2, next to an `off`
+//!    one (the default with one item at a time), both with their workdir and
+//!    store on disk: throughput, step latency, webhook → first result, cold
+//!    start, and require ÷ off.
+//! 4. **Sessions side by side.** One `envworker serve --max-concurrent-items
+//!    N` (N = 4, `SESSION_BENCH_SIDE_BY_SIDE`) serving N sessions of a
+//!    20-call scenario started at once, one webhook each: step latency over
+//!    all sessions' calls, and the worker's memory per session, (`VmHWM` once
+//!    they are done − `VmHWM` of an idle single-session worker) ÷ N; with the
+//!    sandbox `require` (the default above one item) and `off`.
 //!
-//! Both workers run as their own processes (envworker: the release binary
+//! The workers run as their own processes (envworker: the release binary
 //! `envworker serve`, the path a webhook takes in production; the SDK: one
 //! Python process), with the same settings (max idle 1 s, memory sync every
 //! 5 s), against one `envworker devserver` process whose database and mount
-//! root are on tmpfs. Runs alternate envworker / SDK; one warm-up round is
-//! not counted. Prints medians and ratios and writes them into
-//! `benches/RESULTS.md` between its markers. Run: `cargo bench --bench session`
-//! (`SESSION_BENCH_RUNS=N` for another number of runs, default 5).
+//! root are on tmpfs, as are the workdirs; but the sandbox grants no write
+//! below `/dev` (`/dev/shm` included), so the runs of 3 and 4 keep their
+//! workdirs and stores in the default temp directory (on disk here, where
+//! the write tool's `fsync` costs ~0.4 ms). Runs alternate envworker /
+//! envworker (off, disk) / envworker (sandbox) / SDK, and require / off;
+//! one warm-up round of each is not counted. Prints medians and ratios and
+//! writes them into `benches/RESULTS.md` between its markers. Run: `cargo
+//! bench --bench session` (`SESSION_BENCH_RUNS=N` for another number of
+//! runs, default 5).
 
 #[path = "../tests/common/dev_api.rs"]
 mod dev_api;
@@ -53,6 +69,11 @@ const ADMIN_KEY: &str = "bench-admin";
 const CALLS: usize = 200;
 /// Measured calls of the short scenario of the poll-mode runs.
 const SHORT_CALLS: usize = 5;
+/// Measured calls of each session of the side-by-side runs: three groups and
+/// a half, so both the workdir and the memory store are used.
+const SIDE_CALLS: usize = 20;
+/// Sessions served at once in the side-by-side runs (`SESSION_BENCH_SIDE_BY_SIDE`).
+const SIDE_BY_SIDE: usize = 4;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where the phase of the always-on pollers is sampled: the work is enqueued
@@ -61,7 +82,13 @@ const POLL_PHASES_MS: [u64; 7] = [300, 2_900, 1_500, 3_700, 700, 2_300, 4_100];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Who {
+    /// `envworker serve` with its default at one session: `--shell-sandbox off`.
     Ours,
+    /// The same, its workdir and store on disk: the sandbox's `off` partner.
+    OursOffDisk,
+    /// `envworker serve --shell-sandbox require`, its workdir and store on
+    /// disk (the sandbox grants no write below `/dev`, so not on `/dev/shm`).
+    OursSandboxed,
     Sdk,
 }
 
@@ -69,7 +96,32 @@ impl Who {
     fn label(self) -> &'static str {
         match self {
             Who::Ours => "envworker",
+            Who::OursOffDisk => "envworker (off, disk)",
+            Who::OursSandboxed => "envworker (sandbox)",
             Who::Sdk => "sdk",
+        }
+    }
+
+    /// The label as it goes into file names and ids.
+    fn slug(self) -> &'static str {
+        match self {
+            Who::Ours => "envworker",
+            Who::OursOffDisk => "envworker-off-disk",
+            Who::OursSandboxed => "envworker-sandbox",
+            Who::Sdk => "sdk",
+        }
+    }
+
+    /// Workdir and store on disk (`Setup::files`) rather than on tmpfs.
+    fn on_disk(self) -> bool {
+        matches!(self, Who::OursOffDisk | Who::OursSandboxed)
+    }
+
+    /// envworker's `--shell-sandbox`.
+    fn shell_sandbox(self) -> &'static str {
+        match self {
+            Who::OursSandboxed => "require",
+            Who::Ours | Who::OursOffDisk | Who::Sdk => "off",
         }
     }
 }
@@ -319,6 +371,15 @@ impl Devserver {
                 return report;
             }
             worker.assert_alive();
+            // envworker's word for an item it gave up on: no need to wait for the timeout.
+            assert!(
+                !std::fs::read_to_string(&worker.log)
+                    .unwrap_or_default()
+                    .contains("work item failed"),
+                "{}: a work item failed; worker log:\n{}",
+                worker.name,
+                worker.log_tail()
+            );
             assert!(
                 Instant::now() < deadline,
                 "{}: the scenario is still running after {RUN_TIMEOUT:?}; worker log:\n{}",
@@ -432,7 +493,14 @@ struct Setup {
     envworker: PathBuf,
     python: PathBuf,
     script: PathBuf,
+    /// The devserver's database and mount root, the logs, and the workers'
+    /// workdirs (tmpfs where there is one).
     root: PathBuf,
+    /// Workdirs and stores of the sandbox's runs, `require` and its `off`
+    /// partners alike: not below `/dev/shm`, as the shell's sandbox grants no
+    /// write below `/dev` (a working directory, a store's folder there is
+    /// refused), so in the default temp directory.
+    files: PathBuf,
 }
 
 impl Setup {
@@ -447,16 +515,9 @@ impl Setup {
         secret: &str,
     ) -> Command {
         match who {
-            Who::Ours => {
-                let mut c = Command::new(&self.envworker);
-                c.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
-                    .args(["--max-idle", "1s", "--memory-sync-interval", "5s"])
-                    .env_remove("RUST_LOG")
-                    .env("ANTHROPIC_BASE_URL", api)
-                    .env("ANTHROPIC_ENVIRONMENT_ID", &env.0)
-                    .env("ANTHROPIC_ENVIRONMENT_KEY", &env.1)
-                    .env("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret)
-                    .env("ENVWORKER_WORKDIR", workdir);
+            Who::Ours | Who::OursOffDisk | Who::OursSandboxed => {
+                let mut c = self.serve_cmd(port, env, api, workdir, secret);
+                c.args(["--shell-sandbox", who.shell_sandbox()]);
                 c
             }
             Who::Sdk => {
@@ -468,12 +529,37 @@ impl Setup {
         }
     }
 
+    /// `envworker serve` on `port` with the bench's settings (the shell's
+    /// sandbox left to its default).
+    fn serve_cmd(
+        &self,
+        port: u16,
+        env: &(String, String),
+        api: &str,
+        workdir: &Path,
+        secret: &str,
+    ) -> Command {
+        let mut c = Command::new(&self.envworker);
+        c.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
+            .args(["--max-idle", "1s", "--memory-sync-interval", "5s"])
+            .env_remove("RUST_LOG")
+            .env_remove("ENVWORKER_SHELL_SANDBOX")
+            .env_remove("ENVWORKER_MAX_CONCURRENT_ITEMS")
+            .env("ANTHROPIC_BASE_URL", api)
+            .env("ANTHROPIC_ENVIRONMENT_ID", &env.0)
+            .env("ANTHROPIC_ENVIRONMENT_KEY", &env.1)
+            .env("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret)
+            .env("ENVWORKER_WORKDIR", workdir);
+        c
+    }
+
     /// Command for an always-on poller of `who`.
     fn poll_cmd(&self, who: Who, env: &(String, String), api: &str, workdir: &Path) -> Command {
         match who {
-            Who::Ours => {
+            Who::Ours | Who::OursOffDisk | Who::OursSandboxed => {
                 let mut c = Command::new(&self.envworker);
                 c.args(["poll", "--max-idle", "1s", "--memory-sync-interval", "5s"])
+                    .args(["--shell-sandbox", who.shell_sandbox()])
                     .env_remove("RUST_LOG")
                     .env("ANTHROPIC_BASE_URL", api)
                     .env("ANTHROPIC_ENVIRONMENT_ID", &env.0)
@@ -503,6 +589,20 @@ impl Setup {
         let dir = self.root.join(tag).join("work");
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    /// A workdir under `files`.
+    fn disk_workdir(&self, tag: &str) -> PathBuf {
+        let dir = self.files.join(tag).join("work");
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Mount the scenario's store under `files` too (the scenario's
+    /// `mount_path`, instead of one under the devserver's mount root).
+    fn store_on_disk(&self, doc: &mut Value, tag: &str) {
+        let store = self.files.join(tag).join("notes");
+        doc["memory_stores"][0]["mount_path"] = json!(store.to_str().unwrap());
     }
 }
 
@@ -554,11 +654,16 @@ async fn webhook_run(
     calls: usize,
 ) -> WebhookRun {
     let env = dev.environment().await;
-    let workdir = setup.workdir(&format!("{tag}-{}", who.label()));
+    let dir = format!("{tag}-{}", who.slug());
+    let workdir = if who.on_disk() {
+        setup.disk_workdir(&dir)
+    } else {
+        setup.workdir(&dir)
+    };
     let (key, secret) = SigningKey::generate();
     let port = free_port();
     let mut cmd = setup.webhook_cmd(who, port, &env, &dev.url, &workdir, &secret);
-    let log = setup.root.join(format!("{tag}-{}.log", who.label()));
+    let log = setup.root.join(format!("{tag}-{}.log", who.slug()));
     let (mut proc, spawned) = Proc::spawn(&mut cmd, &format!("{} ({tag})", who.label()), &log);
     let ready = tokio::task::block_in_place(|| wait_ready(port, &mut proc));
     let mut run = WebhookRun {
@@ -573,46 +678,18 @@ async fn webhook_run(
     run.rss_ready_kb = proc_status_kb(pid, "VmHWM");
     let cpu_ready = proc_cpu_ms(pid);
 
-    let doc = scenario(
-        &format!("bench-{tag}-{}", who.label()),
+    let mut doc = scenario(
+        &format!("bench-{tag}-{}", who.slug()),
         &env.0,
-        &format!("Bench Notes {tag} {}", who.label()),
+        &format!("Bench Notes {tag} {}", who.slug()),
         calls,
     );
+    if who.on_disk() {
+        setup.store_on_disk(&mut doc, &dir);
+    }
     let session_id = dev.start_scenario(&doc).await;
-    let body = json!({
-        "type": "event",
-        "id": format!("whe_bench_{tag}_{}", who.label()),
-        "created_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
-        "data": {"type": "session.status_run_started", "id": session_id,
-                 "organization_id": "org_devserver", "workspace_id": "wrkspc_devserver"},
-    })
-    .to_string();
-    let webhook_id = format!("whe_bench_{tag}_{}", who.label());
-    let ts = now_micros() / 1_000_000;
-    let sent = now_micros();
-    let answer = dev
-        .http
-        .post(format!("http://127.0.0.1:{port}/webhooks/default"))
-        .header("webhook-id", &webhook_id)
-        .header("webhook-timestamp", ts.to_string())
-        .header(
-            "webhook-signature",
-            key.sign(&webhook_id, ts, body.as_bytes()),
-        )
-        .header("content-type", "application/json")
-        .body(body)
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .expect("the webhook receiver answers");
-    assert_eq!(
-        answer.status().as_u16(),
-        202,
-        "{}: webhook refused; log:\n{}",
-        proc.name,
-        proc.log_tail()
-    );
+    let webhook_id = format!("whe_bench_{tag}_{}", who.slug());
+    let sent = send_webhook(dev, port, &key, &webhook_id, &session_id, &proc).await;
 
     let report = dev.passed_report(&session_id, &mut proc).await;
     run.peak_rss_kb = proc_status_kb(pid, "VmHWM");
@@ -655,6 +732,224 @@ async fn webhook_run(
     run
 }
 
+/// Deliver a signed `session.status_run_started` for `session_id` to the
+/// receiver on `port`; asserts 202. When it was sent (µs since the epoch).
+async fn send_webhook(
+    dev: &Devserver,
+    port: u16,
+    key: &SigningKey,
+    webhook_id: &str,
+    session_id: &str,
+    proc: &Proc,
+) -> i64 {
+    let body = json!({
+        "type": "event",
+        "id": webhook_id,
+        "created_at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+        "data": {"type": "session.status_run_started", "id": session_id,
+                 "organization_id": "org_devserver", "workspace_id": "wrkspc_devserver"},
+    })
+    .to_string();
+    let ts = now_micros() / 1_000_000;
+    let sent = now_micros();
+    let answer = dev
+        .http
+        .post(format!("http://127.0.0.1:{port}/webhooks/default"))
+        .header("webhook-id", webhook_id)
+        .header("webhook-timestamp", ts.to_string())
+        .header(
+            "webhook-signature",
+            key.sign(webhook_id, ts, body.as_bytes()),
+        )
+        .header("content-type", "application/json")
+        .body(body)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("the webhook receiver answers");
+    assert_eq!(
+        answer.status().as_u16(),
+        202,
+        "{}: webhook refused; log:\n{}",
+        proc.name,
+        proc.log_tail()
+    );
+    sent
+}
+
+/// What one run of N sessions side by side in one worker measured.
+#[derive(Debug, Clone)]
+struct SideRun {
+    /// `VmHWM` of the worker once ready, before any work.
+    rss_ready_kb: f64,
+    /// `VmHWM` once the drain that served the sessions let all of them go.
+    peak_rss_kb: f64,
+    /// Nearest-rank percentiles over the measured calls of all sessions.
+    p50_ms: f64,
+    p99_ms: f64,
+    /// All sessions' measured calls ÷ (the last one's result − the first one's tool_use).
+    calls_per_s: f64,
+    /// How long all N sessions were making calls at once: the earliest end of
+    /// a session's measured calls − the latest start (negative: they did not overlap).
+    overlap_ms: f64,
+}
+
+/// Wait until the worker's log holds `needle`.
+fn wait_log(proc: &mut Proc, needle: &str) {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while !std::fs::read_to_string(&proc.log)
+        .unwrap_or_default()
+        .contains(needle)
+    {
+        proc.assert_alive();
+        assert!(
+            Instant::now() < deadline,
+            "{}: no {needle:?} in the log within {READY_TIMEOUT:?}; log:\n{}",
+            proc.name,
+            proc.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Wait until the worker's drains (`queue drained … items=K` lines) served
+/// `items` items in all: every one was served and let go.
+fn wait_drained(proc: &mut Proc, items: usize) {
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    loop {
+        let served: usize = std::fs::read_to_string(&proc.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                l.split_once("queue drained")?
+                    .1
+                    .split_once(" items=")?
+                    .1
+                    .split(' ')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .sum();
+        if served >= items {
+            return;
+        }
+        proc.assert_alive();
+        assert!(
+            Instant::now() < deadline,
+            "{}: {served} of {items} items served after {RUN_TIMEOUT:?}; log:\n{}",
+            proc.name,
+            proc.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `n` sessions of the short scenario at once in one `envworker serve
+/// --max-concurrent-items n`, its shell's sandbox `sandbox` (`require`, the
+/// default above one item, is left to the default). All `n` scenarios are
+/// started, then one signed delivery per session is sent, all at once, as
+/// the API sends them (one alone would do: a drain claims until the queue is
+/// empty, the later ones wake it).
+async fn side_by_side_run(
+    setup: &Setup,
+    dev: &Devserver,
+    sandbox: &str,
+    n: usize,
+    tag: &str,
+) -> SideRun {
+    let env = dev.environment().await;
+    let slug = format!("side{n}-{sandbox}");
+    let workdir = setup.disk_workdir(&format!("{tag}-{slug}"));
+    let (key, secret) = SigningKey::generate();
+    let port = free_port();
+    let mut cmd = setup.serve_cmd(port, &env, &dev.url, &workdir, &secret);
+    cmd.args(["--max-concurrent-items", &n.to_string()]);
+    if sandbox != "require" {
+        cmd.args(["--shell-sandbox", sandbox]);
+    }
+    let log = setup.root.join(format!("{tag}-{slug}.log"));
+    let (mut proc, _) = Proc::spawn(
+        &mut cmd,
+        &format!("envworker ×{n}, sandbox {sandbox} ({tag})"),
+        &log,
+    );
+    tokio::task::block_in_place(|| {
+        wait_ready(port, &mut proc);
+        if sandbox == "require" {
+            // The default took effect (said once, after start-up).
+            wait_log(&mut proc, "shell_sandbox=\"require\"");
+        }
+    });
+    let pid = proc.pid();
+    let rss_ready_kb = proc_status_kb(pid, "VmHWM");
+
+    let docs: Vec<Value> = (0..n)
+        .map(|i| {
+            let mut doc = scenario(
+                &format!("bench-{tag}-{slug}-{i}"),
+                &env.0,
+                &format!("Bench Notes {tag} {slug} {i}"),
+                SIDE_CALLS,
+            );
+            setup.store_on_disk(&mut doc, &format!("{tag}-{slug}-{i}"));
+            doc
+        })
+        .collect();
+    let sessions: Vec<String> =
+        futures::future::join_all(docs.iter().map(|d| dev.start_scenario(d))).await;
+    let hook_ids: Vec<String> = (0..n)
+        .map(|i| format!("whe_bench_{tag}_{slug}_{i}"))
+        .collect();
+    futures::future::join_all(
+        sessions
+            .iter()
+            .zip(&hook_ids)
+            .map(|(s, id)| send_webhook(dev, port, &key, id, s, &proc)),
+    )
+    .await;
+    let mut reports = Vec::new();
+    for s in &sessions {
+        reports.push(dev.passed_report(s, &mut proc).await);
+    }
+    tokio::task::block_in_place(|| wait_drained(&mut proc, n));
+    let peak_rss_kb = proc_status_kb(pid, "VmHWM");
+    drop(proc);
+
+    let mut lat = Vec::new();
+    let (mut first, mut last) = (i64::MAX, i64::MIN);
+    let (mut latest_start, mut earliest_end) = (i64::MIN, i64::MAX);
+    for (s, report) in sessions.iter().zip(&reports) {
+        let events = dev.events(s).await;
+        let steps = report["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), SIDE_CALLS + 1);
+        let use_id = |i: usize| steps[i]["tool_use_id"].as_str().unwrap().to_string();
+        let start = stamp(&events, "agent.tool_use", "id", &use_id(1));
+        let end = stamp(
+            &events,
+            "user.tool_result",
+            "tool_use_id",
+            &use_id(SIDE_CALLS),
+        );
+        (first, last) = (first.min(start), last.max(end));
+        (latest_start, earliest_end) = (latest_start.max(start), earliest_end.min(end));
+        lat.extend(steps[1..].iter().map(|s| {
+            s["latency_ms"]
+                .as_f64()
+                .expect("a measured step has a latency")
+        }));
+    }
+    lat.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    SideRun {
+        rss_ready_kb,
+        peak_rss_kb,
+        p50_ms: percentile(&lat, 50.0),
+        p99_ms: percentile(&lat, 99.0),
+        calls_per_s: lat.len() as f64 / ((last - first) as f64 / 1e6),
+        overlap_ms: (earliest_end - latest_start) as f64 / 1e3,
+    }
+}
+
 /// Always-on poller: (enqueued → first result, enqueued → ack, ack → first result), ms.
 async fn poll_run(
     setup: &Setup,
@@ -664,16 +959,16 @@ async fn poll_run(
     phase: Duration,
 ) -> (f64, f64, f64) {
     let env = dev.environment().await;
-    let workdir = setup.workdir(&format!("{tag}-{}", who.label()));
+    let workdir = setup.workdir(&format!("{tag}-{}", who.slug()));
     let mut cmd = setup.poll_cmd(who, &env, &dev.url, &workdir);
-    let log = setup.root.join(format!("{tag}-{}.log", who.label()));
+    let log = setup.root.join(format!("{tag}-{}.log", who.slug()));
     let (mut proc, _) = Proc::spawn(&mut cmd, &format!("{} poller ({tag})", who.label()), &log);
     dev.wait_polling(&env.0, &mut proc).await;
     tokio::time::sleep(phase).await;
     let doc = scenario(
-        &format!("bench-{tag}-{}", who.label()),
+        &format!("bench-{tag}-{}", who.slug()),
         &env.0,
-        &format!("Bench Notes {tag} {}", who.label()),
+        &format!("Bench Notes {tag} {}", who.slug()),
         SHORT_CALLS,
     );
     let session_id = dev.start_scenario(&doc).await;
@@ -705,9 +1000,9 @@ fn first_poll_run(
 ) -> f64 {
     while stub.1.try_recv().is_ok() {}
     let env = ("env_stub".to_string(), "sk-ant-envkey-stub".to_string());
-    let workdir = setup.workdir(&format!("{tag}-{}", who.label()));
+    let workdir = setup.workdir(&format!("{tag}-{}", who.slug()));
     let mut cmd = setup.poll_cmd(who, &env, &stub.0, &workdir);
-    let log = setup.root.join(format!("{tag}-{}.log", who.label()));
+    let log = setup.root.join(format!("{tag}-{}.log", who.slug()));
     let (mut proc, spawned) =
         Proc::spawn(&mut cmd, &format!("{} poller ({tag})", who.label()), &log);
     let deadline = Instant::now() + READY_TIMEOUT;
@@ -770,9 +1065,15 @@ fn fmt_value(v: Option<f64>, unit: &str) -> String {
     }
 }
 
-fn table(rows: &[Row]) -> String {
+/// A table of `rows` under the header cells `head` (measure, the two
+/// values, their ratio).
+fn table(head: [&str; 4], rows: &[Row]) -> String {
     let mut out = String::new();
-    out.push_str("| measure | envworker | SDK | envworker ÷ SDK | |\n|---|---|---|---|---|\n");
+    let _ = writeln!(
+        out,
+        "| {} | {} | {} | {} | |\n|---|---|---|---|---|",
+        head[0], head[1], head[2], head[3]
+    );
     for r in rows {
         let (ratio, verdict) = match (r.ours, r.sdk) {
             (Some(o), Some(s)) if s > 0.0 && o > 0.0 && !r.verdict => (
@@ -795,17 +1096,19 @@ fn table(rows: &[Row]) -> String {
                     (_, true) => "faster",
                     (_, false) => "slower",
                 };
+                let verdict = if factor < 1.05 {
+                    "about the same (within 5%)".to_string()
+                } else if factor >= 10.0 {
+                    format!("{factor:.0}× {word}")
+                } else {
+                    format!("{factor:.1}× {word}")
+                };
                 let ratio = if ratio < 0.1 {
                     format!("{ratio:.4}")
                 } else {
                     format!("{ratio:.2}")
                 };
-                let factor = if factor >= 10.0 {
-                    format!("{factor:.0}")
-                } else {
-                    format!("{factor:.1}")
-                };
-                (ratio, format!("{factor}× {word}"))
+                (ratio, verdict)
             }
             _ => ("—".into(), String::new()),
         };
@@ -879,6 +1182,16 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .filter(|&n| n >= 1)
         .unwrap_or(5);
+    let side_n: usize = match std::env::var("SESSION_BENCH_SIDE_BY_SIDE") {
+        Ok(v) => v
+            .parse()
+            .ok()
+            .filter(|n| (2..=64).contains(n))
+            .unwrap_or_else(|| {
+                panic!("SESSION_BENCH_SIDE_BY_SIDE={v:?}: sessions side by side, 2 to 64")
+            }),
+        Err(_) => SIDE_BY_SIDE,
+    };
     // Installs the SDK into target/tmp on first use; fails loudly if it cannot.
     let python = sdk::python();
     let shm = Path::new("/dev/shm");
@@ -893,33 +1206,40 @@ async fn main() {
             .tempdir()
             .unwrap()
     };
+    let files = tempfile::Builder::new()
+        .prefix("envworker-session-bench-files-")
+        .tempdir()
+        .unwrap();
     let setup = Setup {
         envworker: PathBuf::from(env!("CARGO_BIN_EXE_envworker")),
         python,
         script: Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sdk_session.py"),
         root: tmp.path().to_path_buf(),
+        files: files.path().to_path_buf(),
     };
     let load_before = load_average();
     let dev = Devserver::start(&setup.envworker, &setup.root);
     println!(
-        "session bench: {runs} runs per worker, {CALLS} measured calls per session; devserver {} (data and mounts under {}); {}",
+        "session bench: {runs} runs per worker, {CALLS} measured calls per session; devserver {} (data and mounts under {}; the sandbox's runs' workdirs and stores under {}); {}",
         dev.url,
         setup.root.display(),
+        setup.files.display(),
         machine_note()
     );
 
     // Warm-up round (page cache, the venv's bytecode): not counted.
-    for who in [Who::Ours, Who::Sdk] {
+    let webhook_workers = [Who::Ours, Who::OursOffDisk, Who::OursSandboxed, Who::Sdk];
+    for who in webhook_workers {
         webhook_run(&setup, &dev, who, "warmup", SHORT_CALLS).await;
     }
 
     println!("\n-- throughput, start-up and memory (webhook-driven; {CALLS} calls)");
     let mut hooks: BTreeMap<&str, Vec<WebhookRun>> = BTreeMap::new();
     for n in 0..runs {
-        for who in [Who::Ours, Who::Sdk] {
+        for who in webhook_workers {
             let r = webhook_run(&setup, &dev, who, &format!("r{n}"), CALLS).await;
             println!(
-                "run {n} {:<9} cold {:>7.1} ms | webhook→first result {:>7.1} ms (→ack {:>6.1}, ack→first {:>6.1}) | {:>6.1} calls/s (gap {:>5.2} ms), p50 {:>6.2} ms, p99 {:>7.2} ms | peak {:>6.1} MiB, cpu {:>6.0} ms",
+                "run {n} {:<21} cold {:>7.1} ms | webhook→first result {:>7.1} ms (→ack {:>6.1}, ack→first {:>6.1}) | {:>6.1} calls/s (gap {:>5.2} ms), p50 {:>6.2} ms, p99 {:>7.2} ms | peak {:>6.1} MiB, cpu {:>6.0} ms",
                 who.label(),
                 r.cold_ms,
                 r.first_result_ms,
@@ -933,6 +1253,30 @@ async fn main() {
                 r.cpu_ms
             );
             hooks.entry(who.label()).or_default().push(r);
+        }
+    }
+
+    println!(
+        "\n-- {side_n} sessions side by side in one `envworker serve --max-concurrent-items {side_n}` ({SIDE_CALLS} calls each)"
+    );
+    let side_modes = ["require", "off"];
+    for sandbox in side_modes {
+        side_by_side_run(&setup, &dev, sandbox, side_n, "sidewarmup").await;
+    }
+    let mut sides: BTreeMap<&str, Vec<SideRun>> = BTreeMap::new();
+    for n in 0..runs {
+        for sandbox in side_modes {
+            let r = side_by_side_run(&setup, &dev, sandbox, side_n, &format!("b{n}")).await;
+            println!(
+                "run {n} sandbox {sandbox:<7} p50 {:>6.2} ms, p99 {:>7.2} ms, {:>6.1} calls/s (all sessions' calls at once for {:>6.1} ms) | VmHWM ready {:>5.1} MiB, after {:>5.1} MiB",
+                r.p50_ms,
+                r.p99_ms,
+                r.calls_per_s,
+                r.overlap_ms,
+                r.rss_ready_kb / 1024.0,
+                r.peak_rss_kb / 1024.0
+            );
+            sides.entry(sandbox).or_default().push(r);
         }
     }
 
@@ -1098,10 +1442,124 @@ async fn main() {
         );
     }
 
+    // The shell's sandbox, one session at a time: the same runs, `require` next to `off`.
+    let (sandboxed, off_disk) = (Who::OursSandboxed.label(), Who::OursOffDisk.label());
+    let require_off = |what: &str, f: &dyn Fn(&WebhookRun) -> f64, unit: &'static str, hb: bool| {
+        row(what, m(sandboxed, f), m(off_disk, f), unit, hb)
+    };
+    let sandbox_rows = vec![
+        require_off(
+            &format!("1. runner throughput ({CALLS} calls)"),
+            &|r| r.calls_per_s,
+            "calls/s",
+            true,
+        ),
+        require_off("1. step latency p50", &|r| r.p50_ms, "ms", false),
+        require_off("1. step latency p99", &|r| r.p99_ms, "ms", false),
+        row(
+            "1. bash step latency p50 (all runs' bash calls)",
+            Some(pooled(sandboxed, "bash")),
+            Some(pooled(off_disk, "bash")),
+            "ms",
+            false,
+        ),
+        require_off(
+            "2(ii) signed webhook → first tool result recorded",
+            &|r| r.first_result_ms,
+            "ms",
+            false,
+        ),
+        require_off(
+            "2(i) cold start: spawn → `/readyz` 200",
+            &|r| r.cold_ms,
+            "ms",
+            false,
+        ),
+    ];
+
+    // N sessions side by side in one worker, sandbox `require` (the default there) and `off`.
+    let sm =
+        |sandbox: &str, f: &dyn Fn(&SideRun) -> f64| Some(median(sides[sandbox].iter().map(f)));
+    let side = |what: &str, f: &dyn Fn(&SideRun) -> f64, unit: &'static str, hb: bool| {
+        row(what, sm("require", f), sm("off", f), unit, hb)
+    };
+    // The idle single-session worker of the same sandbox mode (VmHWM once ready, median).
+    let idle_single = |sandbox: &str| {
+        let who = if sandbox == "require" {
+            sandboxed
+        } else {
+            off_disk
+        };
+        median(hooks[who].iter().map(|r| r.rss_ready_kb))
+    };
+    let (idle_require, idle_off) = (idle_single("require"), idle_single("off"));
+    let per_session = |sandbox: &str, idle: f64| {
+        Some(median(
+            sides[sandbox]
+                .iter()
+                .map(|r| (r.peak_rss_kb - idle) / side_n as f64 / 1024.0),
+        ))
+    };
+    let side_rows = vec![
+        side(
+            "step latency p50 (all sessions' calls)",
+            &|r| r.p50_ms,
+            "ms",
+            false,
+        ),
+        side(
+            "step latency p99 (all sessions' calls)",
+            &|r| r.p99_ms,
+            "ms",
+            false,
+        ),
+        side(
+            "throughput, all sessions together",
+            &|r| r.calls_per_s,
+            "calls/s",
+            true,
+        ),
+        side(
+            "worker VmHWM once ready, before any work",
+            &|r| r.rss_ready_kb / 1024.0,
+            "MiB",
+            false,
+        ),
+        side(
+            &format!("worker VmHWM after the {side_n} sessions"),
+            &|r| r.peak_rss_kb / 1024.0,
+            "MiB",
+            false,
+        ),
+        row(
+            "idle single-session worker's VmHWM (the baseline: the one-at-a-time runs above, once ready)",
+            Some(idle_require / 1024.0),
+            Some(idle_off / 1024.0),
+            "MiB",
+            false,
+        ),
+        row(
+            &format!(
+                "worker memory per extra session: (VmHWM after the {side_n} sessions − the baseline) ÷ {side_n}"
+            ),
+            per_session("require", idle_require),
+            per_session("off", idle_off),
+            "MiB",
+            false,
+        ),
+    ];
+
+    let mut command = String::new();
+    for var in ["SESSION_BENCH_RUNS", "SESSION_BENCH_SIDE_BY_SIDE"] {
+        if let Ok(v) = std::env::var(var) {
+            let _ = write!(command, "{var}={v} ");
+        }
+    }
+    command.push_str("cargo bench --bench session");
     let mut section = String::new();
     let _ = writeln!(
         section,
-        "Command: `cargo bench --bench session` — {runs} runs per worker (medians), {}; \
+        "Command: `{command}` — {runs} runs per worker (medians), {}; \
          envworker {} ({} build) vs the official Python SDK `anthropic=={}` ({}). \
          Last run: {}; 1-minute load average {} before, {} after (anything above 0 is \
          other work competing for the cores).\n",
@@ -1118,9 +1576,43 @@ async fn main() {
         load_before,
         load_average(),
     );
-    section.push_str(&table(&rows));
+    section.push_str(&table(
+        ["measure", "envworker", "SDK", "envworker ÷ SDK"],
+        &rows,
+    ));
     section.push_str("\nMedian latency per tool (all measured calls of all runs):\n\n");
     section.push_str(&tools);
+    let _ = write!(
+        section,
+        "\nThe agent's shell in a sandbox, one session at a time (the webhook-driven runs above, \
+         alternating with them): `envworker serve --shell-sandbox require` next to `off` (the default \
+         with one item at a time), both with the workdir and the store on disk (not tmpfs as in the \
+         first table: the sandbox grants no write below `/dev`, so `/dev/shm` is refused):\n\n{}",
+        table(
+            [
+                "measure",
+                "`--shell-sandbox require`",
+                "`off`",
+                "require ÷ off",
+            ],
+            &sandbox_rows,
+        )
+    );
+    let _ = write!(
+        section,
+        "\n{side_n} sessions side by side ({SIDE_CALLS} calls each, started at once, one webhook each) in one \
+         `envworker serve --max-concurrent-items {side_n}`: the shell's sandbox `require` (the default \
+         there) next to `--shell-sandbox off`, workdirs and stores on disk:\n\n{}",
+        table(
+            [
+                "measure",
+                "sandbox `require` (default)",
+                "`off`",
+                "require ÷ off",
+            ],
+            &side_rows,
+        )
+    );
     println!("\n{section}");
     write_results(&section);
 }

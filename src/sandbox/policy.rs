@@ -138,9 +138,10 @@ impl Grants {
         write.push("/dev/shm".into());
         for path in &write {
             let p = lexical(path);
+            // `/dev/shm` is a tmpfs for anyone's files, not a device.
+            let shared_memory = within(&p, Path::new("/dev/shm"));
             if p == Path::new("/")
-                || NO_WRITE_BELOW.iter().any(|d| within(&p, Path::new(d)))
-                    && !["/dev/shm"].iter().any(|ok| p == Path::new(ok))
+                || NO_WRITE_BELOW.iter().any(|d| within(&p, Path::new(d))) && !shared_memory
             {
                 return Err(PolicyError::SystemWrite {
                     path: path.display().to_string(),
@@ -298,6 +299,9 @@ mod tests {
             ("/etc/app", false),
             ("/proc/1", false),
             ("/dev", false),
+            ("/dev/pts", false),
+            ("/dev/shm/work", true),
+            ("/tmp/work", true),
             ("/run/x", false),
             ("/workspace/../usr", false),
             ("/opt/app", true),
