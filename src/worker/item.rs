@@ -770,10 +770,17 @@ impl<'w> ItemRun<'w> {
             warn!("lease lost; released without stopping it");
         } else if hand_back {
             report.lease = Some(LeaseEnd::HandedBack);
-            warn!(
-                lease.ttl_s = window.get().as_secs(),
-                "shutting down mid-turn: released the work item without stopping it; another worker resumes the session once its lease lapses"
-            );
+            if matches!(report.outcome, ItemOutcome::MountPathInUse(_)) {
+                warn!(
+                    lease.ttl_s = window.get().as_secs(),
+                    "released the work item without stopping it, as a memory store's mount path is in use here; another worker (or this one, once the path frees) resumes the session once its lease lapses"
+                );
+            } else {
+                warn!(
+                    lease.ttl_s = window.get().as_secs(),
+                    "shutting down mid-turn: released the work item without stopping it; another worker resumes the session once its lease lapses"
+                );
+            }
         } else {
             let work = client.work(&item.environment_id);
             match tokio::time::timeout(STOP_TIMEOUT, work.stop(&item.id, true)).await {
