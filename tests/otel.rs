@@ -31,11 +31,20 @@ fn one<'a>(spans: &'a [ReceivedSpan], name: &str) -> &'a ReceivedSpan {
 /// Whether the process has the SDK's batch exporter thread
 /// ("OpenTelemetry.Traces.BatchProcessor", cut to 15 bytes by the kernel).
 fn has_exporter_thread(pid: u32) -> bool {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap()
-        .filter_map(|t| t.ok())
-        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
-        .any(|comm| comm.starts_with("OpenTelemetry"))
+    // The exporter's thread starts beside the listener, not before it: give
+    // it a moment (a loaded CI machine once took longer than none).
+    let until = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let found = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap()
+            .filter_map(|t| t.ok())
+            .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+            .any(|comm| comm.starts_with("OpenTelemetry"));
+        if found || std::time::Instant::now() >= until {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 /// Wait until the drain `serve` runs at start is done, so the only drain
