@@ -41,11 +41,24 @@ use serde_json::{Value, json};
 /// sandboxed shell reaches (nor `nobody`).
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Where every stack's directories are made: outside `/tmp` (where a shared
-/// `/tmp` would expose them, and `serve` refuses to start) and reachable by
-/// `nobody` (`target/tmp`, mode 755).
+/// Where every stack's directories are made: outside `/tmp` and `/dev/shm`
+/// (where a shared `/tmp` would expose them, and `serve` refuses to start)
+/// and reachable by `nobody`: `target/tmp`, unless the checkout itself lies
+/// below `/tmp` (a CI clone), then `/var/tmp/envworker-shell-sandbox-tests`.
 fn temp_base() -> PathBuf {
-    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+    let target = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    if !target.starts_with("/tmp") && !target.starts_with("/dev/shm") {
+        return target;
+    }
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let base = PathBuf::from("/var/tmp/envworker-shell-sandbox-tests");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&base)
+        .unwrap_or_else(|e| panic!("{}: {e}", base.display()));
+    std::fs::set_permissions(&base, std::fs::Permissions::from_mode(0o755)).unwrap();
+    base
 }
 
 fn bash(command: impl Into<String>, expect: Value) -> Value {
