@@ -1476,6 +1476,20 @@ async fn main() {
             false,
         ),
     ];
+    // The file tools run in the worker, outside the shell's sandbox: their
+    // rows show whether the sandbox's set-up costs them anything per call.
+    let sandbox_rows: Vec<_> = sandbox_rows
+        .into_iter()
+        .chain(["read", "write", "edit", "glob", "grep"].map(|tool| {
+            row(
+                &format!("1. {tool} step latency p50 (all runs' {tool} calls)"),
+                Some(pooled(sandboxed, tool)),
+                Some(pooled(off_disk, tool)),
+                "ms",
+                false,
+            )
+        }))
+        .collect();
 
     // N sessions side by side in one worker, sandbox `require` (the default there) and `off`.
     let sm =

@@ -1572,3 +1572,102 @@ async fn a_descriptor_the_worker_inherited_never_reaches_the_shell() {
         s.passed_report(&started.session_id).await;
     }
 }
+
+/// The pids of `bash` processes below `root` (any depth), from `/proc`.
+fn bash_below(root: u32) -> Vec<u32> {
+    let parent_of = |pid: u32| -> Option<(u32, String)> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid …`: comm may hold spaces, so split at the last ')'.
+        let (head, tail) = stat.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_string();
+        let ppid = tail.split_whitespace().nth(1)?.parse().ok()?;
+        Some((ppid, comm))
+    };
+    let pids: Vec<u32> = std::fs::read_dir("/proc")
+        .expect("/proc")
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .collect();
+    pids.into_iter()
+        .filter(|&pid| {
+            let Some((mut up, comm)) = parent_of(pid) else {
+                return false;
+            };
+            if comm != "bash" {
+                return false;
+            }
+            for _ in 0..64 {
+                if up == root {
+                    return true;
+                }
+                match parent_of(up) {
+                    Some((next, _)) if up > 1 => up = next,
+                    _ => return false,
+                }
+            }
+            false
+        })
+        .collect()
+}
+
+/// A confined shell costs more to start, so a sandboxed session starts it
+/// while the runner opens its stream, ahead of the first `bash` call; the
+/// session ends with it all the same, and a session that never calls `bash`
+/// leaves no shell behind. With the sandbox off the shell starts on first
+/// use, as the official worker's does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_confined_shell_starts_ahead_of_the_first_call_and_ends_with_the_session() {
+    let modes: &[&str] = if envworker::sandbox::probe::landlock_abi() > 0 {
+        &["off", "require"]
+    } else {
+        &["off"]
+    };
+    for mode in modes {
+        let user = ServeUser {
+            ids: None,
+            only_stdio: true,
+            leaked_fd: None,
+        };
+        let s = stack_with_options(&["--shell-sandbox", mode], options(user, &[])).await;
+        let worker = s.serve.child.id();
+        let started = s
+            .start(json!({"name": format!("ahead-{mode}"), "steps": [
+                {"tool": "write", "input": {"file_path": "notes.txt", "content": "no shell yet\n"}},
+                {"wait_ms": 3000},
+                {"tool": "read", "input": {"file_path": "notes.txt"}, "expect": {"contains": "no shell yet"}},
+            ]}))
+            .await;
+        step_output(&s, &started.session_id, 0, Duration::from_secs(60)).await;
+        // During the wait: a shell below the worker with the sandbox, none without.
+        let until = Instant::now() + Duration::from_millis(2500);
+        let mut seen = bash_below(worker);
+        while seen.is_empty() && *mode == "require" && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            seen = bash_below(worker);
+        }
+        match *mode {
+            "require" => assert!(
+                !seen.is_empty(),
+                "require: no shell was started ahead of the first bash call\n{}",
+                s.serve.logs_tail(30)
+            ),
+            _ => assert!(
+                seen.is_empty(),
+                "off: a shell {seen:?} runs although the session made no bash call (the official worker starts it on first use)"
+            ),
+        }
+        s.passed_report(&started.session_id).await;
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            let left = bash_below(worker);
+            if left.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "{mode}: shells {left:?} outlived the session\n{}",
+                s.serve.logs_tail(30)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

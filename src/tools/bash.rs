@@ -278,13 +278,16 @@ struct BashInput {
     timeout_ms: Option<u64>,
 }
 
-/// The `bash` tool: owns the session's shell, started on first use.
+/// The `bash` tool: owns the session's shell, started on first use (or
+/// ahead of it, [`BashTool::start_ahead`]).
 pub(crate) struct BashTool {
     workdir: PathBuf,
     env: Vec<(String, String)>,
     supervisor: Option<PathBuf>,
     sandbox: Option<crate::sandbox::ShellPolicy>,
     shell: tokio::sync::Mutex<Option<BashSession>>,
+    /// Set by [`BashTool::close`]: a start ahead that comes later starts nothing.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl BashTool {
@@ -300,6 +303,26 @@ impl BashTool {
             supervisor,
             sandbox,
             shell: tokio::sync::Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Start the shell before the first call needs it, so a confined
+    /// shell's set-up (namespace, mounts, rule set) overlaps the runner's
+    /// stream instead of delaying the first result. The first call waits
+    /// for it (it holds the lock) and uses it; a start that fails leaves no
+    /// shell, and the first call starts one and reports its error as
+    /// always. Nothing is started once the tool is closed.
+    pub(crate) async fn start_ahead(&self) {
+        let mut slot = self.shell.lock().await;
+        if slot.is_some() || self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        match self.start().await {
+            Ok(shell) => *slot = Some(shell),
+            Err(e) => {
+                tracing::debug!(error = %e.message, "the shell started ahead of the first call did not start; the first call starts it")
+            }
         }
     }
 
@@ -366,6 +389,7 @@ impl BashTool {
 
     /// Kill the shell, if one runs.
     pub(crate) async fn close(&self) {
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
         let shell = self.shell.lock().await.take();
         end(shell).await;
     }

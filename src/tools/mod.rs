@@ -222,6 +222,12 @@ impl Toolset {
         }
     }
 
+    /// Start the session's shell now, ahead of its first `bash` call
+    /// ([`BashTool::start_ahead`]).
+    pub async fn start_shell_ahead(&self) {
+        self.bash.start_ahead().await;
+    }
+
     /// Run one call of a tool of this set; with a remap, paths in the input
     /// move to where the files are and paths in the answer move back.
     pub async fn run(

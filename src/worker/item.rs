@@ -625,6 +625,12 @@ impl<'w> ItemRun<'w> {
         }
 
         let tools = Arc::new(Toolset::new(ctx));
+        if opts.shell_sandbox.is_some() {
+            // A confined shell costs more to start (its namespace, mounts
+            // and rule set): started now, beside the runner's stream.
+            let tools = tools.clone();
+            tokio::spawn(async move { tools.start_shell_ahead().await });
+        }
         let after_call = self.stores.clone().map(|stores| {
             let worker = self.worker.clone();
             let work_id = self.item.id.clone();
