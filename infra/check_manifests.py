@@ -9,7 +9,7 @@ refusing unknown fields as the API server would: the KEDA ScaledObject
 (cloudcoil.models.prometheus_operator, generated from Prometheus Operator's). Exit status 1 and one line per problem when
 something is wrong.
 
-tests/infra.rs covers what ties the files to the binary (variables the CLI
+tests/it/infra.rs covers what ties the files to the binary (variables the CLI
 reads, --config, the stop grace); this covers what ties them to each other.
 """
 

@@ -1,7 +1,7 @@
 //! Named points where a crash test can SIGKILL the process (debug builds only).
 //!
 //! The failure model is that the worker may die at any instruction. The
-//! crash test (`tests/crash.rs`) proves the durable memory commit against
+//! crash test (`tests/it/crash.rs`) proves the durable memory commit against
 //! that by running the real binary with `ENVWORKER_KILL_AT=<point>[:<n>]`:
 //! the `n`-th time (default 1) execution reaches `hit(<point>)`, the process
 //! sends itself SIGKILL — no destructor, no flush, no log line after it,

@@ -47,7 +47,7 @@ use tokio::time::Instant;
 
 use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryOperation, MemoryVersion};
 
-use super::store::MARKER_PATH;
+use super::folder::MARKER_PATH;
 
 /// How far before the high-water each poll starts (see the module docs).
 pub(crate) const OVERLAP: Duration = Duration::from_secs(5);

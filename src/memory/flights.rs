@@ -32,10 +32,12 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::push::PASS_BUDGET;
 use super::remote::MemoryApi;
 use super::store::{AttachedStore, Outcome};
 
+/// No upload of a push pass starts after this long (those in flight
+/// finish), so a slow server cannot stretch one pass out.
+pub(crate) const PASS_BUDGET: Duration = Duration::from_secs(2);
 /// The longest a `retry-after` can stop the push: a longer ask waits this
 /// long (the periodic sync goes on meanwhile, with the client's retries).
 pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(300);

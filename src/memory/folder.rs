@@ -58,6 +58,9 @@ use sha2::{Digest, Sha256};
 
 use super::watch::{Watch, next_revision};
 
+/// The reserved marker at every store root; never synced.
+pub const MARKER_PATH: &str = ".anthropic-memory-store";
+
 /// Directories are owner-only.
 const DIR_MODE: u32 = 0o700;
 /// Files are owner-only.

@@ -2,6 +2,10 @@
 //! sync while the agent works, and let go without losing an edit.
 //!
 //! - `folder` — the confined folder (fd-based, symlink-proof, atomic writes, stat cache);
+//! - `watch` — the kernel's account of what changed in a folder (inotify);
+//! - `observe` — a sync's view of its folder: the reported paths examined,
+//!   the rest as the last pass left it, or a full scan;
+//! - `feed` — the remote index: what the server holds, from the version feed;
 //! - `plan` — the pure three-way merge of one path;
 //! - [`store`] — one store's I/O: download, sync pass, dispose;
 //! - `flush` — the push-only flush at a session's end, and the push's pass;
@@ -22,6 +26,7 @@ mod flights;
 pub(crate) mod flush;
 pub(crate) mod folder;
 pub(crate) mod journal;
+pub(crate) mod observe;
 pub mod options;
 pub(crate) mod plan;
 mod push;
@@ -88,7 +93,7 @@ pub struct SessionMemoryStores {
     /// [`watch::DEFAULT_EVENT_BOUND`].
     watch_bound: Option<usize>,
     /// The safety cadences' period; `None`: 5 minutes
-    /// ([`watch::FULL_SCAN_EVERY`], [`feed::FULL_LISTING_EVERY`]).
+    /// ([`observe::FULL_SCAN_EVERY`], [`feed::FULL_LISTING_EVERY`]).
     safety_cadence: Option<Duration>,
     /// Run the change-driven push (off unless the operator opts in).
     push: bool,

@@ -11,7 +11,7 @@
 //! pass per interval, nothing uploaded between syncs.
 //!
 //! One task per writable store watches the count of paths its folder's
-//! watch reported ([`super::watch::Observer::pending`]; a non-blocking read
+//! watch reported ([`super::observe::Observer::pending`]; a non-blocking read
 //! of the inotify queue, every [`TICK`]) and, once the writes pause for
 //! [`QUIET`] (or have kept coming for [`MAX_WAIT`]), runs an upload-only
 //! pass over just those paths ([`AttachedStore::push_changed`]): it reads
@@ -27,7 +27,7 @@
 //! Each upload flies in a task of its own (`super::flights`): one that
 //! hangs holds no lock, so neither the periodic sync nor the teardown's
 //! flush waits behind it. A pass is bounded — at most [`MAX_UPLOADS`]
-//! uploads, none started after [`PASS_BUDGET`] — and gives way to a sync or
+//! uploads, none started after [`super::flights::PASS_BUDGET`] — and gives way to a sync or
 //! a flush under way: no upload starts while one is, and the ones that had
 //! not started are left to it. An agent writing faster than the server
 //! takes it therefore never holds back the sync's pulls and deletes. Each
@@ -65,9 +65,6 @@ pub(crate) const MIN_GAP: Duration = Duration::from_millis(500);
 /// The most uploads one push pass starts (8 rounds of `UPLOAD_CONCURRENCY`);
 /// the rest wait for the next pass, half a second later.
 pub(crate) const MAX_UPLOADS: usize = 256;
-/// No upload of a push pass starts after this long (those in flight
-/// finish), so a slow server cannot stretch one pass out.
-pub(crate) const PASS_BUDGET: Duration = Duration::from_secs(2);
 /// The most a push pass waits for the version feed, holding the store's
 /// lock: past it, the pass uploads nothing and the push backs off.
 pub(crate) const PLAN_BUDGET: Duration = Duration::from_secs(10);

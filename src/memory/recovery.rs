@@ -425,7 +425,7 @@ mod tests {
         );
     }
 
-    /// A worker killed mid-write (found by `tests/chaos.rs`) leaves the
+    /// A worker killed mid-write (found by `tests/it/chaos.rs`) leaves the
     /// write's temporary file: recovery removes it rather than pushing it as
     /// a memory, keeps the real unsynced edit, and keeps a memory the server
     /// has under a name of that shape.

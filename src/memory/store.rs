@@ -34,6 +34,7 @@ use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryListItem, MemoryVersi
 use super::feed::{FEED_PAGE, FULL_LISTING_EVERY, FeedClock, MAX_FEED_PAGES, RemoteIndex};
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized, oversized_bytes};
 use super::journal::{Journal, Snapshot};
+use super::observe::{Observation, Observer};
 use super::options::DeleteMode;
 use super::plan::{
     Decision, DeleteBudget, DeleteVerdict, FolderFacts, FolderOp, FolderVerdict, Listed, Note,
@@ -41,10 +42,9 @@ use super::plan::{
 };
 use super::remote::MemoryApi;
 use super::state::{Owner, State, StateGuard};
-use super::watch::{Observation, Observer};
 
-/// The reserved marker at every store root; never synced.
-pub const MARKER_PATH: &str = ".anthropic-memory-store";
+/// The reserved marker at every store root (defined with the folder).
+pub use super::folder::MARKER_PATH;
 const MARKER_VERSION: u32 = 1;
 /// Content fetches in flight at once in one store's pull pass.
 pub(crate) const FETCH_CONCURRENCY: usize = 16;

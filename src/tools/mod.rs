@@ -222,8 +222,10 @@ impl Toolset {
         }
     }
 
-    /// Start the session's shell now, ahead of its first `bash` call
-    /// ([`BashTool::start_ahead`]).
+    /// Start the session's shell now, ahead of its first `bash` call: a
+    /// confined shell's set-up then overlaps the runner's stream. The first
+    /// call waits for it and uses it; a start that fails leaves the first
+    /// call to start the shell (and report why); once closed, nothing starts.
     pub async fn start_shell_ahead(&self) {
         self.bash.start_ahead().await;
     }

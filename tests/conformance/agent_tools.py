@@ -1,6 +1,6 @@
 """Call the official SDK's file tools (`agent_toolset_20260401`) directly.
 
-Run by tests/tools_symlinks.rs with AGENT_TOOLS_REQUEST naming a JSON file:
+Run by tests/it/tools_symlinks.rs with AGENT_TOOLS_REQUEST naming a JSON file:
 {"workdir": ..., "allowed_roots": [...], "read_only_roots": [...],
  "calls": [[tool, input], ...]}. Prints one JSON list on stdout, one entry per
 call in order: {"ok": true|false, "text": ...} (the result's text, or the

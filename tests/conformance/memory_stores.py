@@ -1,6 +1,6 @@
 """Drive the devserver's memory stores API with the official Python SDK.
 
-Run by tests/sdk_conformance.rs with ENVWORKER_URL and ENVWORKER_ADMIN_KEY set.
+Run by tests/it/sdk_conformance.rs with ENVWORKER_URL and ENVWORKER_ADMIN_KEY set.
 Every check runs even when an earlier one fails; the exit status is 1 when any
 failed. The SDK parses every answer into its own models, so a shape it cannot
 read fails here exactly as it would for a user.
