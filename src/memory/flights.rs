@@ -1,5 +1,8 @@
 //! The change-driven push's uploads, each in a task of its own (a
-//! "flight"), and what the other passes know of them.
+//! "flight"), and what the other passes know of them: the [`FlightBoard`]
+//! each store keeps. The board knows nothing of the store; the push's pass
+//! (`super::flush`) spawns the flights and tells the board as they start
+//! and end.
 //!
 //! An upload the push starts outlives the pass that planned it: it holds no
 //! lock while it waits for the server, so one that hangs holds neither the
@@ -25,15 +28,12 @@
 //!   starts and no pass runs meanwhile; the path is reported again.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-use super::remote::MemoryApi;
-use super::store::{AttachedStore, Outcome};
 
 /// No upload of a push pass starts after this long (those in flight
 /// finish), so a slow server cannot stretch one pass out.
@@ -47,15 +47,23 @@ pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(300);
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(8);
 
+/// One store's flights, the syncs and flushes under way, and the push's
+/// back-off.
+#[derive(Default)]
+pub(super) struct FlightBoard {
+    flights: Mutex<Flights>,
+    backoff: Mutex<Backoff>,
+}
+
 /// The store's flights, by path, and whether a sync or a flush is under way.
 #[derive(Default)]
-pub(super) struct Flights {
+struct Flights {
     /// Syncs and flushes under way (waiting for the store, or running).
     busy: usize,
     next: u64,
     by_path: HashMap<String, Vec<Flight>>,
     /// Every flight's task not known to have ended, to stop them with the
-    /// stores ([`AttachedStore::ground_flights`]).
+    /// stores ([`FlightBoard::ground`]).
     tasks: Vec<tokio::task::AbortHandle>,
 }
 
@@ -70,7 +78,7 @@ struct Flight {
 }
 
 /// Whether a flight may send its request now.
-enum Start {
+pub(super) enum Start {
     Go,
     /// A sync or the flush took its path over.
     TakenOver,
@@ -81,13 +89,13 @@ enum Start {
 
 /// The push's back-off after a failed upload.
 #[derive(Default)]
-pub(super) struct Backoff {
+struct Backoff {
     until: Option<Instant>,
     failures: u32,
 }
 
-/// A sync or a flush under way (see [`AttachedStore::busy`]).
-pub(super) struct Busy<'a>(&'a AttachedStore);
+/// A sync or a flush under way (see [`FlightBoard::busy`]).
+pub(super) struct Busy<'a>(&'a FlightBoard);
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
@@ -95,12 +103,12 @@ impl Drop for Busy<'_> {
     }
 }
 
-impl AttachedStore {
-    fn flights(&self) -> std::sync::MutexGuard<'_, Flights> {
+impl FlightBoard {
+    fn flights(&self) -> MutexGuard<'_, Flights> {
         self.flights.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
+    fn backoff(&self) -> MutexGuard<'_, Backoff> {
         self.backoff.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -146,77 +154,32 @@ impl AttachedStore {
             .map(|f| f.done.clone())
     }
 
-    /// Upload `local` (the file's hash) of `rel` in a task of its own, as
-    /// `update` (or a create) says; registered before this returns, so a
-    /// pass that plans after it knows of it. It starts when one of the
-    /// store's upload slots is free, unless by then a sync or the flush is
-    /// under way, the push was stopped or backs off, or its pass's budget
-    /// is spent ([`PASS_BUDGET`]). Its task yields whether it landed.
-    pub(super) fn spawn_flight(
-        self: &Arc<Self>,
-        api: Arc<dyn MemoryApi>,
-        rel: String,
-        local: String,
-        update: Option<(String, String)>,
-        pass_started: Instant,
-        stop: CancellationToken,
-    ) -> tokio::task::JoinHandle<bool> {
+    /// A new flight carrying `sha` to `rel`, not started: its id, and the
+    /// sender its task signals its end on. Registered before the task runs,
+    /// so a pass that plans after it knows of it.
+    pub(super) fn register(&self, rel: &str, sha: &str) -> (u64, watch::Sender<bool>) {
         let (done, watching) = watch::channel(false);
-        let id = {
-            let mut flights = self.flights();
-            flights.next += 1;
-            let id = flights.next;
-            flights
-                .by_path
-                .entry(rel.clone())
-                .or_default()
-                .push(Flight {
-                    id,
-                    sha: local.clone(),
-                    started: false,
-                    done: watching,
-                });
-            id
-        };
-        let store = Arc::clone(self);
-        let task = tokio::spawn(async move {
-            let slot = store.upload_slots.clone().acquire_owned().await;
-            match store.start_flight(&rel, id, pass_started, &stop) {
-                Start::Go => {}
-                Start::TakenOver => return false,
-                Start::HeldBack => {
-                    store.observer().report_again(vec![rel]);
-                    return false;
-                }
-            }
-            let outcome = store.upload(api.as_ref(), &rel, Some(&local), update).await;
-            drop(slot);
-            let landed = match outcome {
-                Outcome::Landed(_) => {
-                    store.backoff().failures = 0;
-                    store
-                        .pushed
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    true
-                }
-                Outcome::Failed(asked) => {
-                    store.back_off(asked);
-                    false
-                }
-                Outcome::Settled | Outcome::Superseded => false,
-            };
-            store.end_flight(&rel, id);
-            // Whatever became of it, the path is looked at again: the file
-            // may have changed while it flew, or it may need another try.
-            store.observer().report_again(vec![rel]);
-            store.sync_journal().await;
-            let _ = done.send(true);
-            landed
-        });
+        let mut flights = self.flights();
+        flights.next += 1;
+        let id = flights.next;
+        flights
+            .by_path
+            .entry(rel.to_string())
+            .or_default()
+            .push(Flight {
+                id,
+                sha: sha.to_string(),
+                started: false,
+                done: watching,
+            });
+        (id, done)
+    }
+
+    /// Keep the flight's task, to stop it with the store ([`Self::ground`]).
+    pub(super) fn track(&self, task: tokio::task::AbortHandle) {
         let mut flights = self.flights();
         flights.tasks.retain(|t| !t.is_finished());
-        flights.tasks.push(task.abort_handle());
-        task
+        flights.tasks.push(task);
     }
 
     /// Stop every flight now, its request dropped wherever it is (it may
@@ -224,7 +187,7 @@ impl AttachedStore {
     /// cut off in flight): the stores are going without their teardown (a
     /// session dropped unfinished), and nothing of theirs may outlive them —
     /// not a request, not a hold on their journals.
-    pub(super) fn ground_flights(&self) {
+    pub(super) fn ground(&self) {
         let mut flights = self.flights();
         for task in flights.tasks.drain(..) {
             task.abort();
@@ -232,7 +195,10 @@ impl AttachedStore {
         flights.by_path.clear();
     }
 
-    fn start_flight(
+    /// May flight `id` of `rel` send its request now? It may unless a sync
+    /// or the flush is under way, the push was stopped or backs off, or its
+    /// pass's budget is spent ([`PASS_BUDGET`]); held back, it is forgotten.
+    pub(super) fn start(
         &self,
         rel: &str,
         id: u64,
@@ -261,18 +227,15 @@ impl AttachedStore {
         Start::Go
     }
 
-    fn end_flight(&self, rel: &str, id: u64) {
-        {
-            let mut flights = self.flights();
-            if let Some(fs) = flights.by_path.get_mut(rel) {
-                fs.retain(|f| f.id != id);
-                if fs.is_empty() {
-                    flights.by_path.remove(rel);
-                }
+    /// Flight `id` of `rel` ended, whatever became of it.
+    pub(super) fn end(&self, rel: &str, id: u64) {
+        let mut flights = self.flights();
+        if let Some(fs) = flights.by_path.get_mut(rel) {
+            fs.retain(|f| f.id != id);
+            if fs.is_empty() {
+                flights.by_path.remove(rel);
             }
         }
-        // The path was left out of the syncs while it flew.
-        self.forget_quiet();
     }
 
     /// Does the push back off now?
@@ -280,6 +243,11 @@ impl AttachedStore {
         self.backoff()
             .until
             .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// A push upload landed: the next failure waits the first back-off again.
+    pub(super) fn landed(&self) {
+        self.backoff().failures = 0;
     }
 
     /// A push upload failed: back off as long as the server asked, else

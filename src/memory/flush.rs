@@ -21,6 +21,7 @@ use tracing::{Instrument, debug, warn};
 
 use crate::api::types::MemoryIndexEntry;
 
+use super::flights::Start;
 use super::plan::{
     DirtyFacts, FlushDecision, FlushFacts, FlushRemote, FolderOp, FolderVerdict, Listed,
     flush_dirty, plan_flush, plan_folder,
@@ -72,8 +73,8 @@ impl AttachedStore {
         let mut stats = FlushStats::default();
         // No lock to wait for: from here no push upload starts, and those
         // that had not started are the flush's to send.
-        let _busy = self.busy();
-        self.take_over_unstarted();
+        let _busy = self.board.busy();
+        self.board.take_over_unstarted();
         crate::killpoint::hit("memory.flush.start");
         let progress = Arc::new(Mutex::new(HashSet::<String>::new()));
         let mut guard = CutOffGuard {
@@ -171,7 +172,7 @@ impl AttachedStore {
         // still sending included.
         let (waits, sends): (Vec<_>, Vec<_>) = sends
             .into_iter()
-            .partition(|(rel, local, _)| self.flight_carrying(rel, local).is_some());
+            .partition(|(rel, local, _)| self.board.flight_carrying(rel, local).is_some());
         let flushed = |landed: bool| std::future::ready(landed);
         let sent = stream::iter(sends)
             .map(|(rel, local, update)| async move {
@@ -184,7 +185,7 @@ impl AttachedStore {
             .count();
         let waited =
             futures::future::join_all(waits.into_iter().map(|(rel, local, update)| async move {
-                if let Some(mut flight) = self.flight_carrying(&rel, &local) {
+                if let Some(mut flight) = self.board.flight_carrying(&rel, &local) {
                     let _ = flight.wait_for(|ended| *ended).await;
                 }
                 // Landed, it is in the baseline; else the flush sends it now.
@@ -219,11 +220,15 @@ impl AttachedStore {
         api: &Arc<dyn MemoryApi>,
         stop: &CancellationToken,
     ) -> Vec<tokio::task::JoinHandle<bool>> {
-        if self.read_only || self.sync_busy() || self.backing_off() || stop.is_cancelled() {
+        if self.read_only
+            || self.board.sync_busy()
+            || self.board.backing_off()
+            || stop.is_cancelled()
+        {
             return Vec::new();
         }
         let _pass = self.pass.lock().await;
-        if self.sync_busy() || stop.is_cancelled() {
+        if self.board.sync_busy() || stop.is_cancelled() {
             return Vec::new();
         }
         let started = Instant::now();
@@ -251,7 +256,7 @@ impl AttachedStore {
         // A path an upload of ours still carries is looked at again when
         // that upload ends.
         let mut dirty = self.dirty(found.iter());
-        dirty.retain(|rel, _| !self.has_flight(rel));
+        dirty.retain(|rel, _| !self.board.has_flight(rel));
         if dirty.is_empty() {
             return Vec::new();
         }
@@ -271,7 +276,7 @@ impl AttachedStore {
                 None
             }
             PushIndex::Failed(asked) => {
-                self.back_off(asked);
+                self.board.back_off(asked);
                 self.observer().report_again(dirty.into_keys().collect());
                 return Vec::new();
             }
@@ -466,6 +471,65 @@ fn named(paths: &[String]) -> String {
         text.push_str(&format!(" and {} more", paths.len() - NAMED_AT_MOST));
     }
     text
+}
+
+impl AttachedStore {
+    /// Upload `local` (the file's hash) of `rel` in a task of its own (a
+    /// flight, `super::flights`), as `update` (or a create) says; on the
+    /// store's board before this returns, so a pass that plans after it
+    /// knows of it. It starts when one of the store's upload slots is free,
+    /// unless the board holds it back by then. Its task yields whether it
+    /// landed.
+    fn spawn_flight(
+        self: &Arc<Self>,
+        api: Arc<dyn MemoryApi>,
+        rel: String,
+        local: String,
+        update: Option<(String, String)>,
+        pass_started: Instant,
+        stop: CancellationToken,
+    ) -> tokio::task::JoinHandle<bool> {
+        let (id, done) = self.board.register(&rel, &local);
+        let store = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let slot = store.upload_slots.clone().acquire_owned().await;
+            match store.board.start(&rel, id, pass_started, &stop) {
+                Start::Go => {}
+                Start::TakenOver => return false,
+                Start::HeldBack => {
+                    store.observer().report_again(vec![rel]);
+                    return false;
+                }
+            }
+            let outcome = store.upload(api.as_ref(), &rel, Some(&local), update).await;
+            drop(slot);
+            let landed = match outcome {
+                Outcome::Landed(_) => {
+                    store.board.landed();
+                    store
+                        .pushed
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    true
+                }
+                Outcome::Failed(asked) => {
+                    store.board.back_off(asked);
+                    false
+                }
+                Outcome::Settled | Outcome::Superseded => false,
+            };
+            store.board.end(&rel, id);
+            // The path was left out of the syncs while it flew.
+            store.forget_quiet();
+            // Whatever became of it, the path is looked at again: the file
+            // may have changed while it flew, or it may need another try.
+            store.observer().report_again(vec![rel]);
+            store.sync_journal().await;
+            let _ = done.send(true);
+            landed
+        });
+        self.board.track(task.abort_handle());
+        task
+    }
 }
 
 #[cfg(test)]

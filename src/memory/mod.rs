@@ -109,7 +109,7 @@ impl Drop for SessionMemoryStores {
     /// that the folders left can be recovered at once (as after a death).
     fn drop(&mut self) {
         for store in &self.stores {
-            store.ground_flights();
+            store.board.ground();
             store.let_go_of_journal();
         }
     }

@@ -139,7 +139,7 @@ pub(super) async fn run(
                     || now.duration_since(first_at) >= MAX_WAIT;
                 let spaced = last_push.is_none_or(|t| now.duration_since(t) >= MIN_GAP);
                 // A sync under way goes first; a back-off is waited out.
-                if settled && spaced && !held.sync_busy() && !held.backing_off() {
+                if settled && spaced && !held.board.sync_busy() && !held.board.backing_off() {
                     let uploads = held.push_changed(&api, &stop).await.len();
                     if uploads > 0 {
                         debug!(memory_store.id = %held.id, uploads, "pushing changed memories");

@@ -32,6 +32,7 @@ use tracing::{Instrument, debug, info, warn};
 use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryListItem, MemoryVersion, View};
 
 use super::feed::{FEED_PAGE, FULL_LISTING_EVERY, FeedClock, MAX_FEED_PAGES, RemoteIndex};
+use super::flights::FlightBoard;
 use super::folder::{Folder, FolderError, MAX_FILE_BYTES, Scan, is_oversized, oversized_bytes};
 use super::journal::{Journal, Snapshot};
 use super::observe::{Observation, Observer};
@@ -241,13 +242,11 @@ pub struct AttachedStore {
     /// nothing at all: (the folder view's revision, the remote index's, the
     /// state's). A sync that finds the same three plans nothing.
     quiet: Mutex<Option<(u64, u64, u64)>>,
-    /// The push's uploads in flight, and the syncs and flushes under way
-    /// (see `super::flights`).
-    pub(super) flights: Mutex<super::flights::Flights>,
+    /// The push's uploads in flight, the syncs and flushes under way, and
+    /// the push's back-off after a failed upload (a `429`'s `retry-after`).
+    pub(super) board: FlightBoard,
     /// Push uploads sending at once ([`UPLOAD_CONCURRENCY`]).
     pub(super) upload_slots: Arc<tokio::sync::Semaphore>,
-    /// The push's back-off after a failed upload (a `429`'s `retry-after`).
-    pub(super) backoff: Mutex<super::flights::Backoff>,
 }
 
 /// What became of one upload ([`AttachedStore::upload`]).
@@ -321,9 +320,8 @@ impl AttachedStore {
             push_wakeups: std::sync::atomic::AtomicUsize::new(0),
             feed_clock: Mutex::new(None),
             quiet: Mutex::new(None),
-            flights: Mutex::new(Default::default()),
+            board: FlightBoard::default(),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(UPLOAD_CONCURRENCY)),
-            backoff: Mutex::new(Default::default()),
         }
     }
 
@@ -721,7 +719,7 @@ impl AttachedStore {
         // A push upload still in flight keeps its record: its answer is
         // not in yet (a 409 of a retry whose first attempt landed is
         // settled by the next pass).
-        let flying = self.flying();
+        let flying = self.board.flying();
         let mut state = self.state();
         let sent = state.sent.take();
         for (rel, sha) in sent {
@@ -941,9 +939,9 @@ impl AttachedStore {
             // Busy from now: the push starts no upload while this waits
             // for the store or runs, and this pass takes over the paths of
             // the push's uploads that had not started.
-            let _busy = self.busy();
+            let _busy = self.board.busy();
             let _pass = self.pass.lock().await;
-            self.take_over_unstarted();
+            self.board.take_over_unstarted();
             let mut stats = PassStats::default();
             if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
                 warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
@@ -999,7 +997,7 @@ impl AttachedStore {
         // large store then costs no walk over its paths.
         // The paths the push's uploads carry are left to them (planned
         // again once they end).
-        let flying = self.flying();
+        let flying = self.board.flying();
         let facts = self
             .plan_revisions(&scan, &remote)
             .filter(|_| flying.is_empty());
