@@ -258,15 +258,22 @@ impl State {
     ///
     /// What stays is a send the server may still apply under an edit the
     /// agent has not synced yet: its late landing is then told from another
-    /// writer's change (`AttachedStore::upload`).
+    /// writer's change (`AttachedStore::upload`). The paths of uploads
+    /// still on their way (`flying`) are left as they are: their own
+    /// answers tell whether bytes listed equal to theirs are theirs or
+    /// another writer's.
     pub(super) fn settle_in_flight(
         &mut self,
         remote: &std::collections::BTreeMap<String, crate::api::types::MemoryIndexEntry>,
         agrees: &dyn Fn(&str, Option<&str>) -> bool,
+        flying: &HashSet<String>,
         now: Instant,
     ) -> Vec<(String, String, bool)> {
         let mut landed = Vec::new();
         self.in_flight.retain(|rel, sent| {
+            if flying.contains(rel) {
+                return true;
+            }
             let listed = remote.get(rel).map(|m| m.content_sha256.as_str());
             if let Some(r) = sent.iter().find(|r| Some(r.sha.as_str()) == listed) {
                 landed.push((rel.clone(), r.sha.clone(), r.guard.is_none()));
@@ -480,11 +487,25 @@ mod tests {
             ("old.md", "v1"),
         ]);
         let agrees = |rel: &str, listed: Option<&str>| folder.get(rel).copied() == listed;
-        let landed = s.settle_in_flight(&remote, &agrees, now);
+        let landed = s.settle_in_flight(&remote, &agrees, &HashSet::new(), now);
         assert_eq!(landed, [("landed.md".to_string(), "v1".to_string(), false)]);
         let mut kept: Vec<&str> = s.in_flight.keys().map(String::as_str).collect();
         kept.sort();
         assert_eq!(kept, ["free.md", "held.md"]);
+
+        // An upload still on its way is left to its own answer, even when
+        // the listing shows its bytes: another writer may have written them.
+        let mut s = state();
+        s.sending("flying.md", "v1", Some("v0"), now, 1);
+        s.sending("taken.md", "n1", None, now, 2);
+        let remote = std::collections::BTreeMap::from([
+            ("flying.md".to_string(), entry("v1")),
+            ("taken.md".to_string(), entry("other")),
+        ]);
+        let flying = HashSet::from(["flying.md".to_string(), "taken.md".to_string()]);
+        let landed = s.settle_in_flight(&remote, &|_, _| false, &flying, now);
+        assert!(landed.is_empty(), "{landed:?}");
+        assert_eq!(s.in_flight.len(), 2);
     }
 
     /// Of two sends of one path racing (the push's and the flush's), the

@@ -716,21 +716,27 @@ impl AttachedStore {
         remote: &BTreeMap<String, MemoryIndexEntry>,
         files: &LocalFiles,
     ) {
-        // A push upload still in flight keeps its record: its answer is
-        // not in yet (a 409 of a retry whose first attempt landed is
-        // settled by the next pass).
+        // A push upload still in flight keeps its record, unconfirmed: its
+        // answer tells whether the bytes listed are its own (another writer
+        // may have written the very same bytes meanwhile) — unless the file
+        // and the server agree now: then the send is superseded like any
+        // other, and bytes equal to it that appear later are another
+        // writer's (the model's cases in tests/it/memory_model.rs).
         let flying = self.board.flying();
         let mut state = self.state();
         let sent = state.sent.take();
         for (rel, sha) in sent {
-            if remote.get(&rel).is_some_and(|m| m.content_sha256 == sha) {
+            let listed = remote.get(&rel).map(|m| m.content_sha256.as_str());
+            if flying.contains(&rel) {
+                if !files.agrees(&rel, listed) {
+                    state.sent.insert(rel, sha);
+                }
+            } else if listed == Some(sha.as_str()) {
                 state.baseline.insert(rel, sha);
-            } else if flying.contains(&rel) {
-                state.sent.insert(rel, sha);
             }
         }
         let agrees = |rel: &str, listed: Option<&str>| files.agrees(rel, listed);
-        for (rel, sha, create) in state.settle_in_flight(remote, &agrees, Instant::now()) {
+        for (rel, sha, create) in state.settle_in_flight(remote, &agrees, &flying, Instant::now()) {
             if create {
                 // A create of ours that landed late — or another writer's
                 // memory with the same bytes: it tells the agent's newer

@@ -102,6 +102,14 @@ enum Step {
     RemoteEcho(usize, usize),
 }
 
+/// What a step's pass looks at (see `Model::observe`).
+#[derive(Debug, Clone, Copy)]
+enum Pass {
+    Sync,
+    Flush,
+    Push,
+}
+
 #[derive(Debug, Clone, Copy)]
 enum FailKind {
     ServerError,
@@ -203,8 +211,10 @@ impl Model {
     /// did it read the index, its last read answered? Then the worker has seen
     /// the server as its last read found it; and what disk and server hold
     /// alike is what the worker agreed on — after a sync, on every path;
-    /// after a push, which plans only what the watch reported, on the paths
-    /// the agent touched since the last such step. (Another writer may write
+    /// after the flush, which looks at every file that differs from what it
+    /// last agreed on, on the paths the agent touched since their last
+    /// agreement; after a push, which plans only what the watch reported,
+    /// on the paths the agent touched since the last such step. (Another writer may write
     /// the very bytes the disk holds: equal bytes the worker has not looked
     /// at are no agreement of its.) A path the step uploaded the bytes both
     /// sides now hold is agreed on too: the worker sent them (`sends`: the
@@ -215,7 +225,7 @@ impl Model {
         now: Instant,
         (reads, sends): (usize, usize),
         disk: Held,
-        sync: bool,
+        pass: Pass,
     ) {
         let sent: Vec<(String, String)> = h
             .fake
@@ -244,10 +254,12 @@ impl Model {
             let touched: Vec<&str> = PATHS
                 .into_iter()
                 .filter(|p| {
-                    sync || self
-                        .local
-                        .iter()
-                        .any(|(t, q, ..)| q == p && *t > self.looked)
+                    let since = match pass {
+                        Pass::Sync => return true,
+                        Pass::Flush => self.agreed[*p].0,
+                        Pass::Push => self.looked,
+                    };
+                    self.local.iter().any(|(t, q, ..)| q == p && *t > since)
                 })
                 .collect();
             self.agree(h, now, &touched);
@@ -476,8 +488,12 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
             }
         }
         if sees {
-            let sync = matches!(s, Step::Sync | Step::Crash);
-            m.observe(&h, now, reads, disk, sync);
+            let pass = match s {
+                Step::Sync | Step::Crash => Pass::Sync,
+                Step::Flush => Pass::Flush,
+                _ => Pass::Push,
+            };
+            m.observe(&h, now, reads, disk, pass);
         }
     }
 
@@ -493,7 +509,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
         let (now, disk) = (Instant::now(), h.disk("s"));
         m.syncs.push((now, disk_absent(&h)));
         h.stores.sync_now().await;
-        m.observe(&h, now, reads, disk, true);
+        m.observe(&h, now, reads, disk, Pass::Sync);
     }
     let quiet_disk = h.disk("s");
     let quiet_server = h.server("s");
@@ -503,7 +519,7 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     let (now, disk) = (Instant::now(), h.disk("s"));
     h.stores.finish().await.unwrap();
     h.stores.flush_writes().await;
-    m.observe(&h, now, reads, disk, true);
+    m.observe(&h, now, reads, disk, Pass::Sync);
     let applied = h.fake.applied();
     let text = logs.text();
 
@@ -790,6 +806,70 @@ fn a_lost_send_then_another_writers_identical_edit_wins() {
 fn a_server_date_ahead_beyond_the_overlap_hides_the_next_version() {
     paused()
         .block_on(run(vec![Step::ClockSkew(6), Step::Write(1)]))
+        .unwrap();
+}
+
+/// Found by the model: the agent writes a path, the push's upload of it
+/// waits at the server, the agent deletes the file and a sync (file and
+/// server agree: neither holds it) leaves the path to the flying upload;
+/// another writer then creates the same bytes first, and the upload is
+/// refused. The sync kept the flying upload's sent record past the pass
+/// that saw it superseded, the next listing took the other writer's memory
+/// for the upload's and the worker deleted it.
+#[test]
+fn a_flying_upload_then_a_delete_then_another_writers_identical_edit_stays() {
+    paused()
+        .block_on(run(vec![
+            Step::Write(1),
+            Step::SlowPush(1),
+            Step::Delete(1),
+            Step::Sync,
+            Step::RemoteEcho(1, 0),
+        ]))
+        .unwrap();
+}
+
+/// Found by the model: the push's update of a file goes to a memory
+/// another writer has deleted (404), so it re-creates it; meanwhile the
+/// agent renames another file over it and the other writer creates the
+/// path with the bytes the push carries. The re-create is refused (409) on
+/// its only attempt, so nothing of ours is on the server — but its sent
+/// record stayed (the reference keeps it after any 409, for a client retry
+/// of an attempt that was applied), the next listing took the other
+/// writer's memory for ours, and the agent's rename went over it.
+#[test]
+fn a_create_refused_on_its_only_attempt_claims_no_identical_memory() {
+    paused()
+        .block_on(run(vec![
+            Step::FeedRefused(400),
+            Step::Write(2),
+            Step::RemoteDelete(2),
+            Step::SlowPush(2),
+            Step::Rename(0, 2),
+            Step::RemoteEcho(2, 1),
+            Step::Flush,
+        ]))
+        .unwrap();
+}
+
+/// Found by the model, a fault of its own: the agent writes a new file,
+/// another writer creates the path (the push leaves the conflict to the
+/// sync), then writes the agent's very bytes; the flush, which looks at
+/// every file that differs from what it last agreed on, finds both sides
+/// equal and adopts them, so the agent's delete afterwards is the agent's
+/// to make. The model counted a flush's agreement only on paths written
+/// since the last pass.
+#[test]
+fn a_flush_that_finds_both_sides_equal_agrees_on_them() {
+    paused()
+        .block_on(run(vec![
+            Step::Write(3),
+            Step::RemoteWrite(3),
+            Step::Push,
+            Step::RemoteEcho(3, 0),
+            Step::Flush,
+            Step::Delete(3),
+        ]))
         .unwrap();
 }
 
