@@ -2,7 +2,8 @@
 //!
 //! Module map, by layer: each module uses only modules listed before it
 //! (`crate::` paths outside tests), so the list draws the architecture and
-//! has no import cycle.
+//! has no import cycle; `scripts/check_layers.py` checks both in CI, and
+//! that no modules below, at any level, use each other in a circle.
 //!
 //! Foundations, knowing nothing else in the crate:
 //!
@@ -11,12 +12,16 @@
 //! - [`fsx`] — opening beneath a directory fd without following symlinks
 //!   (`openat2`, or a per-component `O_NOFOLLOW` walk), removal by fd.
 //! - [`fdlimit`] — the descriptor limit: raised at start, restored for the agent.
+//! - [`sandbox`] — the agent's shell confined: one Landlock domain per
+//!   session and, where the kernel allows, a private mount namespace.
 //! - [`killpoint`] — named points where a crash test may SIGKILL the
 //!   process (debug builds only; a no-op in release).
 //! - [`remap`] — advertised mount paths that really live elsewhere (Lambda).
 //! - [`cleanroom`] — a session's private workdir and process tree (a
 //!   subreaper supervisor), both removed at teardown; init duty as PID 1.
 //! - [`webhook`] — Standard Webhooks signing and verification.
+//! - [`tls`] — the one place HTTP clients are built: the system's roots,
+//!   the proxy variables.
 //! - [`telemetry`] — OpenTelemetry traces over OTLP (the `OTEL_*`
 //!   variables), off without an endpoint; W3C trace context in, flush out.
 //! - [`logging`] — tracing setup, text or JSON lines (and the traces' layer).
