@@ -12,6 +12,7 @@
 //! - `push`, `flights` — the change-driven push (opt-in) and its uploads;
 //! - `state` — one store's sync state, committed to its journal as it changes;
 //! - `journal` — the durable commit: each store's sync state on disk;
+//! - [`SyncReport`] (`report`) — what a sync did: one store's pass, or all summed;
 //! - [`recovery`] — folders a dead worker left: recovered, or let go;
 //! - [`remote`] — the memory endpoints the sync uses, behind a trait;
 //! - [`options`] — the sync interval and the delete mode.
@@ -32,6 +33,7 @@ pub(crate) mod plan;
 mod push;
 pub mod recovery;
 pub mod remote;
+mod report;
 mod state;
 pub mod store;
 pub(crate) mod watch;
@@ -52,7 +54,9 @@ use self::journal::{JournalError, Owner, Snapshot, StateDir};
 use self::options::{DeleteMode, FLUSH_TIMEOUT, SyncInterval};
 use self::recovery::Adopted;
 use self::remote::MemoryApi;
-use self::store::{AttachedStore, PassStats};
+use self::store::AttachedStore;
+
+pub use self::report::SyncReport;
 
 /// A store could not be materialised, or the stores were misused.
 #[derive(Debug, thiserror::Error)]
@@ -112,42 +116,6 @@ impl Drop for SessionMemoryStores {
             store.board.ground();
             store.let_go_of_journal();
         }
-    }
-}
-
-/// What one sync of every store did (summed).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SyncReport {
-    pub uploads: usize,
-    pub(crate) pulls: usize,
-    pub(crate) deletes: usize,
-    pub(crate) deletes_held: usize,
-    pub(crate) deletes_logged: usize,
-    pub(crate) conflicts: usize,
-    pub(crate) refused: usize,
-    pub(crate) recovered: usize,
-    /// Entries of the folders stat-ed by the passes' scans: the files the
-    /// watch reported, or every file for a full scan.
-    pub examined: usize,
-    /// Stores whose pass scanned the whole folder.
-    pub full_scans: usize,
-    /// Uploads the change-driven push made since the previous sync.
-    pub pushed: usize,
-}
-
-impl SyncReport {
-    fn add(&mut self, s: PassStats) {
-        self.uploads += s.uploads;
-        self.pulls += s.pulls;
-        self.deletes += s.deletes;
-        self.deletes_held += s.deletes_held;
-        self.deletes_logged += s.deletes_logged;
-        self.conflicts += s.conflicts;
-        self.refused += s.refused;
-        self.recovered += s.recovered as usize;
-        self.examined += s.examined;
-        self.full_scans += s.full_scan as usize;
-        self.pushed += s.pushed;
     }
 }
 
@@ -494,7 +462,7 @@ impl SessionMemoryStores {
         *self.last_sync.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         let mut report = SyncReport::default();
         for pass in passes {
-            report.add(pass);
+            report.add(&pass);
         }
         report
     }

@@ -178,93 +178,120 @@ fn owned(s: Option<&str>) -> Option<String> {
 /// Decide one path.
 pub(crate) fn plan(f: PathFacts<'_>, pass: PassFacts) -> Plan {
     if f.unreadable && f.local.is_none() {
-        // Unknown, not gone: no delete, no pull over it, and its absence
-        // starts no delete window.
-        let decision = match f.baseline {
-            Some(base) if !f.tentative => Decision::Keep(base.into()),
-            _ => Decision::Forget,
-        };
-        return Plan::new(decision).pending(Pending::Clear);
+        return plan_unreadable(f);
     }
-    let f = match (f.tentative, f.local, f.remote) {
-        (false, ..) => f,
-        // A missing file is restored, never deleted on the server.
-        (true, None, Some(_)) => {
-            return Plan::new(Decision::Pull { keep: None }).pending(Pending::Clear);
-        }
-        // Not on the server: the old baseline says nothing about this file.
-        (true, _, None) => PathFacts {
-            baseline: None,
-            ..f
-        },
-        (true, Some(_), Some(_)) => f,
+    let f = match with_tentative(f) {
+        Ok(f) => f,
+        Err(plan) => return plan,
     };
-    let ro = pass.read_only;
+    if let Some(plan) = plan_local_delete(f, pass) {
+        return plan;
+    }
     // A file on disk is never a pending deletion.
     let present = if f.local.is_some() {
         Pending::Clear
     } else {
         Pending::Unchanged
     };
-
-    // A local deletion of a memory the server still holds unchanged.
-    if let (None, Some(base), Some(remote)) = (f.local, f.baseline, f.remote)
-        && remote.sha == base
-        && !ro
-    {
-        if pass.deletions == DeleteMode::Disabled {
-            return Plan::new(Decision::HoldDelete { base: base.into() })
-                .note(Note::DeleteSuppressed);
-        }
-        let since = f.missing_since.unwrap_or(pass.now);
-        let waited = pass.now.saturating_duration_since(since);
-        let decision = if pass.final_sync || waited >= DELETE_CORROBORATION {
-            Decision::Delete {
-                id: remote.id.into(),
-                base: base.into(),
-            }
-        } else {
-            Decision::HoldDelete { base: base.into() }
-        };
-        return Plan::new(decision).pending(Pending::Since(since));
+    match f.remote {
+        None => plan_not_on_server(f, pass.read_only, present),
+        Some(remote) => plan_on_server(f, remote, pass.read_only, present),
     }
+}
 
-    let Some(remote) = f.remote else {
-        // Not on the server.
-        let Some(local) = f.local else {
-            return Plan::new(Decision::Forget).pending(Pending::Clear);
-        };
-        let mut note = None;
-        if let Some(base) = f.baseline {
-            if local == base {
-                return Plan::new(Decision::RemoveLocal { base: base.into() }).pending(present);
-            }
-            // The file holds an un-pushed edit: it is the only copy.
-            note = Some(if ro {
-                Note::ReadOnlyKeepsEdit
-            } else {
-                Note::Recreating
-            });
-        }
-        if ro || f.refused == Some(local) {
-            let plan = Plan::new(Decision::Forget).pending(present);
-            // A refused edit is not announced again as a re-creation.
-            return match note {
-                Some(Note::ReadOnlyKeepsEdit) => plan.note(Note::ReadOnlyKeepsEdit),
-                _ => plan,
-            };
-        }
-        let plan = Plan::new(Decision::Upload {
-            update: None,
-            fallback: None,
-        })
-        .pending(present);
-        return match note {
-            Some(n) => plan.note(n),
-            None => plan,
-        };
+/// Unknown, not gone: no delete, no pull over it, and its absence starts no
+/// delete window.
+fn plan_unreadable(f: PathFacts<'_>) -> Plan {
+    let decision = match f.baseline {
+        Some(base) if !f.tentative => Decision::Keep(base.into()),
+        _ => Decision::Forget,
     };
+    Plan::new(decision).pending(Pending::Clear)
+}
 
+/// A tentative baseline tells an edit from a conflict, never drives a
+/// delete: the facts to plan from, or the plan it settles at once.
+fn with_tentative(f: PathFacts<'_>) -> Result<PathFacts<'_>, Plan> {
+    match (f.tentative, f.local, f.remote) {
+        (false, ..) => Ok(f),
+        // A missing file is restored, never deleted on the server.
+        (true, None, Some(_)) => {
+            Err(Plan::new(Decision::Pull { keep: None }).pending(Pending::Clear))
+        }
+        // Not on the server: the old baseline says nothing about this file.
+        (true, _, None) => Ok(PathFacts {
+            baseline: None,
+            ..f
+        }),
+        (true, Some(_), Some(_)) => Ok(f),
+    }
+}
+
+/// A local deletion of a memory the server still holds unchanged: held,
+/// or sent once corroborated (or at the final sync).
+fn plan_local_delete(f: PathFacts<'_>, pass: PassFacts) -> Option<Plan> {
+    let (None, Some(base), Some(remote)) = (f.local, f.baseline, f.remote) else {
+        return None;
+    };
+    if remote.sha != base || pass.read_only {
+        return None;
+    }
+    if pass.deletions == DeleteMode::Disabled {
+        return Some(
+            Plan::new(Decision::HoldDelete { base: base.into() }).note(Note::DeleteSuppressed),
+        );
+    }
+    let since = f.missing_since.unwrap_or(pass.now);
+    let waited = pass.now.saturating_duration_since(since);
+    let decision = if pass.final_sync || waited >= DELETE_CORROBORATION {
+        Decision::Delete {
+            id: remote.id.into(),
+            base: base.into(),
+        }
+    } else {
+        Decision::HoldDelete { base: base.into() }
+    };
+    Some(Plan::new(decision).pending(Pending::Since(since)))
+}
+
+/// The server does not hold the path.
+fn plan_not_on_server(f: PathFacts<'_>, ro: bool, present: Pending) -> Plan {
+    let Some(local) = f.local else {
+        return Plan::new(Decision::Forget).pending(Pending::Clear);
+    };
+    let mut note = None;
+    if let Some(base) = f.baseline {
+        if local == base {
+            return Plan::new(Decision::RemoveLocal { base: base.into() }).pending(present);
+        }
+        // The file holds an un-pushed edit: it is the only copy.
+        note = Some(if ro {
+            Note::ReadOnlyKeepsEdit
+        } else {
+            Note::Recreating
+        });
+    }
+    if ro || f.refused == Some(local) {
+        let plan = Plan::new(Decision::Forget).pending(present);
+        // A refused edit is not announced again as a re-creation.
+        return match note {
+            Some(Note::ReadOnlyKeepsEdit) => plan.note(Note::ReadOnlyKeepsEdit),
+            _ => plan,
+        };
+    }
+    let plan = Plan::new(Decision::Upload {
+        update: None,
+        fallback: None,
+    })
+    .pending(present);
+    match note {
+        Some(n) => plan.note(n),
+        None => plan,
+    }
+}
+
+/// The server holds the path: the three-way merge.
+fn plan_on_server(f: PathFacts<'_>, remote: Listed<'_>, ro: bool, present: Pending) -> Plan {
     let remote_changed = Some(remote.sha) != f.baseline;
     let locally_edited = f
         .local
@@ -283,7 +310,6 @@ pub(crate) fn plan(f: PathFacts<'_>, pass: PassFacts) -> Plan {
         }
         return Plan::new(Decision::Keep(owned(f.baseline).unwrap_or_default()));
     }
-
     if remote_changed {
         if f.local == Some(remote.sha) {
             // The file already holds the server's bytes: adopt, no fetch.

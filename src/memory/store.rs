@@ -39,9 +39,10 @@ use super::observe::{Observation, Observer};
 use super::options::DeleteMode;
 use super::plan::{
     Decision, DeleteBudget, DeleteVerdict, FolderFacts, FolderOp, FolderVerdict, Listed, Note,
-    PassFacts, PathFacts, Pending, plan, plan_folder, settled,
+    PassFacts, PathFacts, Pending, Plan, plan, plan_folder, settled,
 };
 use super::remote::MemoryApi;
+use super::report::SyncReport;
 use super::state::{Owner, State, StateGuard};
 
 /// The reserved marker at every store root (defined with the folder).
@@ -188,28 +189,6 @@ impl Marked {
     }
 }
 
-/// What a pass did, for the caller's counters.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PassStats {
-    pub uploads: usize,
-    pub(crate) pulls: usize,
-    pub(crate) deletes: usize,
-    pub(crate) deletes_held: usize,
-    pub(crate) deletes_logged: usize,
-    /// Remote changes that beat a local one (the local edit lost).
-    pub(crate) conflicts: usize,
-    /// Files the server refused in this pass (400/413); each counts once
-    /// until its content changes.
-    pub(crate) refused: usize,
-    pub(crate) recovered: bool,
-    /// Entries of the folder stat-ed by the pass's scan.
-    pub(crate) examined: usize,
-    /// The pass scanned the whole folder (not only what the watch reported).
-    pub(crate) full_scan: bool,
-    /// Uploads the change-driven push made since the last pass.
-    pub(crate) pushed: usize,
-}
-
 /// One attached store.
 pub struct AttachedStore {
     pub id: String,
@@ -231,7 +210,7 @@ pub struct AttachedStore {
     /// after a doubt.
     remote: Mutex<Option<RemoteIndex>>,
     /// Uploads the change-driven push made since the last sync collected
-    /// them (reported with that sync: `PassStats::pushed`).
+    /// them (reported with that sync: `SyncReport::pushed`).
     pub(super) pushed: std::sync::atomic::AtomicUsize,
     /// How often the push task woke up (an idle store's should be rare).
     pub(super) push_wakeups: std::sync::atomic::AtomicUsize,
@@ -933,7 +912,7 @@ impl AttachedStore {
         api: &dyn MemoryApi,
         deletions: DeleteMode,
         final_sync: bool,
-    ) -> PassStats {
+    ) -> SyncReport {
         let span = tracing::info_span!(
             "memory.sync",
             memory_store.id = %self.id,
@@ -948,7 +927,7 @@ impl AttachedStore {
             let _busy = self.board.busy();
             let _pass = self.pass.lock().await;
             self.board.take_over_unstarted();
-            let mut stats = PassStats::default();
+            let mut stats = SyncReport::default();
             if let Err(e) = self.try_sync(api, deletions, final_sync, &mut stats).await {
                 warn!(memory_store.id = %self.id, error = %e, "memory sync failed");
             }
@@ -969,31 +948,11 @@ impl AttachedStore {
         api: &dyn MemoryApi,
         deletions: DeleteMode,
         final_sync: bool,
-        stats: &mut PassStats,
+        stats: &mut SyncReport,
     ) -> Result<(), PassError> {
-        // Observe, judging the folder before the store is listed. The final
-        // sync scans whole, as every sync did before the watch.
-        let scan = self.scan(final_sync).await?;
-        stats.examined = scan.examined;
-        stats.full_scan = scan.full;
-        let mut folder = scan.folder_facts(FolderOp::Sync);
-        if !self.carry_out_folder_verdict(api, folder, stats).await? {
+        let Some((scan, remote)) = self.observe(api, final_sync, stats).await? else {
             return Ok(());
-        }
-        // A file this scan saw is not missing, whatever happens to the rest of
-        // the pass: a pass that fails after the scan still breaks a pending
-        // delete's streak, so an absence is only corroborated by scans that
-        // all saw it.
-        self.state()
-            .pending
-            .retain(|rel, _| !scan.files.contains_key(rel));
-        let remote = self.index(api, final_sync).await?;
-        self.settle_sent(&remote, &scan.files);
-        // Asked again with the baseline the listing settled: is this a wipe?
-        folder.baseline = Some(self.state().baseline.len());
-        if !self.carry_out_folder_verdict(api, folder, stats).await? {
-            return Ok(());
-        }
+        };
 
         // Nothing the plan reads has changed since a sync that planned
         // nothing at all (the same folder view, remote index and state, no
@@ -1019,15 +978,66 @@ impl AttachedStore {
             now: Instant::now(),
         };
         let work = self.plan_paths(&scan, &remote, pass, &flying);
-        let quiet = work.changes.is_empty()
-            && work.pulls.is_empty()
-            && work.uploads.is_empty()
-            && work.removals.is_empty()
-            && work.deletes.is_empty()
-            && work.notes.is_empty()
-            && work.suppressed == 0;
         // Recorded only if the state did not move while planning.
-        *self.quiet() = facts.filter(|f| quiet && self.state().revision == f.2);
+        *self.quiet() = facts.filter(|f| work.is_empty() && self.state().revision == f.2);
+
+        self.execute(api, work, pass, stats).await;
+
+        // A tentative entry retires once the path has a real baseline, or
+        // once the server no longer holds it.
+        let mut guard = self.state();
+        let state = &mut *guard;
+        let baseline = &state.baseline;
+        state
+            .tentative
+            .retain(|rel, _| !baseline.contains_key(rel) && remote.contains_key(rel));
+        Ok(())
+    }
+
+    /// A sync's observation: the folder scanned and judged, then the store
+    /// listed (or its index advanced) and the uploads without an answer
+    /// settled against it, and the folder judged again with the baseline
+    /// that settled. `None`: the folder's verdict ended the pass.
+    async fn observe(
+        &self,
+        api: &dyn MemoryApi,
+        final_sync: bool,
+        stats: &mut SyncReport,
+    ) -> Result<Option<(Marked, RemoteMap)>, PassError> {
+        // The final sync scans whole, as every sync did before the watch.
+        let scan = self.scan(final_sync).await?;
+        stats.examined = scan.examined;
+        stats.full_scans = usize::from(scan.full);
+        let mut folder = scan.folder_facts(FolderOp::Sync);
+        if !self.carry_out_folder_verdict(api, folder, stats).await? {
+            return Ok(None);
+        }
+        // A file this scan saw is not missing, whatever happens to the rest of
+        // the pass: a pass that fails after the scan still breaks a pending
+        // delete's streak, so an absence is only corroborated by scans that
+        // all saw it.
+        self.state()
+            .pending
+            .retain(|rel, _| !scan.files.contains_key(rel));
+        let remote = self.index(api, final_sync).await?;
+        self.settle_sent(&remote, &scan.files);
+        // Asked again with the baseline the listing settled: is this a wipe?
+        folder.baseline = Some(self.state().baseline.len());
+        if !self.carry_out_folder_verdict(api, folder, stats).await? {
+            return Ok(None);
+        }
+        Ok(Some((scan, remote)))
+    }
+
+    /// Carry out a pass's plan. The decisions' own baseline entries are
+    /// recorded at once; each I/O records its entry the moment it completes.
+    async fn execute(
+        &self,
+        api: &dyn MemoryApi,
+        work: Work,
+        pass: PassFacts,
+        stats: &mut SyncReport,
+    ) {
         let Work {
             changes,
             pulls,
@@ -1044,15 +1054,56 @@ impl AttachedStore {
             }
             self.report(&rel, note);
         }
-
-        // Execute. The decisions' own baseline entries are recorded at once;
-        // each I/O below records its entry the moment it completes.
         for (rel, sha) in changes {
             self.record(rel, sha);
         }
+        uploads.extend(self.remove_all(removals, pass).await);
+        // Pulls before uploads: a backlog of uploads (an agent writing
+        // faster than the server takes it) never holds back the server's
+        // changes. Each path has one decision, so the order changes nothing
+        // else.
+        stats.pulls = self.pull_all(api, pulls).await;
+        stats.uploads = self.upload_all(api, uploads).await;
+        {
+            let mut state = self.state();
+            stats.refused = std::mem::take(&mut state.new_refusals);
+            stats.conflicts += std::mem::take(&mut state.lost_uploads);
+        }
+        for (rel, id, base) in deletes {
+            let kept = self
+                .confirm_delete(api, &rel, &id, &base, &mut budget)
+                .await;
+            if kept.is_none() {
+                stats.deletes += 1;
+            }
+            self.record(rel, kept);
+        }
+        stats.deletes_logged = budget.logged();
+        stats.deletes_held = budget.held();
+        if suppressed > 0 {
+            debug!(
+                memory_store.id = %self.id,
+                count = suppressed,
+                "remote deletes are disabled; locally deleted memories stay on the server"
+            );
+        }
+        if let Some((verb, attempted, capped)) = budget.cap_reached() {
+            warn!(
+                memory_store.id = %self.id,
+                "delete cap reached: {verb} {attempted} deletes, held {capped} for later syncs"
+            );
+        }
+    }
 
-        // A memory the server deleted: remove the file, unless it was edited
-        // since the scan — then it is the only copy and is planned again.
+    /// Memories the server deleted: each file removed, unless it was edited
+    /// since the scan — then it is the only copy, planned again: the
+    /// uploads that planning makes.
+    async fn remove_all(
+        &self,
+        removals: Vec<(String, String)>,
+        pass: PassFacts,
+    ) -> Vec<PlannedUpload> {
+        let mut uploads = Vec::new();
         for (rel, base) in removals {
             match self.remove_local(&rel, &base).await {
                 Removal::Gone => self.record(rel, None),
@@ -1079,14 +1130,13 @@ impl AttachedStore {
                 }
             }
         }
+        uploads
+    }
 
-        // Pulls before uploads: a backlog of uploads (an agent writing
-        // faster than the server takes it) never holds back the server's
-        // changes. Each path has one decision, so the order changes nothing
-        // else.
-        stats.pulls = self.pull_all(api, pulls).await;
-
-        stats.uploads = stream::iter(uploads)
+    /// The pass's uploads, [`UPLOAD_CONCURRENCY`] at once, each recorded as
+    /// it lands (or its fallback as it fails): how many landed.
+    async fn upload_all(&self, api: &dyn MemoryApi, uploads: Vec<PlannedUpload>) -> usize {
+        stream::iter(uploads)
             .map(|(rel, local, update, fallback)| async move {
                 match self.upload(api, &rel, local.as_deref(), update).await {
                     Outcome::Landed(sha) => {
@@ -1104,50 +1154,7 @@ impl AttachedStore {
             .buffer_unordered(UPLOAD_CONCURRENCY)
             .filter(|ok| std::future::ready(*ok))
             .count()
-            .await;
-        {
-            let mut state = self.state();
-            stats.refused = std::mem::take(&mut state.new_refusals);
-            stats.conflicts += std::mem::take(&mut state.lost_uploads);
-        }
-
-        for (rel, id, base) in deletes {
-            let kept = self
-                .confirm_delete(api, &rel, &id, &base, &mut budget)
-                .await;
-            if kept.is_none() {
-                stats.deletes += 1;
-            }
-            self.record(rel, kept);
-        }
-        stats.deletes_logged = budget.logged();
-        stats.deletes_held = budget.held();
-
-        {
-            let mut guard = self.state();
-            let state = &mut *guard;
-            // A tentative entry retires once the path has a real baseline,
-            // or once the server no longer holds it.
-            let baseline = &state.baseline;
-            state
-                .tentative
-                .retain(|rel, _| !baseline.contains_key(rel) && remote.contains_key(rel));
-        }
-
-        if suppressed > 0 {
-            debug!(
-                memory_store.id = %self.id,
-                count = suppressed,
-                "remote deletes are disabled; locally deleted memories stay on the server"
-            );
-        }
-        if let Some((verb, attempted, capped)) = budget.cap_reached() {
-            warn!(
-                memory_store.id = %self.id,
-                "delete cap reached: {verb} {attempted} deletes, held {capped} for later syncs"
-            );
-        }
-        Ok(())
+            .await
     }
 
     fn quiet(&self) -> std::sync::MutexGuard<'_, Option<(u64, u64, u64)>> {
@@ -1183,7 +1190,7 @@ impl AttachedStore {
         &self,
         api: &dyn MemoryApi,
         facts: FolderFacts,
-        stats: &mut PassStats,
+        stats: &mut SyncReport,
     ) -> Result<bool, PassError> {
         match plan_folder(facts) {
             FolderVerdict::Proceed => Ok(true),
@@ -1198,7 +1205,7 @@ impl AttachedStore {
                 Ok(false)
             }
             FolderVerdict::Recover(why) => {
-                stats.recovered = true;
+                stats.recovered = 1;
                 self.recover(api, why.reason()).await?;
                 Ok(false)
             }
@@ -1290,36 +1297,7 @@ impl AttachedStore {
                 }
                 Pending::Since(t) => pending.insert_if_absent(rel, t),
             }
-            match p.note {
-                Some(Note::DeleteSuppressed) => work.suppressed += 1,
-                Some(note) => work.notes.push((rel.clone(), note)),
-                None => {}
-            }
-            let mut keep = |sha: Option<String>| {
-                if confirmed != sha.as_ref() {
-                    work.changes.push((rel.clone(), sha));
-                }
-            };
-            match p.decision {
-                Decision::Forget => keep(None),
-                Decision::Keep(sha) | Decision::HoldDelete { base: sha } => keep(Some(sha)),
-                Decision::Pull { keep: k } => {
-                    keep(k);
-                    // The planner pulls only what the server listed.
-                    if let Some(m) = listed {
-                        work.pulls.push((rel.clone(), m.id.clone()));
-                    }
-                }
-                // These settle their baseline entry after their I/O.
-                Decision::Upload { update, fallback } => work.uploads.push((
-                    rel.clone(),
-                    facts.local.map(str::to_string),
-                    update,
-                    fallback,
-                )),
-                Decision::RemoveLocal { base } => work.removals.push((rel.clone(), base)),
-                Decision::Delete { id, base } => work.deletes.push((rel.clone(), id, base)),
-            }
+            work.take(rel, p, confirmed, listed, facts.local);
         }
         work
     }
@@ -1473,54 +1451,73 @@ impl AttachedStore {
             if e.status().is_some_and(|s| !matches!(s, 408 | 502 | 504)) {
                 self.state().answered(rel, &sending, false);
             }
-            match (update, e.status()) {
-                // Deleted since the listing: the file is now the only copy.
-                (Some(_), Some(404)) => self.upload(api, rel, local_sha, None).await,
-                (Some((id, _)), Some(409)) => {
-                    match self.whose(api, rel, &id, &sending, seq).await {
-                        Whose::Same(current) => {
-                            let mut state = self.state();
-                            if state.sent.get(rel) == Some(&sending) {
-                                state.sent.remove(rel);
-                            }
-                            state.baseline.insert(rel.to_string(), current.clone());
-                            Outcome::Landed(current)
+            self.after_refusal(api, rel, local_sha, update, &e, &sending, seq)
+                .await
+        })
+    }
+
+    /// What became of an upload the server answered with an error (or
+    /// never answered): 404 on an update re-creates, 409 on an update asks
+    /// whose bytes the memory holds ([`Self::whose`]), 400 and 413 are
+    /// remembered as refused, the rest is worth another try.
+    #[allow(clippy::too_many_arguments)]
+    async fn after_refusal(
+        &self,
+        api: &dyn MemoryApi,
+        rel: &str,
+        local_sha: Option<&str>,
+        update: Option<(String, String)>,
+        e: &crate::api::Error,
+        sending: &str,
+        seq: u64,
+    ) -> Outcome {
+        match (update, e.status()) {
+            // Deleted since the listing: the file is now the only copy.
+            (Some(_), Some(404)) => self.upload(api, rel, local_sha, None).await,
+            (Some((id, _)), Some(409)) => {
+                match self.whose(api, rel, &id, sending, seq).await {
+                    Whose::Same(current) => {
+                        let mut state = self.state();
+                        if state.sent.get(rel).map(String::as_str) == Some(sending) {
+                            state.sent.remove(rel);
                         }
-                        Whose::OlderOfOurs(current) => {
-                            info!(
-                                memory_store.id = %self.id,
-                                memory.path = %rel,
-                                "an upload of ours cut off in flight landed late; sending the newer edit over it"
-                            );
-                            self.upload(api, rel, local_sha, Some((id, current))).await
-                        }
-                        Whose::NewerOfOurs => {
-                            debug!(memory_store.id = %self.id, memory.path = %rel, "a newer upload of ours landed first; this one has nothing left to do");
-                            Outcome::Superseded
-                        }
-                        Whose::Theirs => {
-                            // The sent hash stays: this may be a retry of an
-                            // attempt that landed; the next listing tells.
-                            self.state().lost_uploads += 1;
-                            warn!(
-                                memory_store.id = %self.id,
-                                memory.path = %rel,
-                                "memory changed both locally and remotely; the upload was refused and the local edit loses"
-                            );
-                            Outcome::Settled
-                        }
+                        state.baseline.insert(rel.to_string(), current.clone());
+                        Outcome::Landed(current)
+                    }
+                    Whose::OlderOfOurs(current) => {
+                        info!(
+                            memory_store.id = %self.id,
+                            memory.path = %rel,
+                            "an upload of ours cut off in flight landed late; sending the newer edit over it"
+                        );
+                        self.upload(api, rel, local_sha, Some((id, current))).await
+                    }
+                    Whose::NewerOfOurs => {
+                        debug!(memory_store.id = %self.id, memory.path = %rel, "a newer upload of ours landed first; this one has nothing left to do");
+                        Outcome::Superseded
+                    }
+                    Whose::Theirs => {
+                        // The sent hash stays: this may be a retry of an
+                        // attempt that landed; the next listing tells.
+                        self.state().lost_uploads += 1;
+                        warn!(
+                            memory_store.id = %self.id,
+                            memory.path = %rel,
+                            "memory changed both locally and remotely; the upload was refused and the local edit loses"
+                        );
+                        Outcome::Settled
                     }
                 }
-                (_, Some(400 | 413)) => {
-                    self.refuse(rel, local_sha, &e.to_string());
-                    Outcome::Settled
-                }
-                _ => {
-                    warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
-                    Outcome::Failed(e.api().and_then(|a| a.retry_after()))
-                }
             }
-        })
+            (_, Some(400 | 413)) => {
+                self.refuse(rel, local_sha, &e.to_string());
+                Outcome::Settled
+            }
+            _ => {
+                warn!(memory_store.id = %self.id, memory.path = %rel, error = %e, "failed to upload memory");
+                Outcome::Failed(e.api().and_then(|a| a.retry_after()))
+            }
+        }
     }
 
     /// After send number `seq` of `sending` to `rel` (memory `id`) was
@@ -1802,6 +1799,61 @@ struct Work {
     suppressed: usize,
     /// The pass's delete budget, from the baseline it was planned against.
     budget: DeleteBudget,
+}
+
+impl Work {
+    /// One path's plan in the lists: its note, and its decision (the
+    /// baseline entry now, or the I/O that settles it). `confirmed` is the
+    /// path's baseline entry, `listed` its memory on the server, `local` the
+    /// file's hash.
+    fn take(
+        &mut self,
+        rel: &str,
+        p: Plan,
+        confirmed: Option<&String>,
+        listed: Option<&MemoryIndexEntry>,
+        local: Option<&str>,
+    ) {
+        match p.note {
+            Some(Note::DeleteSuppressed) => self.suppressed += 1,
+            Some(note) => self.notes.push((rel.to_string(), note)),
+            None => {}
+        }
+        let mut keep = |sha: Option<String>| {
+            if confirmed != sha.as_ref() {
+                self.changes.push((rel.to_string(), sha));
+            }
+        };
+        match p.decision {
+            Decision::Forget => keep(None),
+            Decision::Keep(sha) | Decision::HoldDelete { base: sha } => keep(Some(sha)),
+            Decision::Pull { keep: k } => {
+                keep(k);
+                // The planner pulls only what the server listed.
+                if let Some(m) = listed {
+                    self.pulls.push((rel.to_string(), m.id.clone()));
+                }
+            }
+            // These settle their baseline entry after their I/O.
+            Decision::Upload { update, fallback } => {
+                self.uploads
+                    .push((rel.to_string(), local.map(str::to_string), update, fallback))
+            }
+            Decision::RemoveLocal { base } => self.removals.push((rel.to_string(), base)),
+            Decision::Delete { id, base } => self.deletes.push((rel.to_string(), id, base)),
+        }
+    }
+
+    /// Nothing to do, nothing to report.
+    fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+            && self.pulls.is_empty()
+            && self.uploads.is_empty()
+            && self.removals.is_empty()
+            && self.deletes.is_empty()
+            && self.notes.is_empty()
+            && self.suppressed == 0
+    }
 }
 
 enum Removal {

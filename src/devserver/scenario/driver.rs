@@ -229,70 +229,23 @@ async fn call_tool(
     events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<super::super::live::StoredEvent>>,
     denied: &mut Vec<String>,
 ) -> Result<Option<String>, StepAbort> {
-    let input = substitute(&tool.input, &run.mounts);
-    let (call_type, result_type) = if tool.custom {
-        ("agent.custom_tool_use", "user.custom_tool_result")
+    let result_type = if tool.custom {
+        "user.custom_tool_result"
     } else {
-        ("agent.tool_use", "user.tool_result")
+        "user.tool_result"
     };
-    let mut call = json!({"type": call_type, "name": tool.name, "input": input});
-    if let Some(p) = &tool.evaluated_permission {
-        call["evaluated_permission"] = json!(p);
-    }
-    let sid = run.session_id.clone();
-    let gated = tool.evaluated_permission.as_deref() == Some("ask");
-    // A call the server itself denied needs no action from anyone.
-    let needs_action = tool.evaluated_permission.as_deref() != Some("deny");
-    let emitted = state
-        .commit(move |tx, fx| {
-            sessions::set_status(tx, fx, &sid, SessionStatus::Running, None)?;
-            let event = sessions::append(tx, fx, &sid, call)?;
-            let id = event.body["id"].as_str().unwrap_or_default().to_string();
-            if needs_action {
-                sessions::set_status(
-                    tx,
-                    fx,
-                    &sid,
-                    SessionStatus::Idle,
-                    Some(json!({"type": "requires_action", "event_ids": [id]})),
-                )?;
-            }
-            Ok(id)
-        })
-        .await
-        .map_err(|e| StepAbort(format!("cannot record the tool call: {e}")))?;
+    let emitted = emit_call(state, run, tool).await?;
     let started = Instant::now();
     run.report.steps[index].tool_use_id = Some(emitted.clone());
 
-    if tool.evaluated_permission.as_deref() == Some("deny") {
+    let allowed = match tool.evaluated_permission.as_deref() {
+        Some("deny") => false,
+        Some("ask") => confirm(state, &run.session_id, tool, &emitted).await?,
+        _ => true,
+    };
+    if !allowed {
         denied.push(emitted);
         return Ok(None);
-    }
-    if gated {
-        tokio::time::sleep(CONFIRM_DELAY).await;
-        let verdict = tool.confirm.clone().unwrap_or_else(|| "deny".into());
-        let sid = run.session_id.clone();
-        let id = emitted.clone();
-        let v = verdict.clone();
-        state
-            .commit(move |tx, fx| {
-                let mut confirmation =
-                    json!({"type": "user.tool_confirmation", "tool_use_id": id, "result": v});
-                if v == "deny" {
-                    confirmation["deny_message"] = json!("denied by the scenario");
-                }
-                sessions::append(tx, fx, &sid, confirmation)?;
-                if v == "deny" {
-                    sessions::set_status(tx, fx, &sid, SessionStatus::Running, None)?;
-                }
-                Ok(())
-            })
-            .await
-            .map_err(|e| StepAbort(format!("cannot record the confirmation: {e}")))?;
-        if verdict == "deny" {
-            denied.push(emitted);
-            return Ok(None);
-        }
     }
 
     let timeout = tool
@@ -330,7 +283,83 @@ async fn call_tool(
     slot.is_error = Some(is_error);
     slot.output = Some(truncate(&text));
     slot.latency_ms = Some(latency.as_secs_f64() * 1e3);
+    Ok(unmet_expectations(tool, &text, is_error, &run.mounts))
+}
 
+/// Append the call to the session (its status `idle`, requiring action,
+/// unless the server itself denied it): the call's event id.
+async fn emit_call(state: &AppState, run: &Run, tool: &ToolStep) -> Result<String, StepAbort> {
+    let input = substitute(&tool.input, &run.mounts);
+    let call_type = if tool.custom {
+        "agent.custom_tool_use"
+    } else {
+        "agent.tool_use"
+    };
+    let mut call = json!({"type": call_type, "name": tool.name, "input": input});
+    if let Some(p) = &tool.evaluated_permission {
+        call["evaluated_permission"] = json!(p);
+    }
+    let sid = run.session_id.clone();
+    // A call the server itself denied needs no action from anyone.
+    let needs_action = tool.evaluated_permission.as_deref() != Some("deny");
+    state
+        .commit(move |tx, fx| {
+            sessions::set_status(tx, fx, &sid, SessionStatus::Running, None)?;
+            let event = sessions::append(tx, fx, &sid, call)?;
+            let id = event.body["id"].as_str().unwrap_or_default().to_string();
+            if needs_action {
+                sessions::set_status(
+                    tx,
+                    fx,
+                    &sid,
+                    SessionStatus::Idle,
+                    Some(json!({"type": "requires_action", "event_ids": [id]})),
+                )?;
+            }
+            Ok(id)
+        })
+        .await
+        .map_err(|e| StepAbort(format!("cannot record the tool call: {e}")))
+}
+
+/// Answer an ask-gated call as the scenario says, after a user's pause:
+/// whether it was allowed.
+async fn confirm(
+    state: &AppState,
+    session_id: &str,
+    tool: &ToolStep,
+    emitted: &str,
+) -> Result<bool, StepAbort> {
+    tokio::time::sleep(CONFIRM_DELAY).await;
+    let verdict = tool.confirm.clone().unwrap_or_else(|| "deny".into());
+    let allowed = verdict != "deny";
+    let sid = session_id.to_string();
+    let id = emitted.to_string();
+    state
+        .commit(move |tx, fx| {
+            let mut confirmation =
+                json!({"type": "user.tool_confirmation", "tool_use_id": id, "result": verdict});
+            if !allowed {
+                confirmation["deny_message"] = json!("denied by the scenario");
+            }
+            sessions::append(tx, fx, &sid, confirmation)?;
+            if !allowed {
+                sessions::set_status(tx, fx, &sid, SessionStatus::Running, None)?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|e| StepAbort(format!("cannot record the confirmation: {e}")))?;
+    Ok(allowed)
+}
+
+/// What the result misses of the step's expectations, if anything.
+fn unmet_expectations(
+    tool: &ToolStep,
+    text: &str,
+    is_error: bool,
+    mounts: &BTreeMap<String, String>,
+) -> Option<String> {
     let mut problems = Vec::new();
     if let Some(want) = tool.expect.is_error
         && want != is_error
@@ -338,26 +367,26 @@ async fn call_tool(
         problems.push(format!("expected is_error={want}, got {is_error}"));
     }
     for needle in tool.expect.contains.iter().flat_map(|c| c.items()) {
-        let needle = substitute_str(needle, &run.mounts);
+        let needle = substitute_str(needle, mounts);
         if !text.contains(&needle) {
             problems.push(format!("expected the result to contain {needle:?}"));
         }
     }
     for needle in tool.expect.not_contains.iter().flat_map(|c| c.items()) {
-        let needle = substitute_str(needle, &run.mounts);
+        let needle = substitute_str(needle, mounts);
         if text.contains(&needle) {
             problems.push(format!("expected the result not to contain {needle:?}"));
         }
     }
-    Ok(if problems.is_empty() {
+    if problems.is_empty() {
         None
     } else {
         Some(format!(
             "{}; the result was {:?}",
             problems.join("; "),
-            truncate(&text)
+            truncate(text)
         ))
-    })
+    }
 }
 
 /// The first event of `kind` answering `ref_id`, or `None` after `timeout`.

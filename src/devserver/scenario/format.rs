@@ -353,184 +353,174 @@ fn parse_step(index: usize, raw: &Value, stores: &BTreeSet<&str>) -> Result<Step
     let obj = raw
         .as_object()
         .ok_or_else(|| step_error(index, "a step must be an object"))?;
-    if obj.contains_key("remote") {
-        let r: RawRemote = serde_json::from_value(raw.clone()).map_err(|e| step_error(index, e))?;
-        let op = r.remote;
-        if !stores.contains(op.store.as_str()) {
-            return Err(step_error(
-                index,
-                format!(
-                    "remote.store {:?} is not a store of this scenario",
-                    op.store
-                ),
-            ));
-        }
-        validate::memory_path("remote.path", &op.path).map_err(|e| step_error(index, e))?;
-        match op.op.as_str() {
-            "create" | "update" => {
-                let content = op
-                    .content
-                    .as_deref()
-                    .ok_or_else(|| step_error(index, format!("remote.{} needs content", op.op)))?;
-                validate::content(content).map_err(|e| step_error(index, e))?;
-            }
-            "delete" => {}
-            "rename" => {
-                let to = op
-                    .new_path
-                    .as_deref()
-                    .ok_or_else(|| step_error(index, "remote.rename needs new_path"))?;
-                validate::memory_path("remote.new_path", to).map_err(|e| step_error(index, e))?;
-            }
-            other => {
-                return Err(step_error(
-                    index,
-                    format!("remote.op {other:?} is not create, update, delete or rename"),
-                ));
-            }
-        }
-        return Ok(Step::Remote(op));
+    let step = if obj.contains_key("remote") {
+        parse_remote(raw, stores)
+    } else if obj.contains_key("faults") {
+        parse_faults(obj)
+    } else if obj.contains_key("clear_faults") {
+        exactly_true(obj, "clear_faults").map(|()| Step::ClearFaults)
+    } else if obj.contains_key("terminate") {
+        exactly_true(obj, "terminate").map(|()| Step::Terminate)
+    } else if obj.contains_key("wait_ms") {
+        parse_wait(raw)
+    } else if obj.contains_key("tool") || obj.contains_key("custom_tool") {
+        parse_tool_step(raw, stores)
+    } else {
+        Err(
+            "a step is a tool, custom_tool, remote, wait_ms, terminate, faults or clear_faults step"
+                .to_string(),
+        )
+    };
+    step.map_err(|e| step_error(index, e))
+}
+
+/// A step of its own kind only: exactly `{"<key>": true}`.
+fn exactly_true(obj: &serde_json::Map<String, Value>, key: &str) -> Result<(), String> {
+    if obj.len() != 1 || obj[key] != Value::Bool(true) {
+        return Err(format!("a {key} step is exactly {{\"{key}\": true}}"));
     }
-    if obj.contains_key("faults") {
-        if obj.len() != 1 {
-            return Err(step_error(
-                index,
-                "a faults step is exactly {\"faults\": [rule…]}",
-            ));
-        }
-        let rules: Vec<crate::devserver::faults::FaultRule> =
-            serde_json::from_value(obj["faults"].clone()).map_err(|e| step_error(index, e))?;
-        for rule in &rules {
-            rule.check().map_err(|e| step_error(index, e))?;
-        }
-        if rules.len() > crate::devserver::faults::MAX_RULES {
-            return Err(step_error(
-                index,
-                crate::devserver::faults::too_many_rules(rules.len()),
-            ));
-        }
-        return Ok(Step::Faults(rules));
+    Ok(())
+}
+
+fn parse_remote(raw: &Value, stores: &BTreeSet<&str>) -> Result<Step, String> {
+    let r: RawRemote = serde_json::from_value(raw.clone()).map_err(|e| e.to_string())?;
+    let op = r.remote;
+    if !stores.contains(op.store.as_str()) {
+        return Err(format!(
+            "remote.store {:?} is not a store of this scenario",
+            op.store
+        ));
     }
-    if obj.contains_key("clear_faults") {
-        if obj.len() != 1 || obj["clear_faults"] != Value::Bool(true) {
-            return Err(step_error(
-                index,
-                "a clear_faults step is exactly {\"clear_faults\": true}",
+    validate::memory_path("remote.path", &op.path)?;
+    match op.op.as_str() {
+        "create" | "update" => {
+            let content = op
+                .content
+                .as_deref()
+                .ok_or_else(|| format!("remote.{} needs content", op.op))?;
+            validate::content(content)?;
+        }
+        "delete" => {}
+        "rename" => {
+            let to = op
+                .new_path
+                .as_deref()
+                .ok_or("remote.rename needs new_path")?;
+            validate::memory_path("remote.new_path", to)?;
+        }
+        other => {
+            return Err(format!(
+                "remote.op {other:?} is not create, update, delete or rename"
             ));
         }
-        return Ok(Step::ClearFaults);
     }
-    if obj.contains_key("terminate") {
-        if obj.len() != 1 || obj["terminate"] != Value::Bool(true) {
-            return Err(step_error(
-                index,
-                "a terminate step is exactly {\"terminate\": true}",
-            ));
-        }
-        return Ok(Step::Terminate);
+    Ok(Step::Remote(op))
+}
+
+fn parse_faults(obj: &serde_json::Map<String, Value>) -> Result<Step, String> {
+    if obj.len() != 1 {
+        return Err("a faults step is exactly {\"faults\": [rule…]}".to_string());
     }
-    if obj.contains_key("wait_ms") {
-        let w: RawWait = serde_json::from_value(raw.clone()).map_err(|e| step_error(index, e))?;
-        if w.wait_ms > MAX_WAIT_MS {
-            return Err(step_error(
-                index,
-                format!(
-                    "wait_ms is {}; the most a step waits is {MAX_WAIT_MS} (10 minutes)",
-                    w.wait_ms
-                ),
-            ));
-        }
-        return Ok(Step::Wait(w.wait_ms));
+    let rules: Vec<crate::devserver::faults::FaultRule> =
+        serde_json::from_value(obj["faults"].clone()).map_err(|e| e.to_string())?;
+    for rule in &rules {
+        rule.check()?;
     }
-    if obj.contains_key("tool") || obj.contains_key("custom_tool") {
-        let t: RawToolStep =
-            serde_json::from_value(raw.clone()).map_err(|e| step_error(index, e))?;
-        let (name, custom) = match (t.tool, t.custom_tool) {
-            (Some(n), None) => (n, false),
-            (None, Some(n)) => (n, true),
-            _ => {
-                return Err(step_error(
-                    index,
-                    "give either tool or custom_tool, not both",
-                ));
-            }
-        };
-        if name.is_empty() {
-            return Err(step_error(index, "the tool name is empty"));
-        }
-        let input = t.input.unwrap_or_else(|| Value::Object(Default::default()));
-        if !input.is_object() {
-            return Err(step_error(index, "input must be an object"));
-        }
-        if let Some(p) = &t.evaluated_permission
-            && !matches!(p.as_str(), "allow" | "ask" | "deny")
-        {
-            return Err(step_error(
-                index,
-                "evaluated_permission must be allow, ask or deny",
-            ));
-        }
-        if let Some(p) = &t.evaluated_permission
-            && p != "allow"
-            && custom
-        {
-            return Err(step_error(index, "a custom tool call cannot be gated"));
-        }
-        match (t.evaluated_permission.as_deref(), t.confirm.as_deref()) {
-            (Some("ask"), Some("allow" | "deny")) => {}
-            (Some("ask"), _) => {
-                return Err(step_error(
-                    index,
-                    "an ask-gated call needs confirm: allow or deny",
-                ));
-            }
-            (_, Some(_)) => {
-                return Err(step_error(
-                    index,
-                    "confirm only goes with evaluated_permission: ask",
-                ));
-            }
-            _ => {}
-        }
-        if let Some(ms) = t.timeout_ms
-            && !(1..=MAX_TIMEOUT_MS).contains(&ms)
-        {
-            return Err(step_error(
-                index,
-                format!("timeout_ms is {ms}; it must be between 1 and {MAX_TIMEOUT_MS} (an hour)"),
-            ));
-        }
-        let expect = t.expect.unwrap_or_default();
-        let expect_strings: Vec<Value> = [&expect.contains, &expect.not_contains]
-            .into_iter()
-            .flatten()
-            .flat_map(|m| m.items().into_iter().map(|s| Value::String(s.to_string())))
-            .collect();
-        for key in mount_refs(&input)
-            .into_iter()
-            .chain(expect_strings.iter().flat_map(mount_refs))
-        {
-            if !stores.contains(key.as_str()) {
-                return Err(step_error(
-                    index,
-                    format!("{{mount:{key}}} names no store of this scenario"),
-                ));
-            }
-        }
-        return Ok(Step::Tool(ToolStep {
-            name,
-            custom,
-            input,
-            expect,
-            evaluated_permission: t.evaluated_permission,
-            confirm: t.confirm,
-            timeout_ms: t.timeout_ms,
-        }));
+    if rules.len() > crate::devserver::faults::MAX_RULES {
+        return Err(crate::devserver::faults::too_many_rules(rules.len()));
     }
-    Err(step_error(
-        index,
-        "a step is a tool, custom_tool, remote, wait_ms, terminate, faults or clear_faults step",
-    ))
+    Ok(Step::Faults(rules))
+}
+
+fn parse_wait(raw: &Value) -> Result<Step, String> {
+    let w: RawWait = serde_json::from_value(raw.clone()).map_err(|e| e.to_string())?;
+    if w.wait_ms > MAX_WAIT_MS {
+        return Err(format!(
+            "wait_ms is {}; the most a step waits is {MAX_WAIT_MS} (10 minutes)",
+            w.wait_ms
+        ));
+    }
+    Ok(Step::Wait(w.wait_ms))
+}
+
+fn parse_tool_step(raw: &Value, stores: &BTreeSet<&str>) -> Result<Step, String> {
+    let t: RawToolStep = serde_json::from_value(raw.clone()).map_err(|e| e.to_string())?;
+    let (name, custom) = match (t.tool, t.custom_tool) {
+        (Some(n), None) => (n, false),
+        (None, Some(n)) => (n, true),
+        _ => return Err("give either tool or custom_tool, not both".to_string()),
+    };
+    if name.is_empty() {
+        return Err("the tool name is empty".to_string());
+    }
+    let input = t.input.unwrap_or_else(|| Value::Object(Default::default()));
+    if !input.is_object() {
+        return Err("input must be an object".to_string());
+    }
+    check_gate(
+        t.evaluated_permission.as_deref(),
+        t.confirm.as_deref(),
+        custom,
+    )?;
+    if let Some(ms) = t.timeout_ms
+        && !(1..=MAX_TIMEOUT_MS).contains(&ms)
+    {
+        return Err(format!(
+            "timeout_ms is {ms}; it must be between 1 and {MAX_TIMEOUT_MS} (an hour)"
+        ));
+    }
+    let expect = t.expect.unwrap_or_default();
+    check_mounts_named(&input, &expect, stores)?;
+    Ok(Step::Tool(ToolStep {
+        name,
+        custom,
+        input,
+        expect,
+        evaluated_permission: t.evaluated_permission,
+        confirm: t.confirm,
+        timeout_ms: t.timeout_ms,
+    }))
+}
+
+/// The permission a call is gated by, and the answer to an `ask`.
+fn check_gate(permission: Option<&str>, confirm: Option<&str>, custom: bool) -> Result<(), String> {
+    if let Some(p) = permission
+        && !matches!(p, "allow" | "ask" | "deny")
+    {
+        return Err("evaluated_permission must be allow, ask or deny".to_string());
+    }
+    if permission.is_some_and(|p| p != "allow") && custom {
+        return Err("a custom tool call cannot be gated".to_string());
+    }
+    match (permission, confirm) {
+        (Some("ask"), Some("allow" | "deny")) => Ok(()),
+        (Some("ask"), _) => Err("an ask-gated call needs confirm: allow or deny".to_string()),
+        (_, Some(_)) => Err("confirm only goes with evaluated_permission: ask".to_string()),
+        _ => Ok(()),
+    }
+}
+
+/// Every `{mount:KEY}` in the input and the expectations names a store of
+/// the scenario.
+fn check_mounts_named(
+    input: &Value,
+    expect: &Expect,
+    stores: &BTreeSet<&str>,
+) -> Result<(), String> {
+    let expect_strings: Vec<Value> = [&expect.contains, &expect.not_contains]
+        .into_iter()
+        .flatten()
+        .flat_map(|m| m.items().into_iter().map(|s| Value::String(s.to_string())))
+        .collect();
+    for key in mount_refs(input)
+        .into_iter()
+        .chain(expect_strings.iter().flat_map(mount_refs))
+    {
+        if !stores.contains(key.as_str()) {
+            return Err(format!("{{mount:{key}}} names no store of this scenario"));
+        }
+    }
+    Ok(())
 }
 
 /// The store keys named by `{mount:KEY}` anywhere in `value`.
