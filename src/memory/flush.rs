@@ -29,7 +29,8 @@ use super::plan::{
 use super::push::{MAX_UPLOADS, PLAN_BUDGET};
 use super::remote::MemoryApi;
 use super::store::{
-    AttachedStore, Followed, MARKER_PATH, Outcome, PassError, RemoteMap, UPLOAD_CONCURRENCY,
+    AttachedStore, Followed, LocalFiles, MARKER_PATH, Marked, Outcome, PassError, RemoteMap,
+    UPLOAD_CONCURRENCY,
 };
 
 /// Files the cut-off line names at most (the count says how many more).
@@ -166,10 +167,21 @@ impl AttachedStore {
                 }
             }
         }
-        // A file an upload of the push already carries as it is now waits
-        // for that upload (sending it again would only race it); every
-        // other file goes out at once, a newer edit of a file the push is
-        // still sending included.
+        stats.uploaded = self.flush_sends(api, sends, &done).await;
+        Ok(())
+    }
+
+    /// The flush's uploads, each path marked `done` as it ends: how many
+    /// landed. A file an upload of the push already carries as it is now
+    /// waits for that upload (sending it again would only race it); every
+    /// other file goes out at once, a newer edit of a file the push is
+    /// still sending included.
+    async fn flush_sends(
+        &self,
+        api: &dyn MemoryApi,
+        sends: Vec<FlushSend>,
+        done: &(dyn Fn(&str) + Sync),
+    ) -> usize {
         let (waits, sends): (Vec<_>, Vec<_>) = sends
             .into_iter()
             .partition(|(rel, local, _)| self.board.flight_carrying(rel, local).is_some());
@@ -198,8 +210,7 @@ impl AttachedStore {
                 landed
             }));
         let (sent, waited) = futures::future::join(sent, waited).await;
-        stats.uploaded = sent + waited.into_iter().filter(|landed| *landed).count();
-        Ok(())
+        sent + waited.into_iter().filter(|landed| *landed).count()
     }
 
     /// The change-driven push's pass: upload what the kernel reported
@@ -232,37 +243,13 @@ impl AttachedStore {
             return Vec::new();
         }
         let started = Instant::now();
-        let seen = match self.scan_changed().await {
-            Ok(Some(seen)) => seen,
-            // The next sync scans whole and pushes what changed.
-            Ok(None) => return Vec::new(),
-            Err(e) => {
-                debug!(memory_store.id = %self.id, error = %e, "cannot examine the memory store folder for a push");
-                return Vec::new();
-            }
+        let Some((scan, changed, mut dirty)) = self.push_dirty().await else {
+            return Vec::new();
         };
-        let (scan, changed) = seen;
-        if plan_folder(scan.folder_facts(FolderOp::Flush)) != FolderVerdict::Proceed {
-            return Vec::new();
-        }
-        // A file the push saw is not missing: it breaks a pending delete's
-        // streak as a sync's scan does, so an absence is corroborated only
-        // by scans that all saw it (a file re-created, pushed and removed
-        // again starts a fresh 30 s window).
-        self.state()
-            .pending
-            .retain(|rel, _| !scan.files.contains_key(rel));
-        let found = reported(scan.files.with_marker(), &changed);
-        // A path an upload of ours still carries is looked at again when
-        // that upload ends.
-        let mut dirty = self.dirty(found.iter());
-        dirty.retain(|rel, _| !self.board.has_flight(rel));
-        if dirty.is_empty() {
-            return Vec::new();
-        }
         let remote = match self.push_index(api.as_ref()).await {
             PushIndex::Known(remote) => {
                 self.settle_sent(&remote, &scan.files);
+                self.forget_gone(&scan.files, &changed, &remote);
                 Some(remote)
             }
             PushIndex::Unknown => {
@@ -281,6 +268,85 @@ impl AttachedStore {
                 return Vec::new();
             }
         };
+        let flights = self.launch_flights(api, dirty, remote.as_deref(), started, stop);
+        drop(_pass);
+        self.sync_journal().await;
+        flights
+    }
+
+    /// What the push looks at: the files the kernel reported changed since
+    /// the last pass that differ from what was last agreed, none an upload
+    /// of ours still carries, with the scan they were seen in. `None`:
+    /// nothing to push, or the folder is not to be pushed from.
+    #[allow(clippy::type_complexity)]
+    async fn push_dirty(&self) -> Option<(Marked, BTreeSet<String>, BTreeMap<String, String>)> {
+        let (scan, changed) = match self.scan_changed().await {
+            Ok(Some(seen)) => seen,
+            // The next sync scans whole and pushes what changed.
+            Ok(None) => return None,
+            Err(e) => {
+                debug!(memory_store.id = %self.id, error = %e, "cannot examine the memory store folder for a push");
+                return None;
+            }
+        };
+        if plan_folder(scan.folder_facts(FolderOp::Flush)) != FolderVerdict::Proceed {
+            return None;
+        }
+        // A file the push saw is not missing: it breaks a pending delete's
+        // streak as a sync's scan does, so an absence is corroborated only
+        // by scans that all saw it (a file re-created, pushed and removed
+        // again starts a fresh 30 s window).
+        self.state()
+            .pending
+            .retain(|rel, _| !scan.files.contains_key(rel));
+        let found = reported(scan.files.with_marker(), &changed);
+        // A path an upload of ours still carries is looked at again when
+        // that upload ends.
+        let mut dirty = self.dirty(found.iter());
+        dirty.retain(|rel, _| !self.board.has_flight(rel));
+        if dirty.is_empty() {
+            return None;
+        }
+        Some((scan, changed, dirty))
+    }
+
+    /// Paths the kernel reported that are gone from the folder and from the
+    /// server alike: their baseline entries go, as a sync's plan forgets
+    /// them, so that a file the agent puts back there later (a rename away
+    /// and back) is new, to be uploaded — not the stale copy of a memory
+    /// the server deleted, to be removed (the model's case in
+    /// tests/it/memory_model.rs).
+    fn forget_gone(
+        &self,
+        files: &LocalFiles,
+        changed: &BTreeSet<String>,
+        remote: &BTreeMap<String, MemoryIndexEntry>,
+    ) {
+        let flying = self.board.flying();
+        let mut state = self.state();
+        let gone: Vec<String> = reported(state.baseline.as_map(), changed)
+            .into_keys()
+            .filter(|rel| {
+                !remote.contains_key(rel) && files.agrees(rel, None) && !flying.contains(rel)
+            })
+            .collect();
+        for rel in gone {
+            state.baseline.remove(&rel);
+            state.pending.remove(&rel);
+        }
+    }
+
+    /// The push's plan for each dirty file, carried out: adopted, left to
+    /// the sync, or an upload flying on its own, at most [`MAX_UPLOADS`];
+    /// the paths past that stay reported for the next pass.
+    fn launch_flights(
+        self: &Arc<Self>,
+        api: &Arc<dyn MemoryApi>,
+        dirty: BTreeMap<String, String>,
+        remote: Option<&BTreeMap<String, MemoryIndexEntry>>,
+        started: Instant,
+        stop: &CancellationToken,
+    ) -> Vec<tokio::task::JoinHandle<bool>> {
         let mut left = Vec::new();
         let mut flights = Vec::new();
         for (rel, local) in dirty {
@@ -288,7 +354,7 @@ impl AttachedStore {
                 left.push(rel);
                 continue;
             }
-            match self.plan_flush_path(&rel, &local, remote.as_deref()) {
+            match self.plan_flush_path(&rel, &local, remote) {
                 FlushDecision::Done => {}
                 // The server already holds these bytes: no request.
                 FlushDecision::Adopt => {
@@ -311,8 +377,6 @@ impl AttachedStore {
             debug!(memory_store.id = %self.id, left = left.len(), "the push pass ends before its last uploads; the next pass or sync takes them");
             self.observer().report_again(left);
         }
-        drop(_pass);
-        self.sync_journal().await;
         flights
     }
 
@@ -424,6 +488,10 @@ pub(crate) struct FlushStats {
     pub(crate) uploaded: usize,
     pub(crate) conflicts: usize,
 }
+
+/// One upload of the flush: the path, the file's hash, and the memory id
+/// with the hash it is guarded by (`None`: a create).
+type FlushSend = (String, String, Option<(String, String)>);
 
 /// Logs, when a flush is dropped before it finished (cut off at its
 /// bound), how many of its changed files had not finished uploading — the

@@ -46,7 +46,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::api::types::{Access, Session};
+use crate::api::types::{Access, MemoryStoreResource, Session};
 
 use self::flush::FlushStats;
 use self::folder::{Folder, is_clean_absolute};
@@ -302,112 +302,142 @@ impl SessionMemoryStores {
             return Ok(());
         }
         for resource in session.memory_stores() {
-            let id = resource.memory_store_id.clone();
-            let root = self.store_root(
-                &id,
-                resource.name.as_deref(),
-                resource.mount_path.as_deref(),
-            )?;
-            let read_only = resource.access() == Access::ReadOnly;
-            let open = || {
-                Folder::open(&root, true).map_err(|e| {
-                    MemoryError::Mount(format!(
-                        "failed to download memory store memory_store_id={id}: {e}"
-                    ))
-                })
-            };
-            let mut folder = open()?;
-            if !folder.removed_on_dispose() {
-                // A dead worker's folder is recovered; anything else refuses.
-                match recovery::adopt(self.state_dir.as_ref(), &root, &id, &session.id, read_only)?
-                {
-                    Adopted::Store(mut store) => {
-                        let pass = store.sync(self.api.as_ref(), self.deletions, false).await;
-                        info!(
-                            memory_store.id = %id,
-                            root = %store.folder.root().display(),
-                            uploads = pass.uploads,
-                            pulls = pass.pulls,
-                            conflicts = pass.conflicts,
-                            "recovered memory store folder"
-                        );
-                        self.configure(&mut store);
-                        self.stores.push(Arc::new(*store));
-                        continue;
-                    }
-                    Adopted::Cleared => {
-                        folder = open()?;
-                        if !folder.removed_on_dispose() {
-                            return Err(recovery::occupied(&root, &id));
-                        }
-                    }
-                }
-            }
-            // The journal first, then the folder: a worker killed in between
-            // leaves a journal that says its folder is being made, never a
-            // folder without its journal.
-            let mut journal = match &self.state_dir {
-                Some(dir) => {
-                    let owner = Owner {
-                        store: id.clone(),
-                        root: root.clone(),
-                        session: session.id.clone(),
-                        dev: 0,
-                        ino: 0,
-                        boot: journal::boot_id(),
-                    };
-                    match dir.create(owner, &Snapshot::default()) {
-                        Ok(journal) => Some(journal),
-                        Err(JournalError::Busy(_)) => return Err(recovery::in_use(&root, &id)),
-                        Err(e) => {
-                            warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
-                            None
-                        }
-                    }
-                }
-                None => None,
-            };
-            if let Err(e) = folder.create_root() {
-                let _ = folder.dispose();
-                if let Some(journal) = journal {
-                    journal.remove();
-                }
-                return Err(MemoryError::Mount(format!(
-                    "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
-                    root.display()
-                )));
-            }
-            if let (Some(j), Some((dev, ino))) = (journal.as_mut(), folder.identity())
-                && let Err(e) = j.set_identity(dev, ino)
-            {
-                warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
-                if let Some(journal) = journal.take() {
-                    journal.remove();
-                }
-            }
-            let mut store = AttachedStore::new(id.clone(), read_only, folder, journal);
-            match store.mount(self.api.as_ref()).await {
-                Ok(count) => {
-                    info!(
-                        memory_store.id = %id,
-                        root = %store.folder.root().display(),
-                        count,
-                        "downloaded memories"
-                    );
-                    self.configure(&mut store);
-                    self.stores.push(Arc::new(store));
-                }
-                Err(e) => {
-                    store.dispose().await;
-                    return Err(MemoryError::Mount(format!(
-                        "failed to download memory store memory_store_id={id}: {e}"
-                    )));
-                }
-            }
+            let mut store = self.download_one(session, resource).await?;
+            self.configure(&mut store);
+            self.stores.push(Arc::new(store));
         }
         *self.last_sync.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
         self.start_pushes();
         Ok(())
+    }
+
+    /// One store: a dead worker's folder at its path recovered, or a new
+    /// folder made and filled.
+    async fn download_one(
+        &self,
+        session: &Session,
+        resource: &MemoryStoreResource,
+    ) -> Result<AttachedStore, MemoryError> {
+        let id = resource.memory_store_id.clone();
+        let root = self.store_root(
+            &id,
+            resource.name.as_deref(),
+            resource.mount_path.as_deref(),
+        )?;
+        let read_only = resource.access() == Access::ReadOnly;
+        let open = || {
+            Folder::open(&root, true).map_err(|e| {
+                MemoryError::Mount(format!(
+                    "failed to download memory store memory_store_id={id}: {e}"
+                ))
+            })
+        };
+        let mut folder = open()?;
+        if !folder.removed_on_dispose() {
+            // A dead worker's folder is recovered; anything else refuses.
+            match recovery::adopt(self.state_dir.as_ref(), &root, &id, &session.id, read_only)? {
+                Adopted::Store(store) => {
+                    let pass = store.sync(self.api.as_ref(), self.deletions, false).await;
+                    info!(
+                        memory_store.id = %id,
+                        root = %store.folder.root().display(),
+                        uploads = pass.uploads,
+                        pulls = pass.pulls,
+                        conflicts = pass.conflicts,
+                        "recovered memory store folder"
+                    );
+                    return Ok(*store);
+                }
+                Adopted::Cleared => {
+                    folder = open()?;
+                    if !folder.removed_on_dispose() {
+                        return Err(recovery::occupied(&root, &id));
+                    }
+                }
+            }
+        }
+        // The journal first, then the folder: a worker killed in between
+        // leaves a journal that says its folder is being made, never a
+        // folder without its journal.
+        let journal = self.journal_for(&id, &root, session)?;
+        self.mount_new(id, &root, read_only, folder, journal).await
+    }
+
+    /// A new journal for the store at `root` (`None`: journaling is off,
+    /// or the journal cannot be written — said once).
+    fn journal_for(
+        &self,
+        id: &str,
+        root: &Path,
+        session: &Session,
+    ) -> Result<Option<journal::Journal>, MemoryError> {
+        let Some(dir) = &self.state_dir else {
+            return Ok(None);
+        };
+        let owner = Owner {
+            store: id.to_string(),
+            root: root.to_path_buf(),
+            session: session.id.clone(),
+            dev: 0,
+            ino: 0,
+            boot: journal::boot_id(),
+        };
+        match dir.create(owner, &Snapshot::default()) {
+            Ok(journal) => Ok(Some(journal)),
+            Err(JournalError::Busy(_)) => Err(recovery::in_use(root, id)),
+            Err(e) => {
+                warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Make the store's folder, then fill it from the server; on failure
+    /// the folder and its journal go.
+    async fn mount_new(
+        &self,
+        id: String,
+        root: &Path,
+        read_only: bool,
+        folder: Folder,
+        mut journal: Option<journal::Journal>,
+    ) -> Result<AttachedStore, MemoryError> {
+        if let Err(e) = folder.create_root() {
+            let _ = folder.dispose();
+            if let Some(journal) = journal {
+                journal.remove();
+            }
+            return Err(MemoryError::Mount(format!(
+                "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
+                root.display()
+            )));
+        }
+        if let (Some(j), Some((dev, ino))) = (journal.as_mut(), folder.identity())
+            && let Err(e) = j.set_identity(dev, ino)
+        {
+            warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
+            if let Some(journal) = journal.take() {
+                journal.remove();
+            }
+        }
+        let store = AttachedStore::new(id.clone(), read_only, folder, journal);
+        match store.mount(self.api.as_ref()).await {
+            Ok(count) => {
+                info!(
+                    memory_store.id = %id,
+                    root = %store.folder.root().display(),
+                    count,
+                    "downloaded memories"
+                );
+                Ok(store)
+            }
+            Err(e) => {
+                store.dispose().await;
+                Err(MemoryError::Mount(format!(
+                    "failed to download memory store memory_store_id={id}: {e}"
+                )))
+            }
+        }
     }
 
     /// The client the push sends with: each request once, so it sees every

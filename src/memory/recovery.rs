@@ -172,35 +172,9 @@ pub(crate) fn adopt(
             return Err(occupied(root, store_id));
         }
     };
-    let (owner, mut restored, disposing) = match replay {
-        Replay::Intact {
-            owner,
-            state,
-            torn,
-            disposing,
-        } => {
-            if torn {
-                info!(memory_store.id = %store_id, "the journal's last batch was cut short when its worker died; it is dropped, and the batches before it stand");
-            }
-            (owner, state, disposing)
-        }
-        Replay::Corrupt {
-            owner: Some(owner),
-            reason,
-        } => {
-            warn!(
-                memory_store.id = %store_id,
-                reason = %reason,
-                "the journal of the folder a dead worker left is damaged; recovering it with no baseline: every difference from the server is a conflict the server wins, and nothing is deleted on the server"
-            );
-            (owner, Snapshot::default(), false)
-        }
-        // Not even the header can be read: whose folder this is is unknown.
-        Replay::Corrupt { owner: None, .. } => return Err(occupied(root, store_id)),
-    };
-    if owner.store != store_id || owner.root != root {
-        return Err(occupied(root, store_id));
-    }
+    let (owner, restored, disposing) = read_replay(replay, store_id)
+        .filter(|(owner, ..)| owner.store == store_id && owner.root == root)
+        .ok_or_else(|| occupied(root, store_id))?;
     if being_made(root, &owner) {
         return if clear_unmade(root, claim) {
             Ok(Adopted::Cleared)
@@ -246,10 +220,55 @@ pub(crate) fn adopt(
             owner.session
         )));
     }
+    Ok(resume(folder, claim, owner, restored, store_id, read_only))
+}
+
+/// What a dead worker's journal says: its owner, the state it held, and
+/// whether it was removing the folder. `None`: not even the header can be
+/// read, so whose folder this is is unknown.
+fn read_replay(replay: Replay, store_id: &str) -> Option<(Owner, Snapshot, bool)> {
+    match replay {
+        Replay::Intact {
+            owner,
+            state,
+            torn,
+            disposing,
+        } => {
+            if torn {
+                info!(memory_store.id = %store_id, "the journal's last batch was cut short when its worker died; it is dropped, and the batches before it stand");
+            }
+            Some((owner, state, disposing))
+        }
+        Replay::Corrupt {
+            owner: Some(owner),
+            reason,
+        } => {
+            warn!(
+                memory_store.id = %store_id,
+                reason = %reason,
+                "the journal of the folder a dead worker left is damaged; recovering it with no baseline: every difference from the server is a conflict the server wins, and nothing is deleted on the server"
+            );
+            Some((owner, Snapshot::default(), false))
+        }
+        Replay::Corrupt { owner: None, .. } => None,
+    }
+}
+
+/// This session's own folder, left by its dead worker: taken over with its
+/// journal, to be synced before the session runs.
+fn resume(
+    folder: Folder,
+    claim: JournalClaim,
+    owner: Owner,
+    mut restored: Snapshot,
+    store_id: &str,
+    read_only: bool,
+) -> Adopted {
     remove_write_debris(&folder, &restored, store_id);
     let waiting = restored.pending.len();
     // Deletions waiting in the dead worker start their window afresh.
     restored.pending.clear();
+    let root = owner.root.clone();
     let journal = match claim.into_journal(owner, &restored) {
         Ok(journal) => Some(journal),
         Err(e) => {
@@ -264,13 +283,13 @@ pub(crate) fn adopt(
         deletions_waiting = waiting,
         "recovering the memory store folder a dead worker left: syncing its edits before the session runs"
     );
-    Ok(Adopted::Store(Box::new(AttachedStore::restored(
+    Adopted::Store(Box::new(AttachedStore::restored(
         store_id.to_string(),
         read_only,
         folder.adopt(),
         journal,
         restored,
-    ))))
+    )))
 }
 
 /// Remove the temporary files of atomic writes the dead worker was making

@@ -886,3 +886,22 @@ proptest! {
         paused().block_on(run(steps))?;
     }
 }
+
+/// Found by the model: the agent renames a file away, another writer
+/// deletes its memory, the push (reading the server for the renamed file)
+/// sees the path gone on both sides, and the agent renames the file back.
+/// The push left the path's baseline as it was, so the next sync read the
+/// file as the unchanged copy of a memory the server deleted and removed
+/// it: the agent's file was lost. Gone on both sides, the path is now
+/// forgotten, as a sync forgets it.
+#[test]
+fn a_file_renamed_away_and_back_over_a_remote_delete_is_kept() {
+    paused()
+        .block_on(run(vec![
+            Step::Rename(2, 1),
+            Step::RemoteDelete(2),
+            Step::Push,
+            Step::Rename(1, 2),
+        ]))
+        .unwrap();
+}
