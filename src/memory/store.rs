@@ -698,18 +698,18 @@ impl AttachedStore {
         // A push upload still in flight keeps its record, unconfirmed: its
         // answer tells whether the bytes listed are its own (another writer
         // may have written the very same bytes meanwhile) — unless the file
-        // and the server agree now: then the send is superseded like any
-        // other, and bytes equal to it that appear later are another
-        // writer's (the model's cases in tests/it/memory_model.rs).
+        // and the server agree now: then what both hold is agreed on,
+        // whoever wrote it, and the send is settled like any other (bytes
+        // equal to it that appear later are another writer's). The model's
+        // cases in tests/it/memory_model.rs.
         let flying = self.board.flying();
         let mut state = self.state();
         let sent = state.sent.take();
         for (rel, sha) in sent {
             let listed = remote.get(&rel).map(|m| m.content_sha256.as_str());
-            if flying.contains(&rel) {
-                if !files.agrees(&rel, listed) {
-                    state.sent.insert(rel, sha);
-                }
+            let agreed = files.agrees(&rel, listed);
+            if flying.contains(&rel) && !agreed {
+                state.sent.insert(rel, sha);
             } else if listed == Some(sha.as_str()) {
                 state.baseline.insert(rel, sha);
             }

@@ -721,6 +721,21 @@ impl<'w> ItemRun<'w> {
             Ok(n) => info!(processes = n, "killed processes that escaped their session"),
             Err(e) => warn!(error = %e, "cannot sweep orphaned processes"),
         }
+        // The shell's supervisor was killed a moment ago: its processes,
+        // killed with it, reach this worker (the subreaper) only once the
+        // kernel has reparented them, which a loaded host can delay past
+        // the sweep above. They are reaped by a second look, a moment later
+        // (else each would stay a zombie until the next item's sweep).
+        tokio::spawn(async {
+            for wait_ms in [500, 2_000, 5_000] {
+                tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+                if let Ok(n @ 1..) =
+                    tokio::task::spawn_blocking(crate::cleanroom::sweep_orphans).await
+                {
+                    debug!(processes = n, "reaped processes of a session that ended");
+                }
+            }
+        });
         if let Some(sandbox_room) = self.sandbox_room.take()
             && let Err(e) = tokio::task::spawn_blocking(move || sandbox_room.discard()).await
         {

@@ -905,3 +905,23 @@ fn a_file_renamed_away_and_back_over_a_remote_delete_is_kept() {
         ]))
         .unwrap();
 }
+
+/// Found by the model: the agent writes a new file, the push's create of
+/// it waits at the server, another writer creates the same bytes first,
+/// and a sync finds file and server equal while the create still flies.
+/// Both sides agree: the sync takes those bytes as agreed, so the agent's
+/// next edit goes out over them. (Left unconfirmed until the create's
+/// answer, the next edit read as a conflict and lost to "the remote
+/// version".)
+#[test]
+fn a_flying_create_whose_bytes_both_sides_hold_is_agreed_on() {
+    paused()
+        .block_on(run(vec![
+            Step::Write(3),
+            Step::SlowPush(1),
+            Step::RemoteEcho(3, 0),
+            Step::Sync,
+            Step::Write(3),
+        ]))
+        .unwrap();
+}

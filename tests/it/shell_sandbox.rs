@@ -1662,7 +1662,7 @@ async fn a_confined_shell_starts_ahead_of_the_first_call_and_ends_with_the_sessi
             }
             assert!(
                 Instant::now() < until,
-                "{mode}: shells {:?} outlived the session\n{}",
+                "{mode}: shells {:?} outlived the session (the worker is {worker})\n{}",
                 left.iter()
                     .map(|pid| (
                         pid,
