@@ -7,7 +7,9 @@
 //!   the rest as the last pass left it, or a full scan;
 //! - `feed` — the remote index: what the server holds, from the version feed;
 //! - `plan` — the pure three-way merge of one path;
-//! - [`store`] — one store's I/O: download, sync pass, dispose;
+//! - [`store`] — one store, wired as its data flow: observe (the folder,
+//!   the remote index) → plan → execute (uploads, deletes, pulls) → commit;
+//!   its download and its disposal;
 //! - `flush` — the push-only flush at a session's end, and the push's pass;
 //! - `push`, `flights` — the change-driven push (opt-in) and its uploads;
 //! - `state` — one store's sync state, committed to its journal as it changes;

@@ -43,6 +43,7 @@ use tokio::io::Interest;
 use tokio::io::unix::{AsyncFd, AsyncFdReadyGuard};
 
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::remote::MemoryApi;
@@ -79,82 +80,158 @@ pub(crate) const PLAN_BUDGET: Duration = Duration::from_secs(10);
 pub(super) async fn run(
     store: Weak<AttachedStore>,
     api: Arc<dyn MemoryApi>,
-    stop: tokio_util::sync::CancellationToken,
+    stop: CancellationToken,
 ) {
-    let mut seen = 0usize;
-    let mut first: Option<Instant> = None;
-    let mut last_change = Instant::now();
-    let mut last_push: Option<Instant> = None;
-    let Some(mut replaced) = store.upgrade().map(|s| s.watch_wakeups()) else {
+    let Some(replaced) = store.upgrade().map(|s| s.watch_wakeups()) else {
         return;
     };
-    // The current watch's descriptor, registered with the reactor; `None`
-    // until taken (again, after the watch was replaced).
-    let mut wake: Option<AsyncFd<OwnedFd>> = None;
+    let mut wake = Wakeups { replaced, fd: None };
+    let mut debounce = Debounce::new();
     loop {
-        if first.is_some() {
+        if debounce.waiting() {
             // Debouncing: look again shortly.
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tokio::time::sleep(TICK) => {}
             }
         } else {
-            if wake.is_none() {
-                let Some(held) = store.upgrade() else { return };
-                replaced.mark_unchanged();
-                wake = held.watch_fd().and_then(register);
-            }
-            // Idle: sleep until the kernel reports something.
-            tokio::select! {
-                _ = stop.cancelled() => return,
-                changed = replaced.changed() => {
-                    if changed.is_err() {
-                        return;
-                    }
-                    wake = None;
-                    continue;
-                }
-                ready = readable(wake.as_ref()) => match ready {
-                    Ok(mut guard) => guard.clear_ready(),
-                    // The reactor let the descriptor go (it is shutting
-                    // down): drop the registration, the tick stands in.
-                    Err(_) => wake = None,
-                },
-                _ = tokio::time::sleep(IDLE_TICK) => {}
+            match wake.idle(&store, &stop).await {
+                Woke::Stop => return,
+                Woke::Replaced => continue,
+                Woke::Look => {}
             }
         }
         let Some(held) = store.upgrade() else { return };
         held.push_wakeups
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let now = Instant::now();
-        let pending = held.pending_changes();
+        // A sync under way goes first; a back-off is waited out.
+        if debounce.due(held.pending_changes(), now)
+            && !held.board.sync_busy()
+            && !held.board.backing_off()
+        {
+            let uploads = held.push_changed(&api, &stop).await.len();
+            if uploads > 0 {
+                debug!(memory_store.id = %held.id, uploads, "pushing changed memories");
+            }
+            debounce.pushed(Instant::now());
+        }
+    }
+}
+
+/// When a push is due: once the reported writes pause for [`QUIET`] (or
+/// have kept coming for [`MAX_WAIT`]), and [`MIN_GAP`] after the last push.
+struct Debounce {
+    /// The count of reported paths last seen.
+    seen: usize,
+    /// When the first unpushed change was seen; `None`: nothing waits.
+    first: Option<Instant>,
+    /// When the count last moved.
+    last_change: Instant,
+    last_push: Option<Instant>,
+}
+
+impl Debounce {
+    fn new() -> Debounce {
+        Debounce {
+            seen: 0,
+            first: None,
+            last_change: Instant::now(),
+            last_push: None,
+        }
+    }
+
+    /// A change waits for its push.
+    fn waiting(&self) -> bool {
+        self.first.is_some()
+    }
+
+    /// With `pending` paths reported (`None`: the watch cannot vouch for
+    /// them) at `now`: is a push due?
+    fn due(&mut self, pending: Option<usize>, now: Instant) -> bool {
         match pending {
             Some(n) if n > 0 => {
-                if n != seen {
-                    seen = n;
-                    last_change = now;
+                if n != self.seen {
+                    self.seen = n;
+                    self.last_change = now;
                 }
-                let first_at = *first.get_or_insert(now);
-                let settled = now.duration_since(last_change) >= QUIET
+                let first_at = *self.first.get_or_insert(now);
+                let settled = now.duration_since(self.last_change) >= QUIET
                     || now.duration_since(first_at) >= MAX_WAIT;
-                let spaced = last_push.is_none_or(|t| now.duration_since(t) >= MIN_GAP);
-                // A sync under way goes first; a back-off is waited out.
-                if settled && spaced && !held.board.sync_busy() && !held.board.backing_off() {
-                    let uploads = held.push_changed(&api, &stop).await.len();
-                    if uploads > 0 {
-                        debug!(memory_store.id = %held.id, uploads, "pushing changed memories");
-                    }
-                    last_push = Some(Instant::now());
-                    seen = 0;
-                    first = None;
-                }
+                let spaced = self
+                    .last_push
+                    .is_none_or(|t| now.duration_since(t) >= MIN_GAP);
+                settled && spaced
             }
             // Nothing reported (or a sync took it), or the watch cannot
             // vouch for what it saw: nothing to push.
             Some(_) | None => {
-                seen = 0;
-                first = None;
+                self.rest();
+                false
             }
+        }
+    }
+
+    /// A push ran at `at`.
+    fn pushed(&mut self, at: Instant) {
+        self.last_push = Some(at);
+        self.rest();
+    }
+
+    fn rest(&mut self) {
+        self.seen = 0;
+        self.first = None;
+    }
+}
+
+/// What ended an idle wait.
+enum Woke {
+    /// The task is cancelled, or the store is gone.
+    Stop,
+    /// The watch was replaced: its new descriptor is taken before waiting.
+    Replaced,
+    /// The kernel reported something, or the safety tick came: look.
+    Look,
+}
+
+/// What wakes the idle task: the watch's descriptor turning readable, or
+/// the watch being replaced.
+struct Wakeups {
+    replaced: tokio::sync::watch::Receiver<u64>,
+    /// The current watch's descriptor, registered with the reactor; `None`
+    /// until taken (again, after the watch was replaced).
+    fd: Option<AsyncFd<OwnedFd>>,
+}
+
+impl Wakeups {
+    /// Sleep until the kernel reports something (at most [`IDLE_TICK`]).
+    async fn idle(&mut self, store: &Weak<AttachedStore>, stop: &CancellationToken) -> Woke {
+        if self.fd.is_none() {
+            let Some(held) = store.upgrade() else {
+                return Woke::Stop;
+            };
+            self.replaced.mark_unchanged();
+            self.fd = held.watch_fd().and_then(register);
+        }
+        tokio::select! {
+            _ = stop.cancelled() => Woke::Stop,
+            changed = self.replaced.changed() => {
+                if changed.is_err() {
+                    return Woke::Stop;
+                }
+                self.fd = None;
+                Woke::Replaced
+            }
+            ready = readable(self.fd.as_ref()) => {
+                match ready {
+                    Ok(mut guard) => guard.clear_ready(),
+                    // The reactor let the descriptor go (it is shutting
+                    // down): drop the registration, the tick stands in.
+                    Err(_) => self.fd = None,
+                }
+                Woke::Look
+            }
+            _ = tokio::time::sleep(IDLE_TICK) => Woke::Look,
         }
     }
 }
