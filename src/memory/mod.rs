@@ -16,7 +16,8 @@
 //! - `journal` — the durable commit: each store's sync state on disk;
 //! - [`SyncReport`] (`report`) — what a sync did: one store's pass, or all summed;
 //! - [`recovery`] — folders a dead worker left: recovered, or let go;
-//! - [`remote`] — the memory endpoints the sync uses, behind a trait;
+//! - [`remote`] — the memory endpoints the sync uses, listed once: the trait,
+//!   the HTTP client's mapping, and layers that wrap an api (counts, faults);
 //! - [`options`] — the sync interval and the delete mode.
 //!
 //! The server is the source of truth: conflicts go its way (with a

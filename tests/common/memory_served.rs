@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use envworker::api::Error;
-use envworker::api::types::{Memory, MemoryIndexEntry, MemoryListItem, Page, View};
-use envworker::memory::remote::{MemoryApi, VersionsPage};
+use envworker::memory::remote::{Layered, MemoryAnswer, MemoryApi, MemoryCall, MemoryLayer};
 use futures::future::BoxFuture;
 
 use base64::Engine;
@@ -39,23 +38,24 @@ pub struct Served {
     pub calls: Arc<Counting>,
 }
 
-/// The client, counting the memory API calls made through it, by kind.
-/// Its single-attempt twin (the push's client) shares the counts.
+/// A layer over the client counting the memory API calls made through it,
+/// by kind. The client's single-attempt twin (the push's client) goes
+/// through the same layer, so it shares the counts.
+#[derive(Default)]
 pub struct Counting {
-    client: Client,
-    pub listings: Arc<AtomicUsize>,
-    pub versions: Arc<AtomicUsize>,
-    pub others: Arc<AtomicUsize>,
+    pub listings: AtomicUsize,
+    pub versions: AtomicUsize,
+    pub others: AtomicUsize,
     /// Creates, updates and deletes (counted in `others` too): the write
     /// requests that count against the organisation's write rate limits.
-    pub writes: Arc<AtomicUsize>,
+    pub writes: AtomicUsize,
     /// Version ids left out of `memory_versions` pages: a write committed
     /// late, not yet visible (take an id out to make it visible).
-    pub hidden: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    pub hidden: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Run before a listing request is sent (given its prefix, `None` for
     /// the whole store or its top level): a hook between the mount's
     /// listing requests, e.g. another writer's change.
-    pub before_listing: Arc<std::sync::Mutex<Option<ListingHook>>>,
+    pub before_listing: std::sync::Mutex<Option<ListingHook>>,
 }
 
 /// See [`Counting::before_listing`]: the future to await before the
@@ -63,18 +63,6 @@ pub struct Counting {
 pub type ListingHook = Box<dyn Fn(Option<&str>) -> Option<BoxFuture<'static, ()>> + Send + Sync>;
 
 impl Counting {
-    pub fn new(client: Client) -> Counting {
-        Counting {
-            client,
-            listings: Default::default(),
-            versions: Default::default(),
-            others: Default::default(),
-            writes: Default::default(),
-            hidden: Default::default(),
-            before_listing: Default::default(),
-        }
-    }
-
     fn hook(&self, prefix: Option<&str>) -> Option<BoxFuture<'static, ()>> {
         self.before_listing
             .lock()
@@ -99,126 +87,53 @@ impl Counting {
             self.others.load(Ordering::SeqCst),
         )
     }
+
+    /// `call` counted under its kind.
+    fn count(&self, call: &MemoryCall<'_>) {
+        let kind = match call {
+            MemoryCall::List { .. }
+            | MemoryCall::ListUnder { .. }
+            | MemoryCall::ListIndex { .. } => &self.listings,
+            MemoryCall::Versions { .. } => &self.versions,
+            MemoryCall::Retrieve { .. }
+            | MemoryCall::Create { .. }
+            | MemoryCall::Update { .. }
+            | MemoryCall::Delete { .. } => &self.others,
+        };
+        kind.fetch_add(1, Ordering::SeqCst);
+        if matches!(
+            call,
+            MemoryCall::Create { .. } | MemoryCall::Update { .. } | MemoryCall::Delete { .. }
+        ) {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+        }
+    }
 }
 
-impl MemoryApi for Counting {
-    fn single_attempt(&self) -> Option<Arc<dyn MemoryApi>> {
-        Some(Arc::new(Counting {
-            client: self
-                .client
-                .with_memory_retry(envworker::api::RetryPolicy::none()),
-            listings: self.listings.clone(),
-            versions: self.versions.clone(),
-            others: self.others.clone(),
-            writes: self.writes.clone(),
-            hidden: self.hidden.clone(),
-            before_listing: self.before_listing.clone(),
-        }))
-    }
-
-    fn list<'a>(
+/// Each call counted; a listing by prefix held back by the hook, if any;
+/// the hidden versions left out of a versions page.
+impl MemoryLayer for Counting {
+    fn around<'a>(
         &'a self,
-        store_id: &'a str,
-        view: View,
-        limit: u32,
-        page: Option<String>,
-    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
-        self.listings.fetch_add(1, Ordering::SeqCst);
-        self.client.list(store_id, view, limit, page)
-    }
-
-    fn list_under<'a>(
-        &'a self,
-        store_id: &'a str,
-        view: View,
-        limit: u32,
-        prefix: Option<&'a str>,
-        depth: Option<u32>,
-        page: Option<String>,
-    ) -> BoxFuture<'a, Result<Page<MemoryListItem>, Error>> {
-        self.listings.fetch_add(1, Ordering::SeqCst);
-        let hook = self.hook(prefix);
+        call: MemoryCall<'a>,
+        inner: &'a dyn MemoryApi,
+    ) -> BoxFuture<'a, Result<MemoryAnswer, Error>> {
+        self.count(&call);
+        let hook = match &call {
+            MemoryCall::ListUnder { prefix, .. } => self.hook(*prefix),
+            _ => None,
+        };
         Box::pin(async move {
             if let Some(hook) = hook {
                 hook.await;
             }
-            self.client
-                .list_under(store_id, view, limit, prefix, depth, page)
-                .await
+            let mut answer = call.send(inner).await?;
+            if let MemoryAnswer::Versions((got, _)) = &mut answer {
+                let hidden = self.hidden.lock().unwrap().clone();
+                got.data.retain(|v| !hidden.contains(&v.id));
+            }
+            Ok(answer)
         })
-    }
-
-    fn list_index<'a>(
-        &'a self,
-        store_id: &'a str,
-        limit: u32,
-        page: Option<String>,
-    ) -> BoxFuture<'a, Result<Page<MemoryIndexEntry>, Error>> {
-        self.listings.fetch_add(1, Ordering::SeqCst);
-        self.client.list_index(store_id, limit, page)
-    }
-
-    fn versions<'a>(
-        &'a self,
-        store_id: &'a str,
-        since_micros: Option<i64>,
-        limit: u32,
-        page: Option<String>,
-    ) -> BoxFuture<'a, Result<VersionsPage, Error>> {
-        self.versions.fetch_add(1, Ordering::SeqCst);
-        Box::pin(async move {
-            let (mut got, date) = self
-                .client
-                .versions(store_id, since_micros, limit, page)
-                .await?;
-            let hidden = self.hidden.lock().unwrap().clone();
-            got.data.retain(|v| !hidden.contains(&v.id));
-            Ok((got, date))
-        })
-    }
-
-    fn retrieve<'a>(
-        &'a self,
-        store_id: &'a str,
-        memory_id: &'a str,
-    ) -> BoxFuture<'a, Result<Memory, Error>> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.client.retrieve(store_id, memory_id)
-    }
-
-    fn create<'a>(
-        &'a self,
-        store_id: &'a str,
-        path: &'a str,
-        content: &'a str,
-    ) -> BoxFuture<'a, Result<Memory, Error>> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.client.create(store_id, path, content)
-    }
-
-    fn update<'a>(
-        &'a self,
-        store_id: &'a str,
-        memory_id: &'a str,
-        content: &'a str,
-        expected_sha256: &'a str,
-    ) -> BoxFuture<'a, Result<Memory, Error>> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.client
-            .update(store_id, memory_id, content, expected_sha256)
-    }
-
-    fn delete<'a>(
-        &'a self,
-        store_id: &'a str,
-        memory_id: &'a str,
-        expected_sha256: &'a str,
-    ) -> BoxFuture<'a, Result<(), Error>> {
-        self.others.fetch_add(1, Ordering::SeqCst);
-        self.writes.fetch_add(1, Ordering::SeqCst);
-        self.client.delete(store_id, memory_id, expected_sha256)
     }
 }
 
@@ -350,11 +265,11 @@ pub async fn served_custom(
         .memory_stores()
         .map(|m| PathBuf::from(m.mount_path.clone().unwrap()))
         .collect();
-    let calls = Arc::new(Counting::new(client.clone()));
+    let calls = Arc::new(Counting::default());
     *calls.before_listing.lock().unwrap() = hook(s.url(), ids.clone());
     let mut stores = shape(
         SessionMemoryStores::new(
-            calls.clone(),
+            Arc::new(Layered::new(calls.clone(), Arc::new(client.clone()))),
             mnt.path(),
             SyncInterval::default(),
             DeleteMode::Enabled,
