@@ -14,7 +14,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use envworker::devserver::DevserverConfig;
 use envworker::webhook::SigningKey;
-use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::{ADMIN_KEY, TestServer};
@@ -259,16 +258,10 @@ pub async fn fixture() -> Fixture {
             .mount_root(mnt.path().join("advertised/memory").to_str().unwrap()),
     )
     .await;
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
+    let env = server.create_environment().await;
     let (key, secret) = SigningKey::generate();
     Fixture {
-        env: (
-            env["environment_id"].as_str().unwrap().into(),
-            env["environment_key"].as_str().unwrap().into(),
-        ),
+        env,
         server,
         secret,
         key,
@@ -296,12 +289,35 @@ impl Fixture {
                 "expect_final": {"notes": {"/a.md": "alpha\n", "/b.md": content}}
             }))
             .await;
-        let remap = format!(
+        let remap = self.remap_to(&self._mnt.path().join("actual"));
+        (started, remap)
+    }
+
+    /// A session that writes `file` (`content`) in an empty writable store,
+    /// then would go on for two minutes: its edit is saved only by the
+    /// teardown, unless a periodic sync comes first.
+    pub async fn long_session(&self, name: &str, file: &str, content: &str) -> super::Started {
+        self.server
+            .start_scenario(&json!({
+                "name": name,
+                "environment_id": self.env.0,
+                "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {}}],
+                "steps": [
+                    {"tool": "write", "input": {"file_path": format!("{{mount:notes}}/{file}"), "content": content}},
+                    {"wait_ms": 120000}
+                ]
+            }))
+            .await
+    }
+
+    /// The `--mount-remap` that keeps the stores advertised under the
+    /// fixture's mount root in `memory` under `root` instead.
+    pub fn remap_to(&self, root: &std::path::Path) -> String {
+        format!(
             "{}={}",
             self._mnt.path().join("advertised/memory").display(),
-            self._mnt.path().join("actual/memory").display()
-        );
-        (started, remap)
+            root.join("memory").display()
+        )
     }
 
     pub fn webhook_event(&self, session_id: &str) -> Value {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cargo_lambda;
+pub mod container;
 pub mod fake_memory;
 pub mod harness;
 pub mod lambda;
@@ -14,6 +15,7 @@ pub mod sdk;
 pub mod serve_stack;
 pub mod served;
 pub mod toolbox;
+pub mod worker_env;
 
 use envworker::devserver::{Devserver, DevserverConfig, RunningDevserver};
 use reqwest::{Method, StatusCode};
@@ -191,6 +193,32 @@ impl TestServer {
             .await
     }
 
+    /// A new self-hosted environment (`POST /dev/environments`): its id and
+    /// its key.
+    pub async fn create_environment(&self) -> (String, String) {
+        let env = self
+            .dev(Method::POST, "/dev/environments", Some(json!({})))
+            .await
+            .ok();
+        (
+            env["environment_id"].as_str().unwrap().to_string(),
+            env["environment_key"].as_str().unwrap().to_string(),
+        )
+    }
+
+    /// A session of agent `a` in `env_id`, without resources: its id.
+    pub async fn create_session(&self, env_id: &str) -> String {
+        let session = self
+            .agents(
+                Method::POST,
+                "/v1/sessions",
+                Some(json!({"agent": "a", "environment_id": env_id})),
+            )
+            .await
+            .ok();
+        session["id"].as_str().unwrap().to_string()
+    }
+
     /// Load a scenario file from `events/scenarios/` (or any JSON) and start it.
     pub async fn start_scenario(&self, scenario: &Value) -> Started {
         let body = self
@@ -276,6 +304,28 @@ impl TestServer {
             Method::POST,
             &format!("/v1/memory_stores/{store}/memories"),
             Some(json!({ "path": path, "content": content })),
+        )
+        .await
+        .ok()
+    }
+
+    /// Archive `store`: read-only from now on.
+    pub async fn archive_store(&self, store: &str) -> Value {
+        self.memory(
+            Method::POST,
+            &format!("/v1/memory_stores/{store}/archive"),
+            None,
+        )
+        .await
+        .ok()
+    }
+
+    /// Another writer's edit: the memory `id` of `store` now holds `content`.
+    pub async fn update_memory(&self, store: &str, id: &str, content: &str) -> Value {
+        self.memory(
+            Method::POST,
+            &format!("/v1/memory_stores/{store}/memories/{id}"),
+            Some(json!({ "content": content })),
         )
         .await
         .ok()

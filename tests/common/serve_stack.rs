@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use envworker::devserver::DevserverConfig;
 use envworker::webhook::SigningKey;
-use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::{ADMIN_KEY, Started, TestServer};
@@ -307,14 +306,7 @@ async fn stack_full(extra: &[&str], options: StackOptions, webhooks: bool) -> St
             .lease_ttl_seconds(options.lease_ttl_seconds.unwrap_or(10)),
     )
     .await;
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
-    let (env_id, env_key) = (
-        env["environment_id"].as_str().unwrap().to_string(),
-        env["environment_key"].as_str().unwrap().to_string(),
-    );
+    let (env_id, env_key) = server.create_environment().await;
     // The defaults, unless `extra` sets them (a flag may appear only once).
     let mut args: Vec<&str> = [["--max-idle", "1s"], ["--memory-sync-interval", "5s"]]
         .into_iter()

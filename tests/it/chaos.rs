@@ -285,12 +285,7 @@ async fn sessions_survive_killed_replicas_and_lost_webhooks() {
             .lease_ttl_seconds(LEASE_TTL_S as i64),
     )
     .await;
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
-    let env_id = env["environment_id"].as_str().unwrap().to_string();
-    let env_key = env["environment_key"].as_str().unwrap().to_string();
+    let (env_id, env_key) = server.create_environment().await;
 
     let mut replicas: Vec<Replica> = ports
         .iter()

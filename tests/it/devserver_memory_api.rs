@@ -118,13 +118,7 @@ async fn store_listing_is_newest_first_paginated_and_hides_archived() {
     for i in 0..5 {
         made.push(s.create_store(&format!("store {i}")).await);
     }
-    s.memory(
-        Method::POST,
-        &format!("/v1/memory_stores/{}/archive", made[1]),
-        None,
-    )
-    .await
-    .ok();
+    s.archive_store(&made[1]).await;
 
     let (all, pages) = s.list_all("/v1/memory_stores?limit=2").await;
     let mut expected: Vec<String> = made.iter().rev().cloned().collect();
@@ -541,20 +535,8 @@ async fn versions_history_filters_retrieve_and_redact() {
     let vbase = format!("/v1/memory_stores/{store}/memory_versions");
     let a = s.create_memory(&store, "/a.md", "a1").await;
     let a_id = a["id"].as_str().unwrap();
-    s.memory(
-        Method::POST,
-        &format!("{base}/{a_id}"),
-        Some(json!({"content": "a2"})),
-    )
-    .await
-    .ok();
-    s.memory(
-        Method::POST,
-        &format!("{base}/{a_id}"),
-        Some(json!({"content": "a3"})),
-    )
-    .await
-    .ok();
+    s.update_memory(&store, a_id, "a2").await;
+    s.update_memory(&store, a_id, "a3").await;
     let b = s.create_memory(&store, "/b.md", "b1").await;
 
     let (all, _) = s.list_all(&format!("{vbase}?limit=2")).await;
@@ -664,20 +646,8 @@ async fn archived_store_is_read_only_but_deletable() {
     let m = s.create_memory(&store, "/keep.md", "k").await;
     let gone = s.create_memory(&store, "/gone.md", "g").await;
     let mid = m["id"].as_str().unwrap();
-    s.memory(
-        Method::POST,
-        &format!("/v1/memory_stores/{store}/memories/{mid}"),
-        Some(json!({"content": "k2"})),
-    )
-    .await
-    .ok();
-    s.memory(
-        Method::POST,
-        &format!("/v1/memory_stores/{store}/archive"),
-        None,
-    )
-    .await
-    .ok();
+    s.update_memory(&store, mid, "k2").await;
+    s.archive_store(&store).await;
 
     // Reads work.
     s.memory(

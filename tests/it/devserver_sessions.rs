@@ -14,14 +14,6 @@ use futures::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-async fn env(s: &TestServer) -> (String, String) {
-    let e = s.dev(Method::POST, "/dev/environments", None).await.ok();
-    (
-        e["environment_id"].as_str().unwrap().into(),
-        e["environment_key"].as_str().unwrap().into(),
-    )
-}
-
 async fn events(s: &TestServer, session: &str) -> Vec<Value> {
     let body = s
         .agents(
@@ -47,7 +39,7 @@ async fn create_a_session_with_memory_stores_and_derived_mount_paths() {
         DevserverConfig::new(crate::common::ADMIN_KEY).mount_root("/srv/mem"),
     )
     .await;
-    let (env_id, _) = env(&s).await;
+    let (env_id, _) = s.create_environment().await;
     let a = s.create_store("User Preferences").await;
     let b = s.create_store("user preferences!").await;
     let c = s.create_store("???").await;
@@ -94,13 +86,7 @@ async fn create_a_session_with_memory_stores_and_derived_mount_paths() {
 
     // The refusals, none of which creates anything.
     let archived = s.create_store("old").await;
-    s.memory(
-        Method::POST,
-        &format!("/v1/memory_stores/{archived}/archive"),
-        None,
-    )
-    .await
-    .ok();
+    s.archive_store(&archived).await;
     let nine: Vec<Value> = {
         let mut v = Vec::new();
         for i in 0..9 {
@@ -192,16 +178,9 @@ async fn create_a_session_with_memory_stores_and_derived_mount_paths() {
 #[tokio::test]
 async fn a_user_message_runs_the_session_and_the_echo_agent_ends_the_turn() {
     let s = TestServer::start().await;
-    let (env_id, key) = env(&s).await;
-    let session = s
-        .agents(
-            Method::POST,
-            "/v1/sessions",
-            Some(json!({"agent": "a", "environment_id": env_id})),
-        )
-        .await
-        .ok();
-    let id = session["id"].as_str().unwrap();
+    let (env_id, key) = s.create_environment().await;
+    let session = s.create_session(&env_id).await;
+    let id = session.as_str();
     let sent = s
         .worker(
             &key,
@@ -380,16 +359,8 @@ async fn the_event_stream_speaks_sse_with_pings() {
         DevserverConfig::new(crate::common::ADMIN_KEY).ping_interval(Duration::from_millis(150)),
     )
     .await;
-    let (env_id, key) = env(&s).await;
-    let session = s
-        .agents(
-            Method::POST,
-            "/v1/sessions",
-            Some(json!({"agent": "a", "environment_id": env_id})),
-        )
-        .await
-        .ok();
-    let id = session["id"].as_str().unwrap().to_string();
+    let (env_id, key) = s.create_environment().await;
+    let id = s.create_session(&env_id).await;
     let response = reqwest::Client::new()
         .get(format!("{}/v1/sessions/{id}/events/stream", s.url()))
         .bearer_auth(&key)
@@ -469,16 +440,9 @@ async fn the_event_stream_speaks_sse_with_pings() {
 #[tokio::test]
 async fn a_dormant_session_gets_a_new_work_item_for_a_new_message() {
     let s = TestServer::start().await;
-    let (env_id, key) = env(&s).await;
-    let session = s
-        .agents(
-            Method::POST,
-            "/v1/sessions",
-            Some(json!({"agent": "a", "environment_id": env_id})),
-        )
-        .await
-        .ok();
-    let id = session["id"].as_str().unwrap();
+    let (env_id, key) = s.create_environment().await;
+    let session = s.create_session(&env_id).await;
+    let id = session.as_str();
     let work_path = format!("/v1/environments/{env_id}/work");
     let first = s
         .worker(&key, Method::GET, &format!("{work_path}/poll"), None)
@@ -540,16 +504,9 @@ async fn a_dormant_session_gets_a_new_work_item_for_a_new_message() {
 #[tokio::test]
 async fn archive_and_delete_end_a_session() {
     let s = TestServer::start().await;
-    let (env_id, _) = env(&s).await;
-    let one = s
-        .agents(
-            Method::POST,
-            "/v1/sessions",
-            Some(json!({"agent": "a", "environment_id": env_id})),
-        )
-        .await
-        .ok();
-    let id = one["id"].as_str().unwrap();
+    let (env_id, _) = s.create_environment().await;
+    let one = s.create_session(&env_id).await;
+    let id = one.as_str();
     let archived = s
         .agents(Method::POST, &format!("/v1/sessions/{id}/archive"), None)
         .await
@@ -624,16 +581,9 @@ async fn run_started_webhooks_are_signed_and_retried() {
             .webhook_backoff(Duration::from_millis(50)),
     )
     .await;
-    let (env_id, _) = env(&s).await;
-    let session = s
-        .agents(
-            Method::POST,
-            "/v1/sessions",
-            Some(json!({"agent": "a", "environment_id": env_id})),
-        )
-        .await
-        .ok();
-    let id = session["id"].as_str().unwrap();
+    let (env_id, _) = s.create_environment().await;
+    let session = s.create_session(&env_id).await;
+    let id = session.as_str();
     s.agents(
         Method::POST,
         &format!("/v1/sessions/{id}/events"),
@@ -680,7 +630,7 @@ async fn a_failing_endpoint_gets_three_retries_then_the_event_is_dropped() {
             .webhook_backoff(Duration::from_millis(20)),
     )
     .await;
-    let (env_id, _) = env(&s).await;
+    let (env_id, _) = s.create_environment().await;
     s.agents(
         Method::POST,
         "/v1/sessions",
@@ -910,7 +860,7 @@ async fn scenario_reports_name_what_failed_and_bad_scenarios_are_refused() {
 #[tokio::test]
 async fn a_scenario_can_run_in_a_named_environment() {
     let s = TestServer::start().await;
-    let (env_id, _) = env(&s).await;
+    let (env_id, _) = s.create_environment().await;
     let mut doc = scenario("notes-roundtrip");
     doc["environment_id"] = json!(env_id);
     let started = s.start_scenario(&doc).await;

@@ -21,23 +21,11 @@ async fn world() -> World {
     let m = s.create_memory(&store, "/a/b.md", "v1").await;
     let memory = m["id"].as_str().unwrap().to_string();
     s.create_memory(&store, "/c.md", "c").await;
-    s.memory(
-        Method::POST,
-        &format!("/v1/memory_stores/{store}/memories/{memory}"),
-        Some(json!({"content": "v2"})),
-    )
-    .await
-    .ok();
+    s.update_memory(&store, &memory, "v2").await;
     let old_version = m["memory_version_id"].as_str().unwrap().to_string();
     let archived = s.create_store("old").await;
     let am = s.create_memory(&archived, "/x.md", "x").await;
-    s.memory(
-        Method::POST,
-        &format!("/v1/memory_stores/{archived}/archive"),
-        None,
-    )
-    .await
-    .ok();
+    s.archive_store(&archived).await;
     World {
         archived_memory: am["id"].as_str().unwrap().to_string(),
         s,

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::common::TestServer;
+use crate::common::container::spawn_container;
 use crate::common::lambda::{StandIn, epoch_ms, spawn_function};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -23,7 +24,6 @@ use envworker::worker::{EnvironmentWorker, WorkerOptions};
 use http_body_util::BodyExt;
 use lambda_http::RequestExt;
 use lambda_http::request::LambdaRequest;
-use reqwest::Method;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -136,14 +136,7 @@ struct App {
 
 async fn serve_app(key: SigningKey) -> App {
     let server = TestServer::start().await;
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
-    let env = (
-        env["environment_id"].as_str().unwrap().to_string(),
-        env["environment_key"].as_str().unwrap().to_string(),
-    );
+    let env = server.create_environment().await;
     let workdir = tempfile::tempdir().unwrap();
     let mut options = WorkerOptions::new(&env.0, server.url());
     options.environment_key = Some(Redacted::new(env.1.clone()));
@@ -345,17 +338,7 @@ async fn the_printed_curl_line_delivers_each_sample_to_a_running_server() {
     }
     let (key_text, key) = fresh_key();
     let fx = serve_app(key).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(envworker::serve::serve_container(
-        listener,
-        fx.state.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-        Duration::from_secs(30),
-    ));
+    let (addr, stop, served) = spawn_container(fx.state.clone(), Duration::from_secs(30)).await;
     let url = format!("http://{addr}/webhooks/default");
     for path in samples("webhooks") {
         let event: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
@@ -554,10 +537,7 @@ fn sign_envelope_re_signs_each_envelope_so_that_it_verifies() {
 /// under `secret`) and return its response to the Runtime API.
 async fn invoke(envelope: Value, secret: &str, extra_env: &[(&str, &str)]) -> Value {
     let server = TestServer::start().await;
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
+    let (env_id, env_key) = server.create_environment().await;
     let (stand_in, api) = StandIn::start(
         envelope,
         epoch_ms() + Duration::from_secs(300).as_millis() as u64,
@@ -566,14 +546,8 @@ async fn invoke(envelope: Value, secret: &str, extra_env: &[(&str, &str)]) -> Va
     let workdir = tempfile::tempdir().unwrap();
     let mut envs = vec![
         ("ANTHROPIC_BASE_URL", server.url()),
-        (
-            "ANTHROPIC_ENVIRONMENT_ID",
-            env["environment_id"].as_str().unwrap().to_string(),
-        ),
-        (
-            "ANTHROPIC_ENVIRONMENT_KEY",
-            env["environment_key"].as_str().unwrap().to_string(),
-        ),
+        ("ANTHROPIC_ENVIRONMENT_ID", env_id),
+        ("ANTHROPIC_ENVIRONMENT_KEY", env_key),
         ("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret.to_string()),
         (
             "ENVWORKER_WORKDIR",

@@ -211,27 +211,12 @@ async fn started_bare_it_serves_and_claims_no_item_when_the_invocation_has_too_l
 #[tokio::test(flavor = "multi_thread")]
 async fn a_long_session_ends_in_time_for_its_teardown_before_the_deadline() {
     let fx = fixture().await;
-    let started = fx
-        .server
-        .start_scenario(&json!({
-            "name": "long",
-            "environment_id": fx.env.0,
-            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {}}],
-            "steps": [
-                {"tool": "write", "input": {"file_path": "{mount:notes}/late.md", "content": "keep me\n"}},
-                {"wait_ms": 120000}
-            ]
-        }))
-        .await;
+    let started = fx.long_session("long", "late.md", "keep me\n").await;
     let deadline_in = Duration::from_secs(30);
     let deadline = epoch_ms() + deadline_in.as_millis() as u64;
     let t0 = Instant::now();
     let remap_root = tempfile::tempdir().unwrap();
-    let remap = format!(
-        "{}={}",
-        fx._mnt.path().join("advertised/memory").display(),
-        remap_root.path().join("memory").display()
-    );
+    let remap = fx.remap_to(remap_root.path());
     // Teardown bounds of 2 s → a 19 s reserve (2 × 2 s, 10 s for the force-stop, 5 s);
     // 1 s of serving time is enough to claim. The session is cut at about 11 s.
     let lambda = lambda(
@@ -336,18 +321,7 @@ async fn an_invocation_that_ends_claims_nothing_more_and_tears_its_session_down_
     let fx = fixture().await;
     // A session that would go on for two minutes, its edit saved only by
     // the teardown (no periodic sync within the test), and one more queued.
-    let held = fx
-        .server
-        .start_scenario(&json!({
-            "name": "held",
-            "environment_id": fx.env.0,
-            "memory_stores": [{"key": "notes", "name": "Notes", "access": "read_write", "memories": {}}],
-            "steps": [
-                {"tool": "write", "input": {"file_path": "{mount:notes}/held.md", "content": "saved in time\n"}},
-                {"wait_ms": 120000}
-            ]
-        }))
-        .await;
+    let held = fx.long_session("held", "held.md", "saved in time\n").await;
     let waiting = fx
         .server
         .start_scenario(&json!({"name": "waiting", "environment_id": fx.env.0, "steps": [{"tool": "bash", "input": {"command": "true"}}]}))
@@ -357,11 +331,7 @@ async fn an_invocation_that_ends_claims_nothing_more_and_tears_its_session_down_
     let t0 = Instant::now();
     let ends_in = Duration::from_secs(25);
     let remap_root = tempfile::tempdir().unwrap();
-    let remap = format!(
-        "{}={}",
-        fx._mnt.path().join("advertised/memory").display(),
-        remap_root.path().join("memory").display()
-    );
+    let remap = fx.remap_to(remap_root.path());
     let lambda = lambda_with_args(
         &fx.server,
         (&fx.env.0, &fx.env.1),

@@ -39,17 +39,8 @@ async fn download_sync_and_finish_over_http_with_a_sessions_token() {
         ))
         .await
         .0;
-    t.s.memory(
-        Method::POST,
-        &format!(
-            "/v1/memory_stores/{}/memories/{}",
-            t.ids[0],
-            b[0]["id"].as_str().unwrap()
-        ),
-        Some(json!({"content": "b2 remote"})),
-    )
-    .await
-    .ok();
+    t.s.update_memory(&t.ids[0], b[0]["id"].as_str().unwrap(), "b2 remote")
+        .await;
 
     t.stores.sync_now().await;
     assert_eq!(
@@ -348,13 +339,7 @@ async fn a_redacted_version_in_the_window_falls_back_to_the_listing() {
     let made = t.s.create_memory(store, "/secret.md", "oops").await;
     let id = made["id"].as_str().unwrap();
     let first = made["memory_version_id"].as_str().unwrap().to_string();
-    t.s.memory(
-        Method::POST,
-        &format!("/v1/memory_stores/{store}/memories/{id}"),
-        Some(json!({"content": "redacted below"})),
-    )
-    .await
-    .ok();
+    t.s.update_memory(store, id, "redacted below").await;
     t.s.memory(
         Method::POST,
         &format!("/v1/memory_stores/{store}/memory_versions/{first}/redact"),
@@ -426,13 +411,7 @@ async fn a_version_committed_late_is_seen_through_the_overlap_window() {
     let b = memory_id(&t.s, store, "/dir/b.md").await.unwrap();
     let a = memory_id(&t.s, store, "/a.md").await.unwrap();
     write_late(&t, &format!("{base}/{b}"), "b late").await;
-    t.s.memory(
-        Method::POST,
-        &format!("{base}/{a}"),
-        Some(json!({"content": "a newer"})),
-    )
-    .await
-    .ok();
+    t.s.update_memory(store, &a, "a newer").await;
     t.stores.sync_now().await;
     let folder = folder_contents(&t.mounts[0]);
     assert_eq!(folder["/a.md"], "a newer");

@@ -11,7 +11,6 @@ use crate::common::memory_served::{Served, served_journaled};
 use envworker::memory::SessionMemoryStores;
 use envworker::memory::recovery::let_go_of_clean_folders;
 use envworker::memory::store::MARKER_PATH;
-use reqwest::Method;
 use serde_json::{Value, json};
 
 fn notes(memories: Value) -> Value {
@@ -26,13 +25,7 @@ async fn journaled(memory_stores: Value) -> (tempfile::TempDir, Served) {
 
 async fn update_remote(t: &Served, store: &str, path: &str, content: &str) {
     let id = t.memory_id(store, path).await;
-    t.s.memory(
-        Method::POST,
-        &format!("/v1/memory_stores/{store}/memories/{id}"),
-        Some(json!({"content": content})),
-    )
-    .await
-    .ok();
+    t.s.update_memory(store, &id, content).await;
 }
 
 fn journals(state: &Path) -> Vec<PathBuf> {

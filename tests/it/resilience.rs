@@ -18,10 +18,9 @@
 use std::time::{Duration, Instant};
 
 use crate::common::harness::Logs;
+use crate::common::worker_env::Env;
 use crate::common::{ADMIN_KEY, Started, TestServer};
-use envworker::api::types::Redacted;
 use envworker::api::{Client, Credential};
-use envworker::devserver::DevserverConfig;
 use envworker::memory::options::SyncInterval;
 use envworker::session::RunEnd;
 use envworker::worker::poll::DrainOptions;
@@ -30,67 +29,21 @@ use reqwest::Method;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-struct Env {
-    server: TestServer,
-    _mnt: tempfile::TempDir,
-    work: tempfile::TempDir,
+/// A worker whose periodic sync never comes due: the only syncs are the
+/// mount's download and the teardown's final sync and flush.
+fn quiet_worker(env: &Env, started: &Started) -> EnvironmentWorker {
+    quiet_worker_with(env, started, |_| {})
 }
 
-impl Env {
-    async fn with_ttl(ttl: i64) -> Env {
-        let mnt = tempfile::tempdir().unwrap();
-        let work = tempfile::tempdir().unwrap();
-        let server = TestServer::start_with(
-            DevserverConfig::new(ADMIN_KEY)
-                .mount_root(mnt.path().join("memory").to_str().unwrap())
-                .lease_ttl_seconds(ttl),
-        )
-        .await;
-        Env {
-            server,
-            _mnt: mnt,
-            work,
-        }
-    }
-
-    async fn new() -> Env {
-        Env::with_ttl(30).await
-    }
-
-    /// A worker whose periodic sync never comes due: the only syncs are the
-    /// mount's download and the teardown's final sync and flush.
-    fn worker(&self, started: &Started) -> EnvironmentWorker {
-        self.worker_with(started, |_| {})
-    }
-
-    fn worker_with(
-        &self,
-        started: &Started,
-        tweak: impl FnOnce(&mut WorkerOptions),
-    ) -> EnvironmentWorker {
-        let mut o = WorkerOptions::new(&started.environment_id, self.server.url());
-        o.environment_key = Some(Redacted::new(started.environment_key.clone()));
-        o.workdir = self.work.path().to_path_buf();
-        o.max_idle = Some(Duration::from_millis(500));
+fn quiet_worker_with(
+    env: &Env,
+    started: &Started,
+    tweak: impl FnOnce(&mut WorkerOptions),
+) -> EnvironmentWorker {
+    env.worker(started, |o| {
         o.memory_sync_interval = SyncInterval::every(Duration::from_secs(3600)).unwrap();
-        o.worker_id = "test-worker".into();
-        tweak(&mut o);
-        EnvironmentWorker::new(o).unwrap()
-    }
-
-    async fn fault(&self, rule: Value) {
-        self.server.add_faults(vec![rule]).await;
-    }
-
-    async fn report(&self, started: &Started) -> Value {
-        self.server
-            .final_report(&started.session_id, Duration::from_secs(60))
-            .await
-    }
-
-    async fn results(&self, started: &Started) -> Vec<Value> {
-        self.server.tool_results(&started.session_id).await
-    }
+        tweak(o);
+    })
 }
 
 async fn drain_within(worker: &EnvironmentWorker, bound: Duration) -> Vec<ItemReport> {
@@ -158,7 +111,7 @@ async fn a_500_on_the_memory_listing_at_mount_is_retried_and_the_item_mounts() {
     )
     .await;
     let began = Instant::now();
-    let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
+    let items = drain_within(&quiet_worker(&env, &started), Duration::from_secs(60)).await;
     eprintln!("item served in {:?}", began.elapsed());
     assert_eq!(items[0].outcome, ItemOutcome::Served(RunEnd::Idle));
     assert!(env.server.faults().await.is_empty(), "the 500 was served");
@@ -182,7 +135,7 @@ async fn two_500s_on_an_upload_at_teardown_do_not_lose_the_last_edit() {
             json!({"/a.md": "alpha\n", "/b.md": "beta\n"}),
         ))
         .await;
-    let worker = env.worker(&started);
+    let worker = quiet_worker(&env, &started);
     let drained = tokio::spawn(async move { drain_within(&worker, Duration::from_secs(60)).await });
     // The download is done and the file written: the next upload is the teardown's.
     wait_for_results(&env, &started, 1).await;
@@ -321,7 +274,7 @@ async fn a_retry_wait_never_outlasts_the_teardown_bound() {
         .server
         .start_scenario(&write_b_then_wait(1000, json!({"/a.md": "alpha\n"})))
         .await;
-    let worker = env.worker_with(&started, |o| {
+    let worker = quiet_worker_with(&env, &started, |o| {
         o.memory_teardown_bound = Duration::from_secs(2)
     });
     let drained = tokio::spawn(async move { drain_within(&worker, Duration::from_secs(60)).await });
@@ -363,7 +316,7 @@ async fn three_500s_on_a_tool_result_post_are_retried_until_it_is_delivered() {
     )
     .await;
     let began = Instant::now();
-    let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
+    let items = drain_within(&quiet_worker(&env, &started), Duration::from_secs(60)).await;
     eprintln!("item served in {:?}", began.elapsed());
     let report = env.report(&started).await;
     assert_eq!(report["status"], "passed", "{report:#}");
@@ -391,7 +344,7 @@ async fn the_devserver_answers_409_to_a_second_result_for_one_call() {
             {"tool": "bash", "input": {"command": "echo hi"}}
         ]}))
         .await;
-    drain_within(&env.worker(&started), Duration::from_secs(60)).await;
+    drain_within(&quiet_worker(&env, &started), Duration::from_secs(60)).await;
     let first = env.results(&started).await.remove(0);
     let again = env
         .server
@@ -420,7 +373,7 @@ async fn a_duplicate_result_answered_409_counts_as_delivered() {
     // The first post lands, its answer is lost: the retry meets the result.
     env.fault(json!({"method": "POST", "path": "/v1/sessions/*/events", "drop_response": true, "times": 1}))
         .await;
-    let items = drain_within(&env.worker(&started), Duration::from_secs(60)).await;
+    let items = drain_within(&quiet_worker(&env, &started), Duration::from_secs(60)).await;
     assert_eq!(env.report(&started).await["status"], "passed");
     assert!(env.server.faults().await.is_empty());
     assert_eq!(env.results(&started).await.len(), 1);
@@ -464,7 +417,7 @@ async fn a_result_that_can_never_be_delivered_ends_the_item_and_frees_the_slot()
     )
     .await;
     let began = Instant::now();
-    let items = drain_within(&env.worker(&stuck), Duration::from_secs(30)).await;
+    let items = drain_within(&quiet_worker(&env, &stuck), Duration::from_secs(30)).await;
     eprintln!("both items served in {:?}", began.elapsed());
     assert_eq!(items.len(), 2, "{items:#?}");
     let first = items

@@ -12,18 +12,18 @@
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::common::container::spawn_container;
 use crate::common::{ADMIN_KEY, TestServer};
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode};
 use envworker::api::types::Redacted;
 use envworker::devserver::DevserverConfig;
 use envworker::metrics::Metrics;
-use envworker::serve::{AppState, Endpoint, MAX_BODY_BYTES, Mode, app, serve_container};
+use envworker::serve::{AppState, Endpoint, MAX_BODY_BYTES, Mode, app};
 use envworker::webhook::{self, SigningKey, WebhookError, WebhookHeaders};
 use envworker::worker::poll::DrainOptions;
 use envworker::worker::{EnvironmentWorker, WorkerOptions};
 use http_body_util::BodyExt;
-use reqwest::Method;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
@@ -72,15 +72,9 @@ async fn fixture_tweaked(
     let mut env_ids = Vec::new();
     let metrics = std::sync::Arc::new(Metrics::new());
     for (name, keys) in endpoints {
-        let env = server
-            .dev(Method::POST, "/dev/environments", Some(json!({})))
-            .await
-            .ok();
-        let env_id = env["environment_id"].as_str().unwrap().to_string();
+        let (env_id, env_key) = server.create_environment().await;
         let mut options = WorkerOptions::new(&env_id, server.url());
-        options.environment_key = Some(Redacted::new(
-            env["environment_key"].as_str().unwrap().to_string(),
-        ));
+        options.environment_key = Some(Redacted::new(env_key));
         options.workdir = workdir.path().to_path_buf();
         options.max_idle = Some(Duration::from_secs(1));
         // Fed as `serve` feeds it: per endpoint.
@@ -769,17 +763,8 @@ async fn an_accepted_delivery_is_answered_at_once_while_the_drain_goes_on() {
 async fn serve_container_on_a_real_listener_serves_a_signed_webhook() {
     let key = key();
     let fx = fixture(vec![key.clone()]).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(serve_container(
-        listener,
-        fx.state.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-        Duration::from_secs(60),
-    ));
+    let (addr, stop, served) = spawn_container(fx.state.clone(), Duration::from_secs(60)).await;
+    let url = format!("http://{addr}");
     let http = reqwest::Client::new();
     for path in ["/healthz", "/readyz"] {
         let r = http.get(format!("{url}{path}")).send().await.unwrap();
@@ -956,16 +941,7 @@ async fn metrics_report_each_endpoints_queue_depth_and_webhook_outcomes() {
 async fn serve_container_serves_work_already_queued_when_it_starts() {
     let fx = fixture(vec![key()]).await;
     let session = fx.canary().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let served = tokio::spawn(serve_container(
-        listener,
-        fx.state.clone(),
-        async move {
-            let _ = stopped.await;
-        },
-        Duration::from_secs(60),
-    ));
+    let (_, stop, served) = spawn_container(fx.state.clone(), Duration::from_secs(60)).await;
     let report = fx.server.final_report(&session, DRAIN_BOUND).await;
     assert_eq!(report["status"], "passed", "{report:#}");
     stop.send(()).unwrap();

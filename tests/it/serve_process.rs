@@ -617,14 +617,7 @@ async fn one_endpoints_agent_cannot_read_another_endpoints_keys() {
     .await;
     let mut envs = Vec::new();
     for _ in 0..2 {
-        let env = server
-            .dev(Method::POST, "/dev/environments", Some(json!({})))
-            .await
-            .ok();
-        envs.push((
-            env["environment_id"].as_str().unwrap().to_string(),
-            env["environment_key"].as_str().unwrap().to_string(),
-        ));
+        envs.push(server.create_environment().await);
     }
     let config = work.path().join("envworker.toml");
     std::fs::write(

@@ -693,11 +693,7 @@ async fn devserver_skill_reads_need_a_credential() {
     assert!(no_beta.status.is_success(), "{:#}", no_beta.body);
 
     // Any valid credential reads: an environment key does.
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
-    let key = env["environment_key"].as_str().unwrap();
+    let (_, key) = server.create_environment().await;
     let auth = format!("Bearer {key}");
     let with_env_key = server
         .send(
@@ -860,11 +856,8 @@ async fn dev_skills_refuses_bad_bodies() {
         .expect_error(404, "not_found_error");
 
     // The admin key only.
-    let env = server
-        .dev(Method::POST, "/dev/environments", Some(json!({})))
-        .await
-        .ok();
-    let auth = format!("Bearer {}", env["environment_key"].as_str().unwrap());
+    let (_, key) = server.create_environment().await;
+    let auth = format!("Bearer {key}");
     server
         .send(
             Method::POST,

@@ -2,121 +2,22 @@
 //! secret and memory end-to-end scenarios (`sdk-behaviour.md` §5.2–5.3),
 //! each by name.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::common::harness::Logs;
+use crate::common::worker_env::Env;
 use crate::common::{ADMIN_KEY, Started, TestServer, scenario};
-use envworker::api::types::{PollWork, Redacted, WorkState};
-use envworker::api::{Client, Credential};
-use envworker::devserver::DevserverConfig;
+use envworker::api::types::{Redacted, WorkState};
 use envworker::memory::options::{DeleteMode, SyncInterval};
 use envworker::session::RunEnd;
 use envworker::worker::lease::LeaseEnd;
 use envworker::worker::poll::DrainOptions;
-use envworker::worker::{EnvironmentWorker, ItemOutcome, ItemReport, WorkItem, WorkerOptions};
+use envworker::worker::{EnvironmentWorker, ItemOutcome, ItemReport, WorkItem};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-
-struct Env {
-    server: TestServer,
-    mnt: tempfile::TempDir,
-    work: tempfile::TempDir,
-}
-
-impl Env {
-    async fn new() -> Env {
-        Env::with_ttl(30).await
-    }
-
-    async fn with_ttl(ttl: i64) -> Env {
-        let mnt = tempfile::tempdir().unwrap();
-        let work = tempfile::tempdir().unwrap();
-        let server = TestServer::start_with(
-            DevserverConfig::new(ADMIN_KEY)
-                .mount_root(mnt.path().join("memory").to_str().unwrap())
-                .lease_ttl_seconds(ttl),
-        )
-        .await;
-        Env { server, mnt, work }
-    }
-
-    fn mount_root(&self) -> PathBuf {
-        self.mnt.path().join("memory")
-    }
-
-    fn options(&self, started: &Started) -> WorkerOptions {
-        let mut o = WorkerOptions::new(&started.environment_id, self.server.url());
-        o.environment_key = Some(Redacted::new(started.environment_key.clone()));
-        o.workdir = self.work.path().to_path_buf();
-        o.max_idle = Some(Duration::from_millis(500));
-        o.memory_sync_interval = SyncInterval::every(Duration::from_secs(5)).unwrap();
-        o.worker_id = "test-worker".into();
-        o
-    }
-
-    fn worker(
-        &self,
-        started: &Started,
-        tweak: impl FnOnce(&mut WorkerOptions),
-    ) -> EnvironmentWorker {
-        let mut o = self.options(started);
-        tweak(&mut o);
-        EnvironmentWorker::new(o).unwrap()
-    }
-
-    /// Claim (poll + ack) the scenario's item with the environment key, as a poller would.
-    async fn claim(&self, started: &Started) -> envworker::api::types::Work {
-        let client = Client::builder(Credential::bearer(started.environment_key.clone()))
-            .base_url(self.server.url())
-            .build()
-            .unwrap();
-        let queue = client.work(&started.environment_id);
-        let work = queue
-            .poll(
-                &PollWork {
-                    block_ms: Some(900),
-                    reclaim_older_than_ms: None,
-                },
-                None,
-            )
-            .await
-            .unwrap()
-            .expect("a queued item");
-        queue.ack(&work.id).await.unwrap();
-        work
-    }
-
-    async fn work_state(&self, started: &Started, work_id: &str) -> String {
-        self.server
-            .agents(
-                Method::GET,
-                &format!("/v1/environments/{}/work/{work_id}", started.environment_id),
-                None,
-            )
-            .await
-            .ok()["state"]
-            .as_str()
-            .unwrap()
-            .to_string()
-    }
-
-    async fn report(&self, started: &Started) -> Value {
-        self.server
-            .final_report(&started.session_id, Duration::from_secs(60))
-            .await
-    }
-
-    async fn events(&self, started: &Started) -> Vec<Value> {
-        self.server.events(&started.session_id).await
-    }
-
-    async fn fault(&self, rule: Value) {
-        self.server.add_faults(vec![rule]).await;
-    }
-}
 
 async fn drain(worker: &EnvironmentWorker) -> Vec<ItemReport> {
     tokio::time::timeout(
@@ -763,19 +664,7 @@ async fn a_terminated_session_is_stopped_without_running_tools() {
 #[tokio::test]
 async fn the_sessions_skills_are_in_the_workdir_while_it_runs_and_gone_after() {
     let env = Env::new().await;
-    let skill = env
-        .server
-        .dev(
-            Method::POST,
-            "/dev/skills",
-            Some(json!({"name": "report-writer", "files": {
-                "SKILL.md": "---\nname: report-writer\n---\nWrite reports.\n",
-                "scripts/run.sh": {"content": "#!/bin/sh\necho skill ran\n", "executable": true}
-            }})),
-        )
-        .await
-        .ok();
-    let skill_id = skill["skill_id"].as_str().unwrap();
+    let skill_id = upload_skill(&env).await;
     let started = env
         .server
         .start_scenario(&json!({
