@@ -19,8 +19,8 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Metric, Registry};
 
 use crate::memory::SyncReport;
-use crate::session::{CallOutcome, RunEnd};
-use crate::worker::item::ItemOutcome;
+use crate::session::{CallOutcome, CallRecord, RunEnd};
+use crate::worker::item::{ItemOutcome, ItemReport};
 use crate::worker::lease::LeaseEnd;
 use crate::worker::{WorkerEvent, WorkerObserver};
 
@@ -110,6 +110,22 @@ fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str
     metric
 }
 
+/// The build's own gauge: always 1, its labels name the running build.
+fn register_build_info(registry: &mut Registry) {
+    let build_info = registered(
+        registry,
+        "build_info",
+        "Always 1; the labels name the running build (version, git_sha)",
+        Family::<BuildLabels, Gauge>::default(),
+    );
+    build_info
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+            git_sha: GIT_SHA,
+        })
+        .set(1);
+}
+
 /// Every metric envworker exports, in one registry.
 pub struct Metrics {
     registry: Registry,
@@ -142,18 +158,8 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("envworker");
-        let build_info = registered(
-            &mut registry,
-            "build_info",
-            "Always 1; the labels name the running build (version, git_sha)",
-            Family::<BuildLabels, Gauge>::default(),
-        );
-        build_info
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-                git_sha: GIT_SHA,
-            })
-            .set(1);
+        register_build_info(&mut registry);
+        // One registration per metric: a table (each of its own type).
         Metrics {
             webhooks: registered(
                 &mut registry,
@@ -370,16 +376,7 @@ impl Metrics {
     /// Count what one event of `endpoint`'s worker says happened.
     fn count(&self, endpoint: &str, event: &WorkerEvent) {
         match event {
-            WorkerEvent::Claimed { queued_for, .. } => {
-                self.sessions_in_flight.inc();
-                if let Some(wait) = queued_for {
-                    self.queue_wait_seconds
-                        .get_or_create(&EndpointLabel {
-                            endpoint: endpoint.to_string(),
-                        })
-                        .observe(wait.as_secs_f64());
-                }
-            }
+            WorkerEvent::Claimed { queued_for, .. } => self.claimed(endpoint, *queued_for),
             WorkerEvent::QueueError { class } => {
                 self.poll_errors
                     .get_or_create(&PollErrorLabels {
@@ -388,69 +385,99 @@ impl Metrics {
                     })
                     .inc();
             }
-            WorkerEvent::Call { record, .. } => {
-                let tool = if TOOLS.contains(&record.name.as_str()) {
-                    record.name.clone()
-                } else {
-                    "other".to_string()
-                };
-                let outcome = match record.outcome {
-                    CallOutcome::Answered {
-                        is_error: false,
-                        posted: true,
-                    } => "ok",
-                    CallOutcome::Answered {
-                        is_error: true,
-                        posted: true,
-                    } => "error",
-                    CallOutcome::Answered { posted: false, .. } => "not_posted",
-                    CallOutcome::Denied => "denied",
-                    CallOutcome::NotOwned => "not_owned",
-                };
-                if matches!(record.outcome, CallOutcome::Answered { .. }) {
-                    self.tool_call_seconds
-                        .get_or_create(&ToolName { tool: tool.clone() })
-                        .observe(record.duration.as_secs_f64());
-                }
-                self.tool_calls
-                    .get_or_create(&ToolLabels { tool, outcome })
-                    .inc();
-            }
+            WorkerEvent::Call { record, .. } => self.called(record),
             WorkerEvent::Synced {
                 report, final_sync, ..
             } => self.synced(report, *final_sync),
-            WorkerEvent::Finished(report) => {
-                let outcome = match &report.outcome {
-                    ItemOutcome::Served(RunEnd::Terminated | RunEnd::Idle) => "served",
-                    ItemOutcome::Served(RunEnd::Cancelled) => "cancelled",
-                    ItemOutcome::Served(RunEnd::Fatal(_)) => "fatal",
-                    ItemOutcome::Served(RunEnd::Undelivered { .. }) => "undelivered",
-                    ItemOutcome::NotASession => "not_a_session",
-                    ItemOutcome::AlreadyTerminated => "already_terminated",
-                    ItemOutcome::Failed(_) => "failed",
-                    ItemOutcome::MountPathInUse(_) => "mount_path_in_use",
-                };
-                self.work_items
-                    .get_or_create(&OutcomeLabels { outcome })
-                    .inc();
-                if report.claimed {
-                    self.sessions_in_flight.dec();
-                }
-                if let Some(sync) = &report.teardown.final_sync {
-                    self.synced(sync, true);
-                }
-                self.memory_uploads.inc_by(report.teardown.flushed as u64);
-                if matches!(report.lease, Some(LeaseEnd::Lost)) {
-                    self.lease_losses.inc();
-                }
-                if report.teardown.flush_cut_off {
-                    self.memory_flush_cutoffs.inc();
-                }
-                if report.teardown.final_sync_cut_off {
-                    self.memory_final_sync_cutoffs.inc();
-                }
-            }
+            WorkerEvent::Finished(report) => self.finished(report),
         }
+    }
+
+    /// A session in flight more, and how long its item waited in the queue.
+    fn claimed(&self, endpoint: &str, queued_for: Option<std::time::Duration>) {
+        self.sessions_in_flight.inc();
+        if let Some(wait) = queued_for {
+            self.queue_wait_seconds
+                .get_or_create(&EndpointLabel {
+                    endpoint: endpoint.to_string(),
+                })
+                .observe(wait.as_secs_f64());
+        }
+    }
+
+    /// One tool call by tool and outcome; its duration when it was answered.
+    fn called(&self, record: &CallRecord) {
+        let tool = if TOOLS.contains(&record.name.as_str()) {
+            record.name.clone()
+        } else {
+            "other".to_string()
+        };
+        let outcome = call_outcome(&record.outcome);
+        if matches!(record.outcome, CallOutcome::Answered { .. }) {
+            self.tool_call_seconds
+                .get_or_create(&ToolName { tool: tool.clone() })
+                .observe(record.duration.as_secs_f64());
+        }
+        self.tool_calls
+            .get_or_create(&ToolLabels { tool, outcome })
+            .inc();
+    }
+
+    /// One item ended: its outcome, the session no longer in flight, and
+    /// what its teardown did (final sync, flush, lease, cut-offs).
+    fn finished(&self, report: &ItemReport) {
+        self.work_items
+            .get_or_create(&OutcomeLabels {
+                outcome: item_outcome(&report.outcome),
+            })
+            .inc();
+        if report.claimed {
+            self.sessions_in_flight.dec();
+        }
+        if let Some(sync) = &report.teardown.final_sync {
+            self.synced(sync, true);
+        }
+        self.memory_uploads.inc_by(report.teardown.flushed as u64);
+        if matches!(report.lease, Some(LeaseEnd::Lost)) {
+            self.lease_losses.inc();
+        }
+        if report.teardown.flush_cut_off {
+            self.memory_flush_cutoffs.inc();
+        }
+        if report.teardown.final_sync_cut_off {
+            self.memory_final_sync_cutoffs.inc();
+        }
+    }
+}
+
+/// The `outcome` label of a tool call.
+fn call_outcome(outcome: &CallOutcome) -> &'static str {
+    match outcome {
+        CallOutcome::Answered {
+            is_error: false,
+            posted: true,
+        } => "ok",
+        CallOutcome::Answered {
+            is_error: true,
+            posted: true,
+        } => "error",
+        CallOutcome::Answered { posted: false, .. } => "not_posted",
+        CallOutcome::Denied => "denied",
+        CallOutcome::NotOwned => "not_owned",
+    }
+}
+
+/// The `outcome` label of a work item.
+fn item_outcome(outcome: &ItemOutcome) -> &'static str {
+    match outcome {
+        ItemOutcome::Served(RunEnd::Terminated | RunEnd::Idle) => "served",
+        ItemOutcome::Served(RunEnd::Cancelled) => "cancelled",
+        ItemOutcome::Served(RunEnd::Fatal(_)) => "fatal",
+        ItemOutcome::Served(RunEnd::Undelivered { .. }) => "undelivered",
+        ItemOutcome::NotASession => "not_a_session",
+        ItemOutcome::AlreadyTerminated => "already_terminated",
+        ItemOutcome::Failed(_) => "failed",
+        ItemOutcome::MountPathInUse(_) => "mount_path_in_use",
     }
 }
 

@@ -9,8 +9,8 @@ use crate::config::ServeFile;
 use crate::metrics::Metrics;
 use crate::serve::{AppState, Endpoint, Mode, lambda, serve_container};
 use crate::webhook::SigningKey;
-use crate::worker::EnvironmentWorker;
 use crate::worker::poll::DrainOptions;
+use crate::worker::{EnvironmentWorker, WorkerOptions};
 
 /// The endpoints to serve: from the file, or the one default endpoint.
 pub fn endpoints(args: &ServeArgs) -> anyhow::Result<Vec<Endpoint>> {
@@ -22,50 +22,58 @@ pub fn endpoints_with_metrics(
     args: &ServeArgs,
     metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Vec<Endpoint>> {
-    let mut out = Vec::new();
-    let Some(path) = &args.config else {
-        let environment_id = args
-            .environment_id
-            .clone()
-            .filter(|v| !v.is_empty())
-            .context("set ANTHROPIC_ENVIRONMENT_ID (or --environment-id), or give --config")?;
-        let environment_key = args
-            .environment_key
-            .clone()
-            .filter(|v| !v.is_empty())
-            .context("set ANTHROPIC_ENVIRONMENT_KEY (or --environment-key), or give --config")?;
-        let keys_text = args
-            .signing_key
-            .clone()
-            .filter(|v| !v.trim().is_empty())
-            .context("set ANTHROPIC_WEBHOOK_SIGNING_KEY (or --signing-key), or give --config")?;
-        let keys = keys_text
-            .split(|c: char| c == ',' || c.is_whitespace())
-            .filter(|k| !k.is_empty())
-            .map(SigningKey::parse)
-            .collect::<Result<Vec<_>, _>>()
-            .context("ANTHROPIC_WEBHOOK_SIGNING_KEY")?;
-        let mut options =
-            super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
-        options.observers.push(metrics.for_endpoint("default"));
-        super::recover_left_folders(&options);
-        let concurrency = args.max_concurrent_items;
-        super::decide_sandbox("default", &mut options, concurrency, None, Some(metrics))?;
-        super::sweep_left_rooms(&options, options.fresh_workdir || concurrency > 1);
-        super::announce_workdir("default", &options, concurrency);
-        let worker = EnvironmentWorker::new(options)?;
-        out.push(Endpoint::new(
-            "default",
-            keys,
-            worker,
-            DrainOptions {
-                max_concurrent_items: args.max_concurrent_items,
-                min_serving_time: args.min_serving_time,
-                ..Default::default()
-            },
-        ));
-        return Ok(out);
-    };
+    match &args.config {
+        None => Ok(vec![default_endpoint(args, metrics)?]),
+        Some(path) => file_endpoints(args, path, metrics),
+    }
+}
+
+/// The one endpoint the flags (or their variables) describe, named `default`.
+fn default_endpoint(args: &ServeArgs, metrics: &Arc<Metrics>) -> anyhow::Result<Endpoint> {
+    let environment_id = args
+        .environment_id
+        .clone()
+        .filter(|v| !v.is_empty())
+        .context("set ANTHROPIC_ENVIRONMENT_ID (or --environment-id), or give --config")?;
+    let environment_key = args
+        .environment_key
+        .clone()
+        .filter(|v| !v.is_empty())
+        .context("set ANTHROPIC_ENVIRONMENT_KEY (or --environment-key), or give --config")?;
+    let keys_text = args
+        .signing_key
+        .clone()
+        .filter(|v| !v.trim().is_empty())
+        .context("set ANTHROPIC_WEBHOOK_SIGNING_KEY (or --signing-key), or give --config")?;
+    let keys = keys_text
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|k| !k.is_empty())
+        .map(SigningKey::parse)
+        .collect::<Result<Vec<_>, _>>()
+        .context("ANTHROPIC_WEBHOOK_SIGNING_KEY")?;
+    let mut options = super::worker_options(&args.worker, &environment_id, Some(&environment_key))?;
+    let concurrency = args.max_concurrent_items;
+    prepare_worker("default", &mut options, concurrency, None, metrics)?;
+    let worker = EnvironmentWorker::new(options)?;
+    Ok(Endpoint::new(
+        "default",
+        keys,
+        worker,
+        DrainOptions {
+            max_concurrent_items: args.max_concurrent_items,
+            min_serving_time: args.min_serving_time,
+            ..Default::default()
+        },
+    ))
+}
+
+/// Every endpoint of the endpoint file at `path`: the flags' options, each
+/// with its endpoint's own settings.
+fn file_endpoints(
+    args: &ServeArgs,
+    path: &std::path::Path,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<Vec<Endpoint>> {
     let file = ServeFile::load(path)?;
     let resolved = file.resolve(&|name| std::env::var(name).ok())?;
     let base_url = file
@@ -78,6 +86,7 @@ pub fn endpoints_with_metrics(
         .iter()
         .flat_map(|e| e.secret_env_vars.iter().cloned())
         .collect();
+    let mut out = Vec::new();
     for endpoint in resolved {
         let mut options = super::worker_options(
             &args.worker,
@@ -85,51 +94,16 @@ pub fn endpoints_with_metrics(
             Some(endpoint.environment_key.expose()),
         )?;
         options.base_url = base_url.trim_end_matches('/').to_string();
-        if let Some(dir) = &endpoint.workdir {
-            options.workdir = dir.clone();
-        }
-        if let Some(max_idle) = endpoint.max_idle {
-            options.max_idle = max_idle;
-        }
-        if let Some(interval) = endpoint.memory_sync_interval {
-            options.memory_sync_interval = interval;
-        }
-        if let Some(deletions) = endpoint.memory_sync_deletions {
-            options.memory_sync_deletions = deletions;
-        }
-        if let Some(fresh) = endpoint.fresh_workdir {
-            options.fresh_workdir = fresh;
-        }
-        if let Some(push) = endpoint.memory_push {
-            options.memory_push = push;
-        }
-        if let Some(mode) = endpoint.shell_sandbox {
-            options.shell_sandbox_mode = Some(mode);
-        }
-        let additions = &mut options.shell_additions;
-        additions
-            .read
-            .extend(endpoint.shell_allow_read.iter().cloned());
-        additions
-            .write
-            .extend(endpoint.shell_allow_write.iter().cloned());
-        additions
-            .tcp_ports
-            .extend(endpoint.shell_allow_tcp.iter().copied());
-        options.extra_headers.extend(endpoint.extra_headers.clone());
+        apply_endpoint_settings(&mut options, &endpoint);
         options.secret_env_vars = all_secret_vars.clone();
-        options.observers.push(metrics.for_endpoint(&endpoint.name));
-        super::recover_left_folders(&options);
         let concurrency = endpoint.max_concurrent_items;
-        super::decide_sandbox(
+        prepare_worker(
             &endpoint.name,
             &mut options,
             concurrency,
             Some(path),
-            Some(metrics),
+            metrics,
         )?;
-        super::sweep_left_rooms(&options, options.fresh_workdir || concurrency > 1);
-        super::announce_workdir(&endpoint.name, &options, concurrency);
         let worker = EnvironmentWorker::new(options)
             .with_context(|| format!("endpoint {:?}", endpoint.name))?;
         out.push(Endpoint::new(
@@ -144,6 +118,60 @@ pub fn endpoints_with_metrics(
         ));
     }
     Ok(out)
+}
+
+/// What an endpoint of the file sets overrides the flags; its shell
+/// allowances and headers add to theirs.
+fn apply_endpoint_settings(options: &mut WorkerOptions, endpoint: &crate::config::Endpoint) {
+    if let Some(dir) = &endpoint.workdir {
+        options.workdir = dir.clone();
+    }
+    if let Some(max_idle) = endpoint.max_idle {
+        options.max_idle = max_idle;
+    }
+    if let Some(interval) = endpoint.memory_sync_interval {
+        options.memory_sync_interval = interval;
+    }
+    if let Some(deletions) = endpoint.memory_sync_deletions {
+        options.memory_sync_deletions = deletions;
+    }
+    if let Some(fresh) = endpoint.fresh_workdir {
+        options.fresh_workdir = fresh;
+    }
+    if let Some(push) = endpoint.memory_push {
+        options.memory_push = push;
+    }
+    if let Some(mode) = endpoint.shell_sandbox {
+        options.shell_sandbox_mode = Some(mode);
+    }
+    let additions = &mut options.shell_additions;
+    additions
+        .read
+        .extend(endpoint.shell_allow_read.iter().cloned());
+    additions
+        .write
+        .extend(endpoint.shell_allow_write.iter().cloned());
+    additions
+        .tcp_ports
+        .extend(endpoint.shell_allow_tcp.iter().copied());
+    options.extra_headers.extend(endpoint.extra_headers.clone());
+}
+
+/// Before an endpoint's worker starts: its metrics, the folders and rooms a
+/// dead process left, the shell sandbox decided, and the workdir announced.
+fn prepare_worker(
+    name: &str,
+    options: &mut WorkerOptions,
+    concurrency: usize,
+    endpoint_file: Option<&std::path::Path>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<()> {
+    options.observers.push(metrics.for_endpoint(name));
+    super::recover_left_folders(options);
+    super::decide_sandbox(name, options, concurrency, endpoint_file, Some(metrics))?;
+    super::sweep_left_rooms(options, options.fresh_workdir || concurrency > 1);
+    super::announce_workdir(name, options, concurrency);
+    Ok(())
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {

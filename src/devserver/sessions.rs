@@ -178,6 +178,15 @@ struct MemoryStoreParam {
     instructions: Option<String>,
 }
 
+/// A memory store attachment, checked, with the store's name and description.
+struct AttachedStore {
+    id: String,
+    access: Access,
+    instructions: Option<String>,
+    name: String,
+    description: String,
+}
+
 /// Create a session in one transaction: validate, snapshot the stores, queue
 /// the work item, and take the initial events.
 pub fn insert(
@@ -197,89 +206,13 @@ pub fn insert(
     let metadata = body.metadata.unwrap_or_default();
     validate::metadata(&metadata).map_err(HttpError::invalid_request)?;
 
-    let mut params = Vec::new();
-    for resource in &body.resources {
-        let kind = resource
-            .get("type")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        if kind != "memory_store" {
-            return Err(HttpError::invalid_request(format!(
-                "Environment {} is a self-hosted environment. `resources` are not supported with self-hosted environments.",
-                env.id
-            )));
-        }
-        let p: MemoryStoreParam = serde_json::from_value(resource.clone())
-            .map_err(|e| HttpError::invalid_request(format!("resources: {e}")))?;
-        params.push(p);
-    }
-    if params.len() > MAX_MEMORY_STORES {
-        return Err(HttpError::invalid_request(format!(
-            "resources: at most {MAX_MEMORY_STORES} memory stores can be attached to a session"
-        )));
-    }
+    let params = memory_store_params(&env.id, &body.resources)?;
     let mut stores = Vec::new();
     let mut seen = HashSet::new();
     for p in params {
-        if !seen.insert(p.memory_store_id.clone()) {
-            return Err(HttpError::invalid_request(format!(
-                "resources: memory store {} is attached twice",
-                p.memory_store_id
-            )));
-        }
-        let access = match p.access.as_deref() {
-            None => Access::ReadWrite,
-            Some(a) => Access::parse(a).ok_or_else(|| {
-                HttpError::invalid_request("resources: access must be read_write or read_only")
-            })?,
-        };
-        if let Some(i) = &p.instructions
-            && i.chars().count() > MAX_INSTRUCTIONS_CHARS
-        {
-            return Err(HttpError::invalid_request(format!(
-                "resources: instructions are limited to {MAX_INSTRUCTIONS_CHARS} characters"
-            )));
-        }
-        let (name, description, archived): (String, String, Option<i64>) = tx
-            .query_row(
-                "SELECT name, description, archived_at FROM memory_stores WHERE id = ?1",
-                [&p.memory_store_id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()?
-            .ok_or_else(|| {
-                HttpError::not_found(format!("memory store {} not found", p.memory_store_id))
-            })?;
-        if archived.is_some() {
-            return Err(HttpError::invalid_request(format!(
-                "memory store {} is archived and cannot be attached to new sessions",
-                p.memory_store_id
-            )));
-        }
-        stores.push((p.memory_store_id, access, p.instructions, name, description));
+        stores.push(attach_store(tx, p, &mut seen)?);
     }
-    let pairs: Vec<(&str, &str)> = stores
-        .iter()
-        .map(|(id, _, _, name, _)| (id.as_str(), name.as_str()))
-        .collect();
-    let paths = mount_paths(&state.mount_root(), &pairs);
-    let resources: Vec<SessionResource> = stores
-        .into_iter()
-        .zip(paths)
-        .map(
-            |((id, access, instructions, name, description), mount_path)| {
-                SessionResource::MemoryStore(MemoryStoreResource {
-                    object_type: "memory_store".into(),
-                    memory_store_id: id,
-                    access: Some(access),
-                    instructions,
-                    mount_path: Some(mount_path),
-                    name: Some(name),
-                    description: Some(description),
-                })
-            },
-        )
-        .collect();
+    let resources = store_resources(&state.mount_root(), stores);
 
     let id = ids::new_id("sesn");
     let now = ids::now_micros();
@@ -309,6 +242,107 @@ pub fn insert(
         send(tx, fx, state, &session, body.initial_events)?;
     }
     load(tx, &id)
+}
+
+/// The session's `resources`, parsed: memory stores only (a self-hosted
+/// environment takes no other kind), at most [`MAX_MEMORY_STORES`].
+fn memory_store_params(env_id: &str, resources: &[Value]) -> HttpResult<Vec<MemoryStoreParam>> {
+    let mut params = Vec::new();
+    for resource in resources {
+        let kind = resource
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if kind != "memory_store" {
+            return Err(HttpError::invalid_request(format!(
+                "Environment {env_id} is a self-hosted environment. `resources` are not supported with self-hosted environments."
+            )));
+        }
+        let p: MemoryStoreParam = serde_json::from_value(resource.clone())
+            .map_err(|e| HttpError::invalid_request(format!("resources: {e}")))?;
+        params.push(p);
+    }
+    if params.len() > MAX_MEMORY_STORES {
+        return Err(HttpError::invalid_request(format!(
+            "resources: at most {MAX_MEMORY_STORES} memory stores can be attached to a session"
+        )));
+    }
+    Ok(params)
+}
+
+/// One attachment checked (attached once, a known access, instructions in
+/// bounds) against its store, which must exist and not be archived.
+fn attach_store(
+    tx: &Transaction<'_>,
+    p: MemoryStoreParam,
+    seen: &mut HashSet<String>,
+) -> HttpResult<AttachedStore> {
+    if !seen.insert(p.memory_store_id.clone()) {
+        return Err(HttpError::invalid_request(format!(
+            "resources: memory store {} is attached twice",
+            p.memory_store_id
+        )));
+    }
+    let access = match p.access.as_deref() {
+        None => Access::ReadWrite,
+        Some(a) => Access::parse(a).ok_or_else(|| {
+            HttpError::invalid_request("resources: access must be read_write or read_only")
+        })?,
+    };
+    if let Some(i) = &p.instructions
+        && i.chars().count() > MAX_INSTRUCTIONS_CHARS
+    {
+        return Err(HttpError::invalid_request(format!(
+            "resources: instructions are limited to {MAX_INSTRUCTIONS_CHARS} characters"
+        )));
+    }
+    let (name, description, archived): (String, String, Option<i64>) = tx
+        .query_row(
+            "SELECT name, description, archived_at FROM memory_stores WHERE id = ?1",
+            [&p.memory_store_id],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .optional()?
+        .ok_or_else(|| {
+            HttpError::not_found(format!("memory store {} not found", p.memory_store_id))
+        })?;
+    if archived.is_some() {
+        return Err(HttpError::invalid_request(format!(
+            "memory store {} is archived and cannot be attached to new sessions",
+            p.memory_store_id
+        )));
+    }
+    Ok(AttachedStore {
+        id: p.memory_store_id,
+        access,
+        instructions: p.instructions,
+        name,
+        description,
+    })
+}
+
+/// The session's snapshot of its stores, each with its mount path.
+fn store_resources(mount_root: &str, stores: Vec<AttachedStore>) -> Vec<SessionResource> {
+    let pairs: Vec<(&str, &str)> = stores
+        .iter()
+        .map(|s| (s.id.as_str(), s.name.as_str()))
+        .collect();
+    let paths = mount_paths(mount_root, &pairs);
+    stores
+        .into_iter()
+        .zip(paths)
+        .map(|(store, mount_path)| {
+            SessionResource::MemoryStore(MemoryStoreResource {
+                object_type: "memory_store".into(),
+                memory_store_id: store.id,
+                access: Some(store.access),
+                instructions: store.instructions,
+                mount_path: Some(mount_path),
+                name: Some(store.name),
+                description: Some(store.description),
+            })
+        })
+        .collect()
 }
 
 pub async fn create(
@@ -554,97 +588,116 @@ fn check_client_event(tx: &Transaction<'_>, session_id: &str, event: &mut Value)
     }
     let kind = event_type(event).to_string();
     match kind.as_str() {
-        "user.message" => {
-            if let Some(Value::String(text)) = event.get("content") {
-                event["content"] = json!([{"type": "text", "text": text}]);
-            }
-            if !event.get("content").is_some_and(Value::is_array) {
-                return Err(HttpError::invalid_request(
-                    "user.message: content is required",
-                ));
-            }
-        }
-        "user.interrupt" => {}
+        "user.message" => check_user_message(event),
+        "user.interrupt" => Ok(()),
         "user.tool_result" | "user.custom_tool_result" => {
-            let kind = kind.as_str();
-            let (field, call_kind) = if kind == "user.tool_result" {
-                ("tool_use_id", "agent.tool_use")
-            } else {
-                ("custom_tool_use_id", "agent.custom_tool_use")
-            };
-            let call_id = str_field(event, field)?.to_string();
-            let call = find_event(tx, session_id, call_kind, &call_id)?.ok_or_else(|| {
-                HttpError::invalid_request(format!(
-                    "{kind}: {field} {call_id} does not name an {call_kind} event of this session"
-                ))
-            })?;
-            if denied(tx, session_id, &call)? {
-                return Err(HttpError::invalid_request(format!(
-                    "{kind}: tool call {call_id} was denied and takes no result"
-                )));
-            }
-            if !answers(tx, session_id, kind, &call_id)?.is_empty() {
-                return Err(HttpError::conflict(
-                    "conflict_error",
-                    format!("{kind}: tool call {call_id} already has a result"),
-                ));
-            }
-            match event.get("content") {
-                None | Some(Value::Null) => event["content"] = json!([]),
-                Some(Value::Array(_)) => {}
-                Some(_) => {
-                    return Err(HttpError::invalid_request(format!(
-                        "{kind}: content must be a list of content blocks"
-                    )));
-                }
-            }
-            match event.get("is_error") {
-                None | Some(Value::Null) => event["is_error"] = json!(false),
-                Some(Value::Bool(_)) => {}
-                Some(_) => {
-                    return Err(HttpError::invalid_request(format!(
-                        "{kind}: is_error must be a boolean"
-                    )));
-                }
-            }
+            check_tool_result(tx, session_id, &kind, event)
         }
-        "user.tool_confirmation" => {
-            let call_id = str_field(event, "tool_use_id")?.to_string();
-            let call = find_event(tx, session_id, "agent.tool_use", &call_id)?.ok_or_else(|| {
-                HttpError::invalid_request(format!(
-                    "user.tool_confirmation: tool_use_id {call_id} does not name an agent.tool_use event of this session"
-                ))
-            })?;
-            if call.get("evaluated_permission").and_then(Value::as_str) != Some("ask") {
-                return Err(HttpError::invalid_request(format!(
-                    "user.tool_confirmation: tool call {call_id} does not await confirmation"
-                )));
-            }
-            if !answers(tx, session_id, "user.tool_confirmation", &call_id)?.is_empty() {
-                return Err(HttpError::conflict(
-                    "conflict_error",
-                    format!(
-                        "user.tool_confirmation: tool call {call_id} was already confirmed or denied"
-                    ),
-                ));
-            }
-            let result = str_field(event, "result")?;
-            if !matches!(result, "allow" | "deny") {
-                return Err(HttpError::invalid_request(
-                    "user.tool_confirmation: result must be allow or deny",
-                ));
-            }
-            if result == "allow" && event.get("deny_message").is_some_and(|m| !m.is_null()) {
-                return Err(HttpError::invalid_request(
-                    "user.tool_confirmation: deny_message is only allowed with result deny",
-                ));
-            }
-        }
-        other => {
+        "user.tool_confirmation" => check_tool_confirmation(tx, session_id, event),
+        other => Err(HttpError::invalid_request(format!(
+            "events: an event of type {other:?} cannot be sent"
+        ))),
+    }
+}
+
+/// A message has content blocks; a plain string becomes one text block.
+fn check_user_message(event: &mut Value) -> HttpResult<()> {
+    if let Some(Value::String(text)) = event.get("content") {
+        event["content"] = json!([{"type": "text", "text": text}]);
+    }
+    if !event.get("content").is_some_and(Value::is_array) {
+        return Err(HttpError::invalid_request(
+            "user.message: content is required",
+        ));
+    }
+    Ok(())
+}
+
+/// A (custom) tool result answers a call of this session that was neither
+/// denied nor answered before; its content and `is_error` get their defaults.
+fn check_tool_result(
+    tx: &Transaction<'_>,
+    session_id: &str,
+    kind: &str,
+    event: &mut Value,
+) -> HttpResult<()> {
+    let (field, call_kind) = if kind == "user.tool_result" {
+        ("tool_use_id", "agent.tool_use")
+    } else {
+        ("custom_tool_use_id", "agent.custom_tool_use")
+    };
+    let call_id = str_field(event, field)?.to_string();
+    let call = find_event(tx, session_id, call_kind, &call_id)?.ok_or_else(|| {
+        HttpError::invalid_request(format!(
+            "{kind}: {field} {call_id} does not name an {call_kind} event of this session"
+        ))
+    })?;
+    if denied(tx, session_id, &call)? {
+        return Err(HttpError::invalid_request(format!(
+            "{kind}: tool call {call_id} was denied and takes no result"
+        )));
+    }
+    if !answers(tx, session_id, kind, &call_id)?.is_empty() {
+        return Err(HttpError::conflict(
+            "conflict_error",
+            format!("{kind}: tool call {call_id} already has a result"),
+        ));
+    }
+    match event.get("content") {
+        None | Some(Value::Null) => event["content"] = json!([]),
+        Some(Value::Array(_)) => {}
+        Some(_) => {
             return Err(HttpError::invalid_request(format!(
-                "events: an event of type {other:?} cannot be sent"
+                "{kind}: content must be a list of content blocks"
             )));
         }
+    }
+    match event.get("is_error") {
+        None | Some(Value::Null) => event["is_error"] = json!(false),
+        Some(Value::Bool(_)) => {}
+        Some(_) => {
+            return Err(HttpError::invalid_request(format!(
+                "{kind}: is_error must be a boolean"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A confirmation answers, once, a call of this session that awaits one;
+/// only a denial carries a message.
+fn check_tool_confirmation(
+    tx: &Transaction<'_>,
+    session_id: &str,
+    event: &Value,
+) -> HttpResult<()> {
+    let call_id = str_field(event, "tool_use_id")?.to_string();
+    let call = find_event(tx, session_id, "agent.tool_use", &call_id)?.ok_or_else(|| {
+        HttpError::invalid_request(format!(
+            "user.tool_confirmation: tool_use_id {call_id} does not name an agent.tool_use event of this session"
+        ))
+    })?;
+    if call.get("evaluated_permission").and_then(Value::as_str) != Some("ask") {
+        return Err(HttpError::invalid_request(format!(
+            "user.tool_confirmation: tool call {call_id} does not await confirmation"
+        )));
+    }
+    if !answers(tx, session_id, "user.tool_confirmation", &call_id)?.is_empty() {
+        return Err(HttpError::conflict(
+            "conflict_error",
+            format!("user.tool_confirmation: tool call {call_id} was already confirmed or denied"),
+        ));
+    }
+    let result = str_field(event, "result")?;
+    if !matches!(result, "allow" | "deny") {
+        return Err(HttpError::invalid_request(
+            "user.tool_confirmation: result must be allow or deny",
+        ));
+    }
+    if result == "allow" && event.get("deny_message").is_some_and(|m| !m.is_null()) {
+        return Err(HttpError::invalid_request(
+            "user.tool_confirmation: deny_message is only allowed with result deny",
+        ));
     }
     Ok(())
 }

@@ -478,12 +478,7 @@ impl SessionRunner {
             if in_flight.is_none() {
                 in_flight = self.next_call(&mut st);
             }
-            let idle_deadline = match (self.options.max_idle, st.clock.armed_at()) {
-                (Some(max), Some(at)) if in_flight.is_none() && st.queue.is_empty() => {
-                    Some(at + max)
-                }
-                _ => None,
-            };
+            let idle_deadline = self.idle_deadline(&st, in_flight.is_some());
             let undelivered_deadline = self.undelivered_deadline(&st);
             tokio::select! {
                 biased;
@@ -496,31 +491,8 @@ impl SessionRunner {
                     in_flight = None;
                     self.finish_call(&mut st, done);
                 }
-                msg = feed.recv() => match msg {
-                    None => break RunEnd::Fatal("the event stream task ended".into()),
-                    // The session itself is gone (deleted while the stream
-                    // reconnected, before its `session.deleted` event was read):
-                    // that is the end of the session, not a failure.
-                    Some(Feed::Fatal(e)) if e.status() == Some(404) => {
-                        info!(session_id = %self.session_id, error = %e, "session not found; it was deleted");
-                        break RunEnd::Terminated;
-                    }
-                    Some(Feed::Fatal(e)) => {
-                        error!(session_id = %self.session_id, error = %e, "stream failed permanently");
-                        break RunEnd::Fatal(e.to_string());
-                    }
-                    Some(Feed::History(history)) => {
-                        if self.reconcile(&mut st, history) {
-                            info!(session_id = %self.session_id, "session terminated");
-                            break RunEnd::Terminated;
-                        }
-                    }
-                    Some(Feed::Live(event)) => {
-                        if self.on_live(&mut st, event) {
-                            info!(session_id = %self.session_id, "session terminated");
-                            break RunEnd::Terminated;
-                        }
-                    }
+                msg = feed.recv() => if let Some(end) = self.on_feed(&mut st, msg) {
+                    break end;
                 },
                 _ = sleep_until(idle_deadline), if idle_deadline.is_some() => {
                     let max = self.options.max_idle.unwrap_or_default();
@@ -534,27 +506,9 @@ impl SessionRunner {
         };
         stream_stop.cancel();
         stream.abort();
-        // An ending run lets the call in flight finish (bounded) unless the
-        // session is gone or the caller cancelled: then it is dropped, which
-        // kills its command. A shutdown answers it whatever happens.
-        if let Some(InFlight {
-            done: call,
-            cut_off,
-        }) = in_flight.take()
-        {
-            if mid_turn.is_some() {
-                self.answer_before_shutdown(&mut st, call, cut_off, &cancel)
-                    .await;
-            } else if matches!(end, RunEnd::Idle | RunEnd::Fatal(_)) {
-                match tokio::time::timeout(DRAIN_TIMEOUT, call).await {
-                    Ok(done) => self.finish_call(&mut st, done),
-                    Err(_) => {
-                        warn!(session_id = %self.session_id, "the tool call in flight did not finish within {}s; dropping it", DRAIN_TIMEOUT.as_secs())
-                    }
-                }
-            } else {
-                drop(call);
-            }
+        if let Some(in_flight) = in_flight.take() {
+            self.settle_in_flight(&mut st, in_flight, &end, mid_turn.is_some(), &cancel)
+                .await;
         }
         self.tools.close().await;
         info!(session_id = %self.session_id, end = ?end, executed = st.stats.executed, "session tool runner stopped");
@@ -562,6 +516,70 @@ impl SessionRunner {
             end,
             stats: st.stats,
             mid_turn,
+        }
+    }
+
+    /// When the idle countdown ends the run: once a turn ended, with no call
+    /// in flight or queued.
+    fn idle_deadline(&self, st: &State, in_flight: bool) -> Option<Instant> {
+        match (self.options.max_idle, st.clock.armed_at()) {
+            (Some(max), Some(at)) if !in_flight && st.queue.is_empty() => Some(at + max),
+            _ => None,
+        }
+    }
+
+    /// What the stream task said; the run's end when it ends the run.
+    fn on_feed(&self, st: &mut State, msg: Option<Feed>) -> Option<RunEnd> {
+        match msg {
+            None => Some(RunEnd::Fatal("the event stream task ended".into())),
+            // The session itself is gone (deleted while the stream
+            // reconnected, before its `session.deleted` event was read):
+            // that is the end of the session, not a failure.
+            Some(Feed::Fatal(e)) if e.status() == Some(404) => {
+                info!(session_id = %self.session_id, error = %e, "session not found; it was deleted");
+                Some(RunEnd::Terminated)
+            }
+            Some(Feed::Fatal(e)) => {
+                error!(session_id = %self.session_id, error = %e, "stream failed permanently");
+                Some(RunEnd::Fatal(e.to_string()))
+            }
+            Some(Feed::History(history)) => self.reconcile(st, history).then(|| {
+                info!(session_id = %self.session_id, "session terminated");
+                RunEnd::Terminated
+            }),
+            Some(Feed::Live(event)) => self.on_live(st, event).then(|| {
+                info!(session_id = %self.session_id, "session terminated");
+                RunEnd::Terminated
+            }),
+        }
+    }
+
+    /// An ending run lets the call in flight finish (bounded) unless the
+    /// session is gone or the caller cancelled: then it is dropped, which
+    /// kills its command. A shutdown answers it whatever happens.
+    async fn settle_in_flight(
+        &self,
+        st: &mut State,
+        in_flight: InFlight,
+        end: &RunEnd,
+        shutting_down: bool,
+        cancel: &CancellationToken,
+    ) {
+        let InFlight {
+            done: call,
+            cut_off,
+        } = in_flight;
+        if shutting_down {
+            self.answer_before_shutdown(st, call, cut_off, cancel).await;
+        } else if matches!(end, RunEnd::Idle | RunEnd::Fatal(_)) {
+            match tokio::time::timeout(DRAIN_TIMEOUT, call).await {
+                Ok(done) => self.finish_call(st, done),
+                Err(_) => {
+                    warn!(session_id = %self.session_id, "the tool call in flight did not finish within {}s; dropping it", DRAIN_TIMEOUT.as_secs())
+                }
+            }
+        } else {
+            drop(call);
         }
     }
 
@@ -905,14 +923,8 @@ impl SessionRunner {
         cut_off: CancellationToken,
     ) -> BoxFuture<'static, Done> {
         let tools = self.tools.clone();
-        let client = self.client.clone();
-        let session_id = self.session_id.clone();
+        let delivery = self.delivery();
         let timeout = self.options.tool_timeout;
-        let window = self.options.send_window.clone();
-        let backoff = (
-            self.options.post_backoff_start,
-            self.options.post_backoff_cap,
-        );
         let hook = self.options.after_call.clone();
         let observer = self.options.observer.clone();
         // The call's span: the tool's run and its result's delivery (not the
@@ -920,7 +932,7 @@ impl SessionRunner {
         // input or the output: they may hold anything the agent saw.
         let span = tracing::info_span!(
             "tool_call",
-            session_id = %session_id,
+            session_id = %delivery.session_id,
             tool.name = %call.name,
             tool_use_id = %call.id,
             is_error = tracing::field::Empty,
@@ -928,51 +940,14 @@ impl SessionRunner {
         );
         let answered = span.clone();
         async move {
+            let session_id = &delivery.session_id;
             let run = async {
                 info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "executing tool");
                 let started = Instant::now();
-                let deadline = started + timeout;
-                let outcome = tokio::select! {
-                    outcome = tokio::time::timeout(
-                        timeout + DEADLINE_SLACK,
-                        tools.call(&call.name, call.input.clone(), deadline),
-                    ) => Some(outcome),
-                    _ = cut_off.cancelled() => None,
-                };
-                let (content, is_error) = match outcome {
-                    None => {
-                        let ran = started.elapsed();
-                        warn!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, duration_ms = ran.as_millis() as u64, "tool call cut off by the worker's shutdown; answering it with an error");
-                        (vec![text_block(format!(
-                            "tool {:?} was cut off after {:.1}s: the worker running it shut down (SIGTERM) before it finished. Its command was killed and may have done part of its work; run it again if it is still needed.",
-                            call.name,
-                            ran.as_secs_f64()
-                        ))], true)
-                    }
-                    Some(Ok(Ok(output))) => (output.into_content(), false),
-                    Some(Ok(Err(e))) => {
-                        let text = if e.message.is_empty() {
-                            "(no output)".to_string()
-                        } else {
-                            e.message
-                        };
-                        (vec![text_block(text)], true)
-                    }
-                    Some(Err(_)) => (
-                        vec![text_block(format!(
-                            "tool {:?} timed out after {}s",
-                            call.name,
-                            timeout.as_secs()
-                        ))],
-                        true,
-                    ),
-                };
+                let (content, is_error) =
+                    run_tool(&*tools, session_id, &call, timeout, started, &cut_off).await;
                 let duration = started.elapsed();
-                let summary = content
-                    .first()
-                    .and_then(|b| b.get("text"))
-                    .and_then(Value::as_str)
-                    .map(|t| t.lines().next().unwrap_or_default().chars().take(120).collect());
+                let summary = first_line(&content);
                 info!(
                     session_id = %session_id,
                     tool = %call.name,
@@ -984,12 +959,12 @@ impl SessionRunner {
                 answered.record("is_error", is_error);
                 answered.record("duration_ms", duration.as_millis() as u64);
                 let result = call.result(content, is_error);
-                let delivery = post_result(&client, &session_id, &call.id, &result, backoff, &window).await;
-                (is_error, duration, summary, result, delivery)
+                let delivered = delivery.post(&call.id, &result).await;
+                (is_error, duration, summary, result, delivered)
             }
             .instrument(span);
-            let (is_error, duration, summary, result, delivery) = run.await;
-            let posted = delivery.is_ok();
+            let (is_error, duration, summary, result, delivered) = run.await;
+            let posted = delivered.is_ok();
             let record = CallRecord {
                 tool_use_id: call.id.clone(),
                 name: call.name.clone(),
@@ -1010,10 +985,23 @@ impl SessionRunner {
                 allowed,
                 executed: Some(record),
                 result,
-                undelivered: delivery.err(),
+                undelivered: delivered.err(),
             }
         }
         .boxed()
+    }
+
+    /// Where this run's results go, and how hard to try.
+    fn delivery(&self) -> Delivery {
+        Delivery {
+            client: self.client.clone(),
+            session_id: self.session_id.clone(),
+            window: self.options.send_window.clone(),
+            backoff: (
+                self.options.post_backoff_start,
+                self.options.post_backoff_cap,
+            ),
+        }
     }
 
     /// Post a kept result again (a reconcile found its call unanswered). The
@@ -1024,24 +1012,18 @@ impl SessionRunner {
         allowed: bool,
         result: SessionEvent,
     ) -> BoxFuture<'static, Done> {
-        let client = self.client.clone();
-        let session_id = self.session_id.clone();
-        let window = self.options.send_window.clone();
-        let backoff = (
-            self.options.post_backoff_start,
-            self.options.post_backoff_cap,
-        );
+        let delivery = self.delivery();
         let span = tracing::info_span!(
             "tool_result_again",
-            session_id = %session_id,
+            session_id = %delivery.session_id,
             tool.name = %call.name,
             tool_use_id = %call.id,
         );
         async move {
+            let session_id = &delivery.session_id;
             info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "posting the tool result again at the reconcile (the result computed when the call ran; the tool does not run twice)");
-            let delivery =
-                post_result(&client, &session_id, &call.id, &result, backoff, &window).await;
-            if delivery.is_ok() {
+            let delivered = delivery.post(&call.id, &result).await;
+            if delivered.is_ok() {
                 info!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, "tool result delivered at the reconcile; the session goes on");
             }
             Done {
@@ -1049,7 +1031,7 @@ impl SessionRunner {
                 allowed,
                 executed: None,
                 result,
-                undelivered: delivery.err(),
+                undelivered: delivered.err(),
             }
         }
         .instrument(span)
@@ -1097,6 +1079,98 @@ impl SessionRunner {
             st.clock.release();
         }
     }
+}
+
+/// Where a call's results go, and how hard to try: what a call's future
+/// takes from the runner, which it outlives.
+struct Delivery {
+    client: Client,
+    session_id: String,
+    window: SendWindow,
+    backoff: (Duration, Duration),
+}
+
+impl Delivery {
+    /// [`post_result`] for this session.
+    async fn post(&self, tool_use_id: &str, result: &SessionEvent) -> Result<(), String> {
+        post_result(
+            &self.client,
+            &self.session_id,
+            tool_use_id,
+            result,
+            self.backoff,
+            &self.window,
+        )
+        .await
+    }
+}
+
+/// Run one call's tool (started at `started`) within `timeout`, unless
+/// `cut_off` fires first: the result's content and whether it is an error.
+async fn run_tool(
+    tools: &dyn ToolHandler,
+    session_id: &str,
+    call: &Call,
+    timeout: Duration,
+    started: Instant,
+    cut_off: &CancellationToken,
+) -> (Vec<Value>, bool) {
+    let deadline = started + timeout;
+    let outcome = tokio::select! {
+        outcome = tokio::time::timeout(
+            timeout + DEADLINE_SLACK,
+            tools.call(&call.name, call.input.clone(), deadline),
+        ) => Some(outcome),
+        _ = cut_off.cancelled() => None,
+    };
+    match outcome {
+        None => {
+            let ran = started.elapsed();
+            warn!(session_id = %session_id, tool = %call.name, tool_use_id = %call.id, duration_ms = ran.as_millis() as u64, "tool call cut off by the worker's shutdown; answering it with an error");
+            (
+                vec![text_block(format!(
+                    "tool {:?} was cut off after {:.1}s: the worker running it shut down (SIGTERM) before it finished. Its command was killed and may have done part of its work; run it again if it is still needed.",
+                    call.name,
+                    ran.as_secs_f64()
+                ))],
+                true,
+            )
+        }
+        Some(Ok(Ok(output))) => (output.into_content(), false),
+        Some(Ok(Err(e))) => {
+            let text = if e.message.is_empty() {
+                "(no output)".to_string()
+            } else {
+                e.message
+            };
+            (vec![text_block(text)], true)
+        }
+        Some(Err(_)) => (
+            vec![text_block(format!(
+                "tool {:?} timed out after {}s",
+                call.name,
+                timeout.as_secs()
+            ))],
+            true,
+        ),
+    }
+}
+
+/// The first line of a result's first text block, at most 120 characters
+/// (a timeline's summary of the call).
+fn first_line(content: &[Value]) -> Option<String> {
+    content
+        .first()
+        .and_then(|b| b.get("text"))
+        .and_then(Value::as_str)
+        .map(|t| {
+            t.lines()
+                .next()
+                .unwrap_or_default()
+                .chars()
+                .take(120)
+                .collect()
+        })
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -551,77 +551,15 @@ impl<'w> ItemRun<'w> {
             .as_ref()
             .map(|r| r.path.clone())
             .unwrap_or_else(|| opts.workdir.clone());
-        let mut ctx = ToolContext::new(work.clone());
-        ctx.supervisor = opts.supervisor.clone();
-        ctx.max_file_bytes = opts.max_file_bytes;
-        ctx.bash_env = scrubbed_env(&opts.secret_env_vars);
-        ctx.remap = opts.mount_remap.clone();
-        if let Some(enforcement) = &opts.shell_sandbox {
-            match self.make_sandbox_room(enforcement, &session.id).await {
-                Ok(room) => {
-                    if let (Some(shown), Some(actual)) =
-                        (enforcement.own_mounts(), &room.mount_root)
-                    {
-                        // This session's stores live in its room and its shell
-                        // sees them at the advertised path (a bind in its
-                        // namespace); the file tools map the paths.
-                        ctx.remap = Some(crate::remap::MountRemap {
-                            advertised: shown.to_path_buf(),
-                            actual: actual.clone(),
-                        });
-                    }
-                    ctx.bash_env.retain(|(k, _)| k != "HOME" && k != "TMPDIR");
-                    ctx.bash_env.extend(room.env());
-                    self.sandbox_room = Some(room);
-                }
-                Err(why) => return ItemOutcome::Failed(why),
-            }
+        let mut ctx = match self.tool_context(&work, &session.id).await {
+            Ok(ctx) => ctx,
+            Err(why) => return ItemOutcome::Failed(why),
+        };
+        if with_memory && let Err(outcome) = self.mount_memory(session, &mut ctx).await {
+            return outcome;
         }
-        if with_memory {
-            let mut stores = SessionMemoryStores::new(
-                Arc::new(self.client.clone()),
-                &opts.workdir,
-                opts.memory_sync_interval,
-                opts.memory_sync_deletions,
-            )
-            .with_remap(ctx.remap.clone())
-            .with_state_dir(opts.state_dir.as_deref())
-            .with_push(opts.memory_push);
-            let downloaded = tokio::select! {
-                _ = self.ending() => Err(None),
-                d = stores.download(session) => d.map_err(Some),
-            };
-            let stores = Arc::new(stores);
-            self.stores = Some(stores.clone());
-            match downloaded {
-                Ok(()) => {}
-                Err(None) => return ItemOutcome::Served(RunEnd::Cancelled),
-                Err(Some(crate::memory::MemoryError::InUse(why))) => {
-                    warn!(error = %why, "a memory store's mount path is in use by another live session on this replica: the work item is handed back, not failed; another replica (or this one, once the path frees) serves the session");
-                    return ItemOutcome::MountPathInUse(why);
-                }
-                Err(Some(e)) => return ItemOutcome::Failed(e.to_string()),
-            }
-            ctx.allowed_roots = stores.roots();
-            ctx.read_only_roots = stores.read_only_roots();
-        }
-        if let (Some(enforcement), Some(room)) = (&opts.shell_sandbox, &self.sandbox_room) {
-            let mut grants = enforcement.grants(&work, room);
-            grants.stores_ro = ctx.read_only_roots.clone();
-            grants.stores_rw = ctx
-                .allowed_roots
-                .iter()
-                .filter(|r| !ctx.read_only_roots.contains(r))
-                .cloned()
-                .collect();
-            match grants.policy(&enforcement.protected) {
-                Ok(policy) => ctx.shell_sandbox = Some(policy),
-                Err(e) => {
-                    return ItemOutcome::Failed(format!(
-                        "the agent's shell cannot be sandboxed: {e}"
-                    ));
-                }
-            }
+        if let Err(why) = self.confine_shell(&work, &mut ctx) {
+            return ItemOutcome::Failed(why);
         }
 
         let tools = Arc::new(Toolset::new(ctx));
@@ -631,6 +569,117 @@ impl<'w> ItemRun<'w> {
             let tools = tools.clone();
             tokio::spawn(async move { tools.start_shell_ahead().await });
         }
+        let runner = SessionRunner::new(
+            self.client.clone(),
+            &session.id,
+            tools,
+            self.runner_options(),
+        );
+        let run = runner
+            .run_until(self.stop.clone(), self.shutdown.clone())
+            .await;
+        self.report.stats = run.stats;
+        self.mid_turn = run.mid_turn;
+        ItemOutcome::Served(run.end)
+    }
+
+    /// The tools' context in `work`: the options' bounds, the scrubbed bash
+    /// environment, and (sandboxed) this session's own room, its `HOME`,
+    /// `TMPDIR` and memory folders.
+    async fn tool_context(
+        &mut self,
+        work: &std::path::Path,
+        session_id: &str,
+    ) -> Result<ToolContext, String> {
+        let opts = self.worker.options();
+        let mut ctx = ToolContext::new(work.to_path_buf());
+        ctx.supervisor = opts.supervisor.clone();
+        ctx.max_file_bytes = opts.max_file_bytes;
+        ctx.bash_env = scrubbed_env(&opts.secret_env_vars);
+        ctx.remap = opts.mount_remap.clone();
+        if let Some(enforcement) = &opts.shell_sandbox {
+            let room = self.make_sandbox_room(enforcement, session_id).await?;
+            if let (Some(shown), Some(actual)) = (enforcement.own_mounts(), &room.mount_root) {
+                // This session's stores live in its room and its shell
+                // sees them at the advertised path (a bind in its
+                // namespace); the file tools map the paths.
+                ctx.remap = Some(crate::remap::MountRemap {
+                    advertised: shown.to_path_buf(),
+                    actual: actual.clone(),
+                });
+            }
+            ctx.bash_env.retain(|(k, _)| k != "HOME" && k != "TMPDIR");
+            ctx.bash_env.extend(room.env());
+            self.sandbox_room = Some(room);
+        }
+        Ok(ctx)
+    }
+
+    /// Download the session's stores (kept in `self.stores` even when the
+    /// download fails, for the teardown) and open their roots to the tools.
+    async fn mount_memory(
+        &mut self,
+        session: &Session,
+        ctx: &mut ToolContext,
+    ) -> Result<(), ItemOutcome> {
+        let opts = self.worker.options();
+        let mut stores = SessionMemoryStores::new(
+            Arc::new(self.client.clone()),
+            &opts.workdir,
+            opts.memory_sync_interval,
+            opts.memory_sync_deletions,
+        )
+        .with_remap(ctx.remap.clone())
+        .with_state_dir(opts.state_dir.as_deref())
+        .with_push(opts.memory_push);
+        let downloaded = tokio::select! {
+            _ = self.ending() => Err(None),
+            d = stores.download(session) => d.map_err(Some),
+        };
+        let stores = Arc::new(stores);
+        self.stores = Some(stores.clone());
+        match downloaded {
+            Ok(()) => {}
+            Err(None) => return Err(ItemOutcome::Served(RunEnd::Cancelled)),
+            Err(Some(crate::memory::MemoryError::InUse(why))) => {
+                warn!(error = %why, "a memory store's mount path is in use by another live session on this replica: the work item is handed back, not failed; another replica (or this one, once the path frees) serves the session");
+                return Err(ItemOutcome::MountPathInUse(why));
+            }
+            Err(Some(e)) => return Err(ItemOutcome::Failed(e.to_string())),
+        }
+        ctx.allowed_roots = stores.roots();
+        ctx.read_only_roots = stores.read_only_roots();
+        Ok(())
+    }
+
+    /// The sandboxed shell's policy: the workdir, its room, and the stores
+    /// (read-only ones read-only); nothing when the shell is not sandboxed.
+    fn confine_shell(&self, work: &std::path::Path, ctx: &mut ToolContext) -> Result<(), String> {
+        let opts = self.worker.options();
+        let (Some(enforcement), Some(room)) = (&opts.shell_sandbox, &self.sandbox_room) else {
+            return Ok(());
+        };
+        let mut grants = enforcement.grants(work, room);
+        grants.stores_ro = ctx.read_only_roots.clone();
+        grants.stores_rw = ctx
+            .allowed_roots
+            .iter()
+            .filter(|r| !ctx.read_only_roots.contains(r))
+            .cloned()
+            .collect();
+        match grants.policy(&enforcement.protected) {
+            Ok(policy) => {
+                ctx.shell_sandbox = Some(policy);
+                Ok(())
+            }
+            Err(e) => Err(format!("the agent's shell cannot be sandboxed: {e}")),
+        }
+    }
+
+    /// The runner's options: the item's bounds, its send window, a due sync
+    /// after each call (with memory) and each call reported to the worker.
+    fn runner_options(&self) -> RunnerOptions {
+        let opts = self.worker.options();
         let after_call = self.stores.clone().map(|stores| {
             let worker = self.worker.clone();
             let work_id = self.item.id.clone();
@@ -660,32 +709,21 @@ impl<'w> ItemRun<'w> {
             });
             Some(observer)
         };
-        let runner = SessionRunner::new(
-            self.client.clone(),
-            &session.id,
-            tools,
-            RunnerOptions {
-                max_idle: opts.max_idle,
-                tool_timeout: opts.tool_timeout,
-                // Under an invocation deadline the session ends when only the
-                // teardown reserve is left: a call in flight gets at most the
-                // reserve's force-stop share, so the teardown still fits.
-                call_grace: match self.deadline {
-                    Some(_) => opts.call_grace.min(STOP_TIMEOUT),
-                    None => opts.call_grace,
-                },
-                send_window: self.window.clone(),
-                after_call,
-                observer,
-                ..Default::default()
+        RunnerOptions {
+            max_idle: opts.max_idle,
+            tool_timeout: opts.tool_timeout,
+            // Under an invocation deadline the session ends when only the
+            // teardown reserve is left: a call in flight gets at most the
+            // reserve's force-stop share, so the teardown still fits.
+            call_grace: match self.deadline {
+                Some(_) => opts.call_grace.min(STOP_TIMEOUT),
+                None => opts.call_grace,
             },
-        );
-        let run = runner
-            .run_until(self.stop.clone(), self.shutdown.clone())
-            .await;
-        self.report.stats = run.stats;
-        self.mid_turn = run.mid_turn;
-        ItemOutcome::Served(run.end)
+            send_window: self.window.clone(),
+            after_call,
+            observer,
+            ..Default::default()
+        }
     }
 
     /// The runner closed the tools; memory next: the final sync on a clean

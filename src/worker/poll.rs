@@ -8,11 +8,13 @@
 //! it. The drain polls without blocking, reclaiming items whose worker went
 //! quiet for 2 s, until the queue is empty.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rand::RngExt;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -248,113 +250,173 @@ impl EnvironmentWorker {
             reclaim_older_than_ms: Some(RECLAIM_OLDER_THAN_MS),
         };
         let worker_id = self.options().worker_id.clone();
-        let slots = Arc::new(tokio::sync::Semaphore::new(
-            options.max_concurrent_items.max(1),
-        ));
-        let mut running: JoinSet<ItemReport> = JoinSet::new();
-        let mut report = DrainReport::default();
-        let (mut poll_attempt, mut ack_attempt) = (0u32, 0u32);
+        let mut drain = Drain::new(self, cancel, options);
         let result = loop {
             // Wait for a free slot before claiming: never hold an item we cannot serve.
             let permit = tokio::select! {
-                _ = cancel.cancelled() => break Ok(()),
-                p = slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
+                _ = drain.cancel.cancelled() => break Ok(()),
+                p = drain.slots.clone().acquire_owned() => p.expect("the semaphore is never closed"),
             };
-            while let Some(done) = running.try_join_next() {
-                if let Ok(item) = done {
-                    report.items.push(item);
-                }
-            }
-            if let Some(at) = options.deadline
-                && at.saturating_duration_since(Instant::now())
-                    < self.options().teardown_reserve() + options.min_serving_time
-            {
+            drain.collect_finished();
+            if drain.deadline_too_near() {
                 info!("too little time left in this invocation to claim another item");
-                report.stopped_for_deadline = true;
+                drain.report.stopped_for_deadline = true;
                 break Ok(());
             }
             let polled = tokio::select! {
-                _ = cancel.cancelled() => break Ok(()),
+                _ = drain.cancel.cancelled() => break Ok(()),
                 p = queue.poll(&params, Some(&worker_id)) => p,
             };
-            match polled {
-                Ok(None) => {
-                    poll_attempt = 0;
-                    drop(permit);
-                    // Empty. While items still run, a new delivery (a wake)
-                    // means another item may wait: poll again for a free slot.
-                    let Some(wake) = &options.wake else {
-                        break Ok(());
-                    };
-                    if running.is_empty() {
-                        break Ok(());
-                    }
-                    tokio::select! {
-                        _ = cancel.cancelled() => break Ok(()),
-                        _ = wake.notified() => {}
-                        done = running.join_next() => {
-                            // A slot came free: look once more before waiting again.
-                            if let Some(Ok(item)) = done {
-                                report.items.push(item);
-                            }
-                        }
-                    }
-                }
-                Ok(Some(work)) => {
-                    poll_attempt = 0;
-                    info!(work_id = %work.id, session_id = %work.data.id, "claimed work");
-                    match self.ack(&poller, &work).await {
-                        Ack::Acked => ack_attempt = 0,
-                        Ack::Stopped => continue,
-                        Ack::Retry(e) => {
-                            ack_attempt += 1;
-                            let wait = backoff(ack_attempt);
-                            warn!(work_id = %work.id, attempt = ack_attempt, backoff_ms = wait.as_millis() as u64, error = %e, "ack failed, backing off");
-                            drop(permit);
-                            if !pause(&cancel, wait).await {
-                                break Ok(());
-                            }
-                            continue;
-                        }
-                    }
-                    let (worker, cancel, deadline) =
-                        (self.clone(), cancel.clone(), options.deadline);
-                    let workdir = self.drain_workdir(&options);
-                    // In the drain's span: its items are its children in a trace.
-                    running.spawn(
-                        async move {
-                            let _permit = permit;
-                            worker
-                                .handle_item_in(WorkItem::from(work), cancel, deadline, workdir)
-                                .await
-                        }
-                        .in_current_span(),
-                    );
-                }
-                Err(e) if poll_is_fatal(&e) => {
-                    tracing::error!(error = %e, "poll failed permanently, stopping the drain");
-                    break Err(WorkerError::Poll(Box::new(e)));
-                }
-                Err(e) => {
-                    // As the reference: a drain retries until the poll succeeds,
-                    // the process stops, or (Lambda) the deadline is too near.
-                    poll_attempt += 1;
-                    let wait = backoff(poll_attempt);
-                    warn!(attempt = poll_attempt, backoff_ms = wait.as_millis() as u64, error = %e, "poll failed, backing off");
-                    drop(permit);
-                    if !pause(&cancel, wait).await {
-                        break Ok(());
-                    }
-                }
+            let next = match polled {
+                Ok(None) => drain.found_empty(permit).await,
+                Ok(Some(work)) => drain.claimed(&poller, work, permit).await,
+                Err(e) => drain.poll_failed(e, permit).await,
+            };
+            if let ControlFlow::Break(end) = next {
+                break end;
             }
         };
         // Every claimed item is served to its end (a cancel ends them early,
         // through their own teardown).
-        while let Some(done) = running.join_next().await {
+        while let Some(done) = drain.running.join_next().await {
             if let Ok(item) = done {
-                report.items.push(item);
+                drain.report.items.push(item);
             }
         }
-        result.map(|()| report)
+        result.map(|()| drain.report)
+    }
+}
+
+/// Whether a drain goes on claiming, or ends with this result.
+type Next = ControlFlow<Result<(), WorkerError>>;
+
+/// One drain under way: its slots, the items it runs, what it reports, and
+/// the attempts behind its current backoff.
+struct Drain<'w> {
+    worker: &'w EnvironmentWorker,
+    cancel: CancellationToken,
+    options: DrainOptions,
+    slots: Arc<tokio::sync::Semaphore>,
+    running: JoinSet<ItemReport>,
+    report: DrainReport,
+    poll_attempt: u32,
+    ack_attempt: u32,
+}
+
+impl<'w> Drain<'w> {
+    fn new(
+        worker: &'w EnvironmentWorker,
+        cancel: CancellationToken,
+        options: DrainOptions,
+    ) -> Self {
+        let slots = Arc::new(tokio::sync::Semaphore::new(
+            options.max_concurrent_items.max(1),
+        ));
+        Drain {
+            worker,
+            cancel,
+            options,
+            slots,
+            running: JoinSet::new(),
+            report: DrainReport::default(),
+            poll_attempt: 0,
+            ack_attempt: 0,
+        }
+    }
+
+    /// Report the items that have ended since the last look.
+    fn collect_finished(&mut self) {
+        while let Some(done) = self.running.try_join_next() {
+            if let Ok(item) = done {
+                self.report.items.push(item);
+            }
+        }
+    }
+
+    /// Under a deadline: whether too little time is left to serve another item.
+    fn deadline_too_near(&self) -> bool {
+        self.options.deadline.is_some_and(|at| {
+            at.saturating_duration_since(Instant::now())
+                < self.worker.options().teardown_reserve() + self.options.min_serving_time
+        })
+    }
+
+    /// The queue is empty. While items still run, a new delivery (a wake)
+    /// means another item may wait: poll again for a free slot.
+    async fn found_empty(&mut self, permit: OwnedSemaphorePermit) -> Next {
+        self.poll_attempt = 0;
+        drop(permit);
+        let Some(wake) = &self.options.wake else {
+            return ControlFlow::Break(Ok(()));
+        };
+        if self.running.is_empty() {
+            return ControlFlow::Break(Ok(()));
+        }
+        tokio::select! {
+            _ = self.cancel.cancelled() => return ControlFlow::Break(Ok(())),
+            _ = wake.notified() => {}
+            done = self.running.join_next() => {
+                // A slot came free: look once more before waiting again.
+                if let Some(Ok(item)) = done {
+                    self.report.items.push(item);
+                }
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// An item claimed: acknowledged, then served in its slot.
+    async fn claimed(&mut self, poller: &Client, work: Work, permit: OwnedSemaphorePermit) -> Next {
+        self.poll_attempt = 0;
+        info!(work_id = %work.id, session_id = %work.data.id, "claimed work");
+        match self.worker.ack(poller, &work).await {
+            Ack::Acked => self.ack_attempt = 0,
+            Ack::Stopped => return ControlFlow::Continue(()),
+            Ack::Retry(e) => {
+                self.ack_attempt += 1;
+                let wait = backoff(self.ack_attempt);
+                warn!(work_id = %work.id, attempt = self.ack_attempt, backoff_ms = wait.as_millis() as u64, error = %e, "ack failed, backing off");
+                drop(permit);
+                if !pause(&self.cancel, wait).await {
+                    return ControlFlow::Break(Ok(()));
+                }
+                return ControlFlow::Continue(());
+            }
+        }
+        let (worker, cancel, deadline) = (
+            self.worker.clone(),
+            self.cancel.clone(),
+            self.options.deadline,
+        );
+        let workdir = self.worker.drain_workdir(&self.options);
+        // In the drain's span: its items are its children in a trace.
+        self.running.spawn(
+            async move {
+                let _permit = permit;
+                worker
+                    .handle_item_in(WorkItem::from(work), cancel, deadline, workdir)
+                    .await
+            }
+            .in_current_span(),
+        );
+        ControlFlow::Continue(())
+    }
+
+    /// A failed poll ends the drain when it is permanent; otherwise back off.
+    async fn poll_failed(&mut self, e: Error, permit: OwnedSemaphorePermit) -> Next {
+        if poll_is_fatal(&e) {
+            tracing::error!(error = %e, "poll failed permanently, stopping the drain");
+            return ControlFlow::Break(Err(WorkerError::Poll(Box::new(e))));
+        }
+        // As the reference: a drain retries until the poll succeeds,
+        // the process stops, or (Lambda) the deadline is too near.
+        self.poll_attempt += 1;
+        let wait = backoff(self.poll_attempt);
+        warn!(attempt = self.poll_attempt, backoff_ms = wait.as_millis() as u64, error = %e, "poll failed, backing off");
+        drop(permit);
+        if !pause(&self.cancel, wait).await {
+            return ControlFlow::Break(Ok(()));
+        }
+        ControlFlow::Continue(())
     }
 }
