@@ -262,6 +262,101 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
+impl EndpointFile {
+    /// This endpoint with `env`: its secrets read, its settings parsed and
+    /// checked. The error says what is wrong with it.
+    fn resolve(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Endpoint, String> {
+        let signing_keys = self.signing_keys(env)?;
+        if self.environment_id.is_empty() {
+            return Err("environment_id is empty".into());
+        }
+        let environment_key = env(&self.environment_key_env)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "the environment key variable {} is not set",
+                    self.environment_key_env
+                )
+            })?;
+        let max_idle = parsed("max_idle", self.max_idle.as_deref(), parse_max_idle)?;
+        let memory_sync_interval = parsed(
+            "memory_sync_interval",
+            self.memory_sync_interval.as_deref(),
+            str::parse::<SyncInterval>,
+        )?;
+        let memory_sync_deletions = parsed(
+            "memory_sync_deletions",
+            self.memory_sync_deletions.as_deref(),
+            str::parse::<DeleteMode>,
+        )?;
+        if let Some(dir) = &self.workdir
+            && !dir.is_absolute()
+        {
+            return Err(format!("workdir must be absolute (got {})", dir.display()));
+        }
+        let max_concurrent_items =
+            check_max_concurrent_items(self.max_concurrent_items.unwrap_or(1))
+                .map_err(|e| format!("max_concurrent_items: {e}"))?;
+        let mut secret_env_vars = self.signing_keys_env.clone();
+        secret_env_vars.push(self.environment_key_env.clone());
+        Ok(Endpoint {
+            name: self.name.clone(),
+            signing_keys,
+            environment_id: self.environment_id.clone(),
+            environment_key: Redacted::new(environment_key),
+            workdir: self.workdir.clone(),
+            max_idle,
+            memory_sync_interval,
+            memory_sync_deletions,
+            max_concurrent_items,
+            fresh_workdir: self.fresh_workdir,
+            memory_push: self.memory_push,
+            shell_sandbox: self.shell_sandbox,
+            shell_allow_read: self.shell_allow_read.clone(),
+            shell_allow_write: self.shell_allow_write.clone(),
+            shell_allow_tcp: self.shell_allow_tcp.clone(),
+            extra_headers: self
+                .extra_headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            secret_env_vars,
+        })
+    }
+
+    /// The signing keys, each read from its variable (one at least).
+    fn signing_keys(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Vec<SigningKey>, String> {
+        if self.signing_keys_env.is_empty() {
+            return Err("signing_keys_env names no variable".into());
+        }
+        let mut signing_keys = Vec::new();
+        for var in &self.signing_keys_env {
+            let value = env(var)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| format!("the signing key variable {var} is not set"))?;
+            signing_keys.push(
+                SigningKey::parse(&value)
+                    .map_err(|e| format!("the signing key in {var} is unusable: {e}"))?,
+            );
+        }
+        Ok(signing_keys)
+    }
+}
+
+/// An optional setting `field` of an endpoint, parsed when it is there.
+fn parsed<T, E: std::fmt::Display>(
+    field: &str,
+    text: Option<&str>,
+    parse: impl Fn(&str) -> Result<T, E>,
+) -> Result<Option<T>, String> {
+    text.map(parse)
+        .transpose()
+        .map_err(|e| format!("{field}: {e}"))
+}
+
 impl ServeFile {
     pub fn parse(path: &str, text: &str) -> Result<ServeFile, ConfigError> {
         toml::from_str(text).map_err(|e| ConfigError::Parse {
@@ -322,84 +417,7 @@ impl ServeFile {
             if !seen.insert(file.name.clone()) {
                 return Err(fail("two endpoints have this name".into()));
             }
-            if file.signing_keys_env.is_empty() {
-                return Err(fail("signing_keys_env names no variable".into()));
-            }
-            let mut signing_keys = Vec::new();
-            for var in &file.signing_keys_env {
-                let value = env(var)
-                    .filter(|v| !v.is_empty())
-                    .ok_or_else(|| fail(format!("the signing key variable {var} is not set")))?;
-                signing_keys.push(
-                    SigningKey::parse(&value)
-                        .map_err(|e| fail(format!("the signing key in {var} is unusable: {e}")))?,
-                );
-            }
-            if file.environment_id.is_empty() {
-                return Err(fail("environment_id is empty".into()));
-            }
-            let environment_key = env(&file.environment_key_env)
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| {
-                    fail(format!(
-                        "the environment key variable {} is not set",
-                        file.environment_key_env
-                    ))
-                })?;
-            let max_idle = file
-                .max_idle
-                .as_deref()
-                .map(parse_max_idle)
-                .transpose()
-                .map_err(|e| fail(format!("max_idle: {e}")))?;
-            let memory_sync_interval = file
-                .memory_sync_interval
-                .as_deref()
-                .map(str::parse::<SyncInterval>)
-                .transpose()
-                .map_err(|e| fail(format!("memory_sync_interval: {e}")))?;
-            let memory_sync_deletions = file
-                .memory_sync_deletions
-                .as_deref()
-                .map(str::parse::<DeleteMode>)
-                .transpose()
-                .map_err(|e| fail(format!("memory_sync_deletions: {e}")))?;
-            if let Some(dir) = &file.workdir
-                && !dir.is_absolute()
-            {
-                return Err(fail(format!(
-                    "workdir must be absolute (got {})",
-                    dir.display()
-                )));
-            }
-            let max_concurrent_items =
-                check_max_concurrent_items(file.max_concurrent_items.unwrap_or(1))
-                    .map_err(|e| fail(format!("max_concurrent_items: {e}")))?;
-            let mut secret_env_vars = file.signing_keys_env.clone();
-            secret_env_vars.push(file.environment_key_env.clone());
-            out.push(Endpoint {
-                name: file.name.clone(),
-                signing_keys,
-                environment_id: file.environment_id.clone(),
-                environment_key: Redacted::new(environment_key),
-                workdir: file.workdir.clone(),
-                max_idle,
-                memory_sync_interval,
-                memory_sync_deletions,
-                max_concurrent_items,
-                fresh_workdir: file.fresh_workdir,
-                memory_push: file.memory_push,
-                shell_sandbox: file.shell_sandbox,
-                shell_allow_read: file.shell_allow_read.clone(),
-                shell_allow_write: file.shell_allow_write.clone(),
-                shell_allow_tcp: file.shell_allow_tcp.clone(),
-                extra_headers: file
-                    .extra_headers
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect(),
-                secret_env_vars,
-            });
+            out.push(file.resolve(env).map_err(fail)?);
         }
         if out.is_empty() {
             return Err(ConfigError::Parse {

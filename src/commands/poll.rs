@@ -114,9 +114,56 @@ async fn hand_off(
         return Ok(());
     }
     let json = serde_json::to_vec(&work)?;
+    let mut sh = on_work_command(worker, command, &work);
+    let spawned = crate::cleanroom::spawn_tracked(&mut sh);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(e) => {
+            force_stop(worker, &work).await;
+            return Err(e)
+                .with_context(|| format!("cannot start the --on-work command {command:?}"));
+        }
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        // A command that does not read its stdin must not block the poller.
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            let _ = stdin.write_all(&json).await;
+            let _ = stdin.shutdown().await;
+        })
+        .await;
+    }
+    info!(work_id = %work.id, session_id = %work.data.id, "handed the item to the --on-work command");
+    let status = wait_or_stop(worker, &mut child, &work, &cancel).await;
+    // What the command left behind re-parented to us (a child subreaper).
+    let orphans = tokio::task::spawn_blocking(crate::cleanroom::sweep_orphans)
+        .await
+        .unwrap_or(0);
+    if orphans > 0 {
+        info!(work_id = %work.id, processes = orphans, "killed what the --on-work command left running");
+    }
+    match status {
+        Ok(s) if s.success() => info!(work_id = %work.id, "the --on-work command finished"),
+        // The shell could not find or execute the command: no item will ever be served.
+        Ok(s) if matches!(s.code(), Some(126 | 127)) => {
+            force_stop(worker, &work).await;
+            anyhow::bail!(
+                "the --on-work command {command:?} cannot be run ({s}); the item was stopped"
+            );
+        }
+        Ok(s) => warn!(work_id = %work.id, status = %s, "the --on-work command failed"),
+        Err(e) => warn!(work_id = %work.id, error = %e, "cannot wait for the --on-work command"),
+    }
+    Ok(())
+}
+
+/// `sh -c CMD` for one item. The reference's contract, plus what an
+/// `envworker run` inside needs: the API it talks to and the item's secret.
+fn on_work_command(
+    worker: &EnvironmentWorker,
+    command: &str,
+    work: &Work,
+) -> tokio::process::Command {
     let options = worker.options();
-    // The reference's contract, plus what an `envworker run` inside needs:
-    // the API it talks to and the item's secret.
     let mut sh = tokio::process::Command::new("/bin/sh");
     // The poller raised its descriptor limit for its own use; the command
     // (and the `envworker run` inside, which records the limit it finds as
@@ -149,25 +196,18 @@ async fn hand_off(
         .stdout(std::io::stderr())
         .stderr(Stdio::inherit())
         .kill_on_drop(true);
-    let spawned = crate::cleanroom::spawn_tracked(&mut sh);
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(e) => {
-            force_stop(worker, &work).await;
-            return Err(e)
-                .with_context(|| format!("cannot start the --on-work command {command:?}"));
-        }
-    };
-    if let Some(mut stdin) = child.stdin.take() {
-        // A command that does not read its stdin must not block the poller.
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            let _ = stdin.write_all(&json).await;
-            let _ = stdin.shutdown().await;
-        })
-        .await;
-    }
-    info!(work_id = %work.id, session_id = %work.data.id, "handed the item to the --on-work command");
-    let status = tokio::select! {
+    sh
+}
+
+/// The command's exit. On shutdown it gets SIGTERM, then its grace
+/// ([`child_stop_grace`]) before it is killed.
+async fn wait_or_stop(
+    worker: &EnvironmentWorker,
+    child: &mut tokio::process::Child,
+    work: &Work,
+    cancel: &CancellationToken,
+) -> std::io::Result<std::process::ExitStatus> {
+    tokio::select! {
         status = child.wait() => status,
         _ = cancel.cancelled() => {
             if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
@@ -183,27 +223,7 @@ async fn hand_off(
                 }
             }
         }
-    };
-    // What the command left behind re-parented to us (a child subreaper).
-    let orphans = tokio::task::spawn_blocking(crate::cleanroom::sweep_orphans)
-        .await
-        .unwrap_or(0);
-    if orphans > 0 {
-        info!(work_id = %work.id, processes = orphans, "killed what the --on-work command left running");
     }
-    match status {
-        Ok(s) if s.success() => info!(work_id = %work.id, "the --on-work command finished"),
-        // The shell could not find or execute the command: no item will ever be served.
-        Ok(s) if matches!(s.code(), Some(126 | 127)) => {
-            force_stop(worker, &work).await;
-            anyhow::bail!(
-                "the --on-work command {command:?} cannot be run ({s}); the item was stopped"
-            );
-        }
-        Ok(s) => warn!(work_id = %work.id, status = %s, "the --on-work command failed"),
-        Err(e) => warn!(work_id = %work.id, error = %e, "cannot wait for the --on-work command"),
-    }
-    Ok(())
 }
 
 /// Stop an item nobody will serve (bounded; a failure is logged).

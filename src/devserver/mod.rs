@@ -331,22 +331,46 @@ impl Drop for RunningDevserver {
 /// The router: each API family behind its header checks and the fault layer,
 /// the `/dev` endpoints behind the admin key, and API-shaped 404/405 answers.
 pub fn app(state: AppState) -> Router {
-    let family = |routes: Router<AppState>, family: ApiFamily| {
-        routes
-            .layer(middleware::from_fn_with_state(
-                (state.clone(), family),
-                http::check_request,
-            ))
-            .layer(middleware::from_fn_with_state(
-                state.clone(),
-                dev_routes::inject,
-            ))
-            .layer(middleware::from_fn_with_state(
-                state.clone(),
-                dev_routes::record,
-            ))
-    };
-    let managed_agents = Router::new()
+    Router::new()
+        .merge(api_family(&state, memory::routes(), ApiFamily::Memory))
+        .merge(api_family(
+            &state,
+            managed_agents_routes(),
+            ApiFamily::ManagedAgents,
+        ))
+        .merge(api_family(&state, skills::routes(), ApiFamily::Skills))
+        .merge(dev_endpoints(&state))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::map_response(add_request_id))
+        .layer(middleware::map_response_with_state(
+            state.clone(),
+            skew_date,
+        ))
+        .with_state(state)
+}
+
+/// One API family's routes behind its header checks, the injected faults
+/// and the request log.
+fn api_family(state: &AppState, routes: Router<AppState>, family: ApiFamily) -> Router<AppState> {
+    routes
+        .layer(middleware::from_fn_with_state(
+            (state.clone(), family),
+            http::check_request,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            dev_routes::inject,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            dev_routes::record,
+        ))
+}
+
+/// The Managed Agents API: environments, their work queue, and sessions.
+fn managed_agents_routes() -> Router<AppState> {
+    Router::new()
         .route(
             "/v1/environments",
             post(environments::create).get(environments::list),
@@ -399,8 +423,12 @@ pub fn app(state: AppState) -> Router {
         .route(
             "/v1/sessions/{session_id}/events/stream",
             get(sessions::stream),
-        );
-    let dev = Router::new()
+        )
+}
+
+/// The devserver's own `/dev` endpoints, behind the admin key.
+fn dev_endpoints(state: &AppState) -> Router<AppState> {
+    Router::new()
         .route("/dev/environments", post(environments::dev_create))
         .route("/dev/skills", post(skills::dev_create))
         .route("/dev/scenarios", post(scenario::start))
@@ -418,20 +446,7 @@ pub fn app(state: AppState) -> Router {
         .layer(middleware::from_fn_with_state(
             state.clone(),
             http::check_admin,
-        ));
-    Router::new()
-        .merge(family(memory::routes(), ApiFamily::Memory))
-        .merge(family(managed_agents, ApiFamily::ManagedAgents))
-        .merge(family(skills::routes(), ApiFamily::Skills))
-        .merge(dev)
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::map_response(add_request_id))
-        .layer(middleware::map_response_with_state(
-            state.clone(),
-            skew_date,
         ))
-        .with_state(state)
 }
 
 async fn not_found(request: Request<axum::body::Body>) -> HttpError {

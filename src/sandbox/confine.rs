@@ -45,8 +45,47 @@ fn under_private(path: &Path) -> bool {
 /// stays out of sight. Needs unprivileged user namespaces (or
 /// `CAP_SYS_ADMIN`) and one thread.
 pub fn enter_namespace(policy: &ShellPolicy) -> Result<(), ConfineError> {
-    use rustix::mount::{MountFlags, MountPropagationFlags};
-    use std::os::fd::AsRawFd;
+    unshare_keeping_ids()?;
+    // Nothing mounted here reaches the host's namespace.
+    rustix::mount::mount_change(
+        "/",
+        rustix::mount::MountPropagationFlags::PRIVATE | rustix::mount::MountPropagationFlags::REC,
+    )
+    .map_err(|e| ns_step("make / private")(e.into()))?;
+    // What must stay reachable once the tmpfs hides the host's /tmp: held
+    // by descriptor (opened here, in the new namespace: a bind's source must
+    // be one of its mounts), bound back from `/proc/self/fd/N` afterwards.
+    let mut restore = Vec::new();
+    if policy.private_tmp {
+        for path in policy.read.iter().chain(&policy.write) {
+            if under_private(path)
+                && let Ok(fd) = open_path(path)
+            {
+                restore.push((fd, path.clone()));
+            }
+        }
+    }
+    let mut binds = Vec::new();
+    for (from, to) in &policy.binds {
+        let fd = open_path(from).map_err(|e| ns_step("open a memory folder to bind")(e.into()))?;
+        binds.push((fd, to.clone()));
+    }
+    if policy.private_tmp {
+        mount_tmpfs("/tmp").map_err(|e| ns_step("mount a private /tmp")(e.into()))?;
+        // Without /dev/shm (some minimal images) POSIX shared memory is absent anyway.
+        if Path::new("/dev/shm").is_dir() {
+            mount_tmpfs("/dev/shm").map_err(|e| ns_step("mount a private /dev/shm")(e.into()))?;
+        }
+    }
+    for (fd, target) in restore.iter().chain(&binds) {
+        bind_back(fd, target)?;
+    }
+    Ok(())
+}
+
+/// Enter a new user and mount namespace, mapping this process's uid and
+/// gid to themselves.
+fn unshare_keeping_ids() -> Result<(), ConfineError> {
     let uid = rustix::process::getuid().as_raw();
     let gid = rustix::process::getgid().as_raw();
     // SAFETY: no FILES flag; the supervisor is single-threaded.
@@ -68,74 +107,51 @@ pub fn enter_namespace(policy: &ShellPolicy) -> Result<(), ConfineError> {
         std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n")).map_err(ns_step("gid_map"))
     })();
     let _ = set_dumpable_behavior(DumpableBehavior::NotDumpable);
-    maps?;
-    // Nothing mounted here reaches the host's namespace.
-    rustix::mount::mount_change(
-        "/",
-        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
+    maps
+}
+
+/// `path`, held by an `O_PATH` descriptor.
+fn open_path(path: &Path) -> rustix::io::Result<rustix::fd::OwnedFd> {
+    rustix::fs::open(
+        path,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
     )
-    .map_err(|e| ns_step("make / private")(e.into()))?;
-    // What must stay reachable once the tmpfs hides the host's /tmp: held
-    // by descriptor (opened here, in the new namespace: a bind's source must
-    // be one of its mounts), bound back from `/proc/self/fd/N` afterwards.
-    let open_path = |p: &Path| {
-        rustix::fs::open(
-            p,
-            rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-    };
-    let mut restore = Vec::new();
-    if policy.private_tmp {
-        for path in policy.read.iter().chain(&policy.write) {
-            if under_private(path)
-                && let Ok(fd) = open_path(path)
-            {
-                restore.push((fd, path.clone()));
+}
+
+/// A fresh tmpfs over `target`, open to all as `/tmp` is (sticky).
+fn mount_tmpfs(target: &str) -> rustix::io::Result<()> {
+    use rustix::mount::MountFlags;
+    rustix::mount::mount(
+        "tmpfs",
+        target,
+        "tmpfs",
+        MountFlags::NOSUID | MountFlags::NODEV,
+        Some(c"mode=1777"),
+    )
+}
+
+/// Bind what `fd` holds at `target`; below a private tmpfs, the mount
+/// point is made first, at the same path.
+fn bind_back(fd: &rustix::fd::OwnedFd, target: &Path) -> Result<(), ConfineError> {
+    use std::os::fd::AsRawFd;
+    let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
+    if under_private(target) {
+        // A mount point in the fresh tmpfs, at the same path.
+        let is_dir = rustix::fs::fstat(fd).is_ok_and(|st| {
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
+        });
+        if is_dir {
+            std::fs::create_dir_all(target).map_err(ns_step("make a mount point"))?;
+        } else {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(ns_step("make a mount point"))?;
             }
+            std::fs::File::create(target).map_err(ns_step("make a mount point"))?;
         }
     }
-    let mut binds = Vec::new();
-    for (from, to) in &policy.binds {
-        let fd = open_path(from).map_err(|e| ns_step("open a memory folder to bind")(e.into()))?;
-        binds.push((fd, to.clone()));
-    }
-    let tmpfs = |target: &str| {
-        rustix::mount::mount(
-            "tmpfs",
-            target,
-            "tmpfs",
-            MountFlags::NOSUID | MountFlags::NODEV,
-            Some(c"mode=1777"),
-        )
-    };
-    if policy.private_tmp {
-        tmpfs("/tmp").map_err(|e| ns_step("mount a private /tmp")(e.into()))?;
-        // Without /dev/shm (some minimal images) POSIX shared memory is absent anyway.
-        if Path::new("/dev/shm").is_dir() {
-            tmpfs("/dev/shm").map_err(|e| ns_step("mount a private /dev/shm")(e.into()))?;
-        }
-    }
-    for (fd, target) in restore.iter().chain(&binds) {
-        let source = format!("/proc/self/fd/{}", fd.as_raw_fd());
-        if under_private(target) {
-            // A mount point in the fresh tmpfs, at the same path.
-            let is_dir = rustix::fs::fstat(fd).is_ok_and(|st| {
-                rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory
-            });
-            if is_dir {
-                std::fs::create_dir_all(target).map_err(ns_step("make a mount point"))?;
-            } else {
-                if let Some(parent) = target.parent() {
-                    std::fs::create_dir_all(parent).map_err(ns_step("make a mount point"))?;
-                }
-                std::fs::File::create(target).map_err(ns_step("make a mount point"))?;
-            }
-        }
-        rustix::mount::mount_bind_recursive(source.as_str(), target)
-            .map_err(|e| ns_step("bind a granted path into the namespace")(e.into()))?;
-    }
-    Ok(())
+    rustix::mount::mount_bind_recursive(source.as_str(), target)
+        .map_err(|e| ns_step("bind a granted path into the namespace")(e.into()))
 }
 
 /// Restrict this process (and what it starts) to `policy`'s allow-list,

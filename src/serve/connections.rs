@@ -317,6 +317,7 @@ impl Drop for InFlight {
 }
 
 /// Rate-limits a warning to one per [`WARN_EVERY`], counting what it skipped.
+#[derive(Default)]
 struct Throttled {
     last: Option<Instant>,
     skipped: u64,
@@ -353,47 +354,10 @@ async fn serve_tracked(
     tracker: Arc<Tracker>,
 ) {
     let graceful = CancellationToken::new();
-    let mut full = Throttled {
-        last: None,
-        skipped: 0,
-    };
-    let mut no_fds = Throttled {
-        last: None,
-        skipped: 0,
-    };
+    let mut full = Throttled::default();
+    let mut no_fds = Throttled::default();
     loop {
-        // Make room before accepting: an evicted connection's descriptor is
-        // freed only when its task ends, so wait for that (briefly) instead
-        // of accepting past the cap. If every connection is busy, accept
-        // anyway and refuse the newcomer at once.
-        let mut all_busy = false;
-        loop {
-            // Every accepted connection is already counted: it is
-            // registered here, before its task is spawned.
-            let (open, closing) = tracker.counts();
-            if open < limits.max_connections {
-                break;
-            }
-            if closing == 0 {
-                let evicted = tracker.evict_longest_idle();
-                if let Some(skipped) = full.ready() {
-                    warn!(
-                        connections.max = limits.max_connections,
-                        evicted_idle_connection = evicted,
-                        warnings_skipped = skipped,
-                        "connection cap reached; closing the longest-idle connection"
-                    );
-                }
-                if !evicted {
-                    all_busy = true;
-                    break;
-                }
-            }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = tracker.wait_for_a_close(Duration::from_millis(50)) => {}
-            }
-        }
+        let all_busy = make_room(&tracker, limits.max_connections, &stop, &mut full).await;
         if stop.is_cancelled() {
             break;
         }
@@ -432,6 +396,50 @@ async fn serve_tracked(
     }
     drop(listener);
     graceful.cancel();
+    finish_connections(&tracker).await;
+}
+
+/// Make room before accepting: an evicted connection's descriptor is freed
+/// only when its task ends, so wait for that (briefly) instead of accepting
+/// past the cap. `true` when every connection is busy: then accept anyway
+/// and refuse the newcomer at once. Returns early when `stop` fires.
+async fn make_room(
+    tracker: &Tracker,
+    max_connections: usize,
+    stop: &CancellationToken,
+    full: &mut Throttled,
+) -> bool {
+    loop {
+        // Every accepted connection is already counted: it is
+        // registered before its task is spawned.
+        let (open, closing) = tracker.counts();
+        if open < max_connections {
+            return false;
+        }
+        if closing == 0 {
+            let evicted = tracker.evict_longest_idle();
+            if let Some(skipped) = full.ready() {
+                warn!(
+                    connections.max = max_connections,
+                    evicted_idle_connection = evicted,
+                    warnings_skipped = skipped,
+                    "connection cap reached; closing the longest-idle connection"
+                );
+            }
+            if !evicted {
+                return true;
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return false,
+            _ = tracker.wait_for_a_close(Duration::from_millis(50)) => {}
+        }
+    }
+}
+
+/// After the accept loop: let open connections finish their answers, at
+/// most [`SHUTDOWN_GRACE`], then close what is left.
+async fn finish_connections(tracker: &Tracker) {
     let drained = async {
         while !tracker.is_empty() {
             // Re-checked now and then: a close may slip between the check and the wait.

@@ -313,11 +313,80 @@ enum Answer<R> {
     Json(Value),
 }
 
+/// What the handler tells the extension of one invocation: its request id
+/// and the drains it started.
+type Handled = (String, Option<Invocation>);
+
+/// Tells the extension of an invocation when dropped, so it hears exactly
+/// once from each, whatever the handler did.
+struct ReportOnDrop(mpsc::UnboundedSender<Handled>, InvocationWork, String);
+
+impl Drop for ReportOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.send((std::mem::take(&mut self.2), self.1.take()));
+    }
+}
+
+/// The extension's part of one invocation: wait for the handler's answer,
+/// finish the drains it started inside the invocation, then send the
+/// invocation's spans.
+async fn after_invoke(
+    invoke: lambda_extension::InvokeEvent,
+    done_rx: &tokio::sync::Mutex<mpsc::UnboundedReceiver<Handled>>,
+) {
+    tracing::debug!(request_id = %invoke.request_id, deadline_ms = invoke.deadline_ms, "extension: invocation started");
+    // Never past the invocation's deadline: an event the runtime
+    // could not decode never reaches the handler, so no message comes.
+    let own_end = extension_deadline(invoke.deadline_ms);
+    let answer_by = own_end.unwrap_or_else(|| Instant::now() + MAX_INVOCATION);
+    let invocation = handler_answer(&invoke.request_id, answer_by, done_rx).await;
+    let drains = invocation.as_ref().map_or(0, |i| i.drains.len());
+    tracing::debug!(request_id = %invoke.request_id, drains, "extension: the handler answered");
+    let mut flush_by = answer_by;
+    if let Some(invocation) = invocation.filter(|i| !i.drains.is_empty()) {
+        // The earlier of the two deadlines, when both are real.
+        let end = own_end.map_or(invocation.deadline, |own| own.min(invocation.deadline));
+        flush_by = end;
+        info!(request_id = %invoke.request_id, left_ms = end.saturating_duration_since(Instant::now()).as_millis() as u64, "answered; finishing the drain inside the invocation");
+        invocation.finish(end, &invoke.request_id).await;
+    }
+    // The environment may be frozen as soon as the extension
+    // asks for the next event: send this invocation's spans now.
+    // Bounded by the invocation's end: a collector that does not
+    // answer must not hold the invocation past it.
+    crate::telemetry::flush_until(flush_by).await;
+}
+
+/// The handler's message about invocation `request_id`, waited for until
+/// `answer_by`.
+async fn handler_answer(
+    request_id: &str,
+    answer_by: Instant,
+    done_rx: &tokio::sync::Mutex<mpsc::UnboundedReceiver<Handled>>,
+) -> Option<Invocation> {
+    tokio::time::timeout_at(answer_by, async {
+        let mut rx = done_rx.lock().await;
+        // A late message of an earlier invocation is not this one's.
+        loop {
+            match rx.recv().await {
+                Some((id, invocation)) if id == request_id => break invocation,
+                Some(_) => continue,
+                None => break None,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        warn!(request_id = %request_id, "the handler never answered this invocation; ending it");
+        None
+    })
+}
+
 /// Serve invocations until the runtime stops. `state` must have been built
 /// with [`super::Mode::Lambda`] over `work`.
 pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_http::Error> {
     // One message per handled invocation: its request id and the drains it started.
-    let (done_tx, done_rx) = mpsc::unbounded_channel::<(String, Option<Invocation>)>();
+    let (done_tx, done_rx) = mpsc::unbounded_channel::<Handled>();
     let done_rx = Arc::new(tokio::sync::Mutex::new(done_rx));
     let extension = Extension::new()
         .with_extension_name("envworker-drain")
@@ -326,42 +395,7 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
             let done_rx = done_rx.clone();
             async move {
                 if let NextEvent::Invoke(invoke) = event.next {
-                    tracing::debug!(request_id = %invoke.request_id, deadline_ms = invoke.deadline_ms, "extension: invocation started");
-                    // Never past the invocation's deadline: an event the runtime
-                    // could not decode never reaches the handler, so no message comes.
-                    let own_end = extension_deadline(invoke.deadline_ms);
-                    let answer_by = own_end.unwrap_or_else(|| Instant::now() + MAX_INVOCATION);
-                    let invocation = tokio::time::timeout_at(answer_by, async {
-                        let mut rx = done_rx.lock().await;
-                        // A late message of an earlier invocation is not this one's.
-                        loop {
-                            match rx.recv().await {
-                                Some((id, invocation)) if id == invoke.request_id => break invocation,
-                                Some(_) => continue,
-                                None => break None,
-                            }
-                        }
-                    })
-                    .await
-                    .unwrap_or_else(|_| {
-                        warn!(request_id = %invoke.request_id, "the handler never answered this invocation; ending it");
-                        None
-                    });
-                    let drains = invocation.as_ref().map_or(0, |i| i.drains.len());
-                    tracing::debug!(request_id = %invoke.request_id, drains, "extension: the handler answered");
-                    let mut flush_by = answer_by;
-                    if let Some(invocation) = invocation.filter(|i| !i.drains.is_empty()) {
-                        // The earlier of the two deadlines, when both are real.
-                        let end = own_end.map_or(invocation.deadline, |own| own.min(invocation.deadline));
-                        flush_by = end;
-                        info!(request_id = %invoke.request_id, left_ms = end.saturating_duration_since(Instant::now()).as_millis() as u64, "answered; finishing the drain inside the invocation");
-                        invocation.finish(end, &invoke.request_id).await;
-                    }
-                    // The environment may be frozen as soon as the extension
-                    // asks for the next event: send this invocation's spans now.
-                    // Bounded by the invocation's end: a collector that does not
-                    // answer must not hold the invocation past it.
-                    crate::telemetry::flush_until(flush_by).await;
+                    after_invoke(invoke, &done_rx).await;
                 }
                 Ok::<(), lambda_extension::Error>(())
             }
@@ -378,20 +412,10 @@ pub async fn run(state: AppState, work: InvocationWork) -> Result<(), lambda_htt
         let (state, work, done_tx, mut http) =
             (state.clone(), work.clone(), done_tx.clone(), http.clone());
         async move {
-            // Whatever happens below, the extension hears exactly once from this invocation.
-            struct Report(
-                mpsc::UnboundedSender<(String, Option<Invocation>)>,
-                InvocationWork,
-                String,
-            );
-            impl Drop for Report {
-                fn drop(&mut self) {
-                    let _ = self.0.send((std::mem::take(&mut self.2), self.1.take()));
-                }
-            }
             let lambda_http::LambdaEvent { payload, context } = event;
             work.begin(runtime_deadline(context.deadline));
-            let _report = Report(done_tx, work.clone(), context.request_id.clone());
+            // Whatever happens below, the extension hears exactly once from this invocation.
+            let _report = ReportOnDrop(done_tx, work.clone(), context.request_id.clone());
             if is_scheduled_event(&payload) {
                 return Ok(Answer::Json(scheduled_queue_check(&state, &work)));
             }

@@ -125,33 +125,7 @@ pub(crate) fn read(
                 "read: view_range is not supported for image/PDF files",
             ));
         }
-        // The text cap does not apply: the media caps (the API's own limits) do.
-        let limit = if media == "application/pdf" {
-            MAX_PDF_BYTES
-        } else {
-            MAX_IMAGE_BASE64_BYTES / 4 * 3
-        };
-        let too_large = |size: u64| {
-            ToolError::new(format!(
-                "read: {p} is {size} bytes, exceeds {limit}-byte limit for image/PDF files."
-            ))
-        };
-        if size > limit {
-            return Err(too_large(size));
-        }
-        let bytes = read_capped(&mut file, size, limit)
-            .map_err(|e| fs_error("read", p, &e))?
-            .map_err(too_large)?;
-        let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
-        let kind = if media == "application/pdf" {
-            "document"
-        } else {
-            "image"
-        };
-        return Ok(ToolOutput::Blocks(vec![json!({
-            "type": kind,
-            "source": {"type": "base64", "media_type": media, "data": data}
-        })]));
+        return read_media(file, p, size, media);
     }
     let too_large = |size: u64, limit: u64| {
         ToolError::new(format!(
@@ -192,9 +166,50 @@ pub(crate) fn read(
             "read: {p}: not valid UTF-8 text (binary files are only supported for image/PDF extensions)"
         ))
     })?;
-    let Some((start, end)) = range else {
-        return Ok(ToolOutput::Text(text));
+    Ok(ToolOutput::Text(match range {
+        None => text,
+        Some((start, end)) => line_range(&text, start, end),
+    }))
+}
+
+/// An image or a PDF, whole, as one base64 block. The text cap does not
+/// apply: the media caps (the API's own limits) do.
+fn read_media(
+    mut file: File,
+    p: &str,
+    size: u64,
+    media: &'static str,
+) -> Result<ToolOutput, ToolError> {
+    let limit = if media == "application/pdf" {
+        MAX_PDF_BYTES
+    } else {
+        MAX_IMAGE_BASE64_BYTES / 4 * 3
     };
+    let too_large = |size: u64| {
+        ToolError::new(format!(
+            "read: {p} is {size} bytes, exceeds {limit}-byte limit for image/PDF files."
+        ))
+    };
+    if size > limit {
+        return Err(too_large(size));
+    }
+    let bytes = read_capped(&mut file, size, limit)
+        .map_err(|e| fs_error("read", p, &e))?
+        .map_err(too_large)?;
+    let data = base64::engine::general_purpose::STANDARD.encode(&bytes);
+    let kind = if media == "application/pdf" {
+        "document"
+    } else {
+        "image"
+    };
+    Ok(ToolOutput::Blocks(vec![json!({
+        "type": kind,
+        "source": {"type": "base64", "media_type": media, "data": data}
+    })]))
+}
+
+/// Lines `start..=end` of `text` (1-based; `end` 0 or less: to the end).
+fn line_range(text: &str, start: i64, end: i64) -> String {
     let lines: Vec<&str> = text.split('\n').collect();
     let from = (start.max(1) - 1) as usize;
     let to = if end > 0 {
@@ -202,11 +217,11 @@ pub(crate) fn read(
     } else {
         lines.len()
     };
-    Ok(ToolOutput::Text(if from >= to {
+    if from >= to {
         String::new()
     } else {
         lines[from..to].join("\n")
-    }))
+    }
 }
 
 /// Lines `[start, end]` of a file too large to load whole, streamed in

@@ -245,6 +245,55 @@ impl SearchRoot<'_> {
         })
     }
 
+    /// One entry of `level`: a matching regular file (or a link to one) is
+    /// `found`; a directory (or a link to one) the pattern may still go into
+    /// is answered, to be entered.
+    fn visit(
+        &self,
+        pattern: &Pattern,
+        level: &Rc<Level>,
+        name: CString,
+        found: &mut impl FnMut(PathBuf, i128),
+    ) -> Option<Pending> {
+        let deeper = level.depth < WALK_MAX_DEPTH;
+        let os_name = OsStr::from_bytes(name.as_bytes());
+        let (all, plain) = pattern.step(&level.states, os_name);
+        if !pattern.matched(&all) && !pattern.pending(&all) {
+            return None;
+        }
+        let stat =
+            rustix::fs::statat(&level.fd, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        let skipped = SKIPPED_DIRS.contains(&name.as_bytes());
+        let rel = || level.rel.join(os_name);
+        match FileType::from_raw_mode(stat.st_mode) {
+            FileType::RegularFile if pattern.matched(&all) => found(rel(), mtime_ns(&stat)),
+            FileType::Directory if !skipped && deeper && pattern.pending(&all) => {
+                return Some(Pending {
+                    parent: level.clone(),
+                    name,
+                    states: all,
+                    link: false,
+                });
+            }
+            FileType::Symlink => match self.follow(level, &name) {
+                Some(Followed::File(st)) if pattern.matched(&all) => {
+                    found(rel(), mtime_ns(&st));
+                }
+                Some(Followed::Dir(..)) if !skipped && deeper && pattern.pending(&plain) => {
+                    return Some(Pending {
+                        parent: level.clone(),
+                        name,
+                        states: plain,
+                        link: true,
+                    });
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        None
+    }
+
     /// Walk the search root for `pattern`, calling `found` with each
     /// matching regular file's path below the root (as spelled) and its
     /// modification time (ns). `Err(())` when the deadline passed.
@@ -278,7 +327,6 @@ impl SearchRoot<'_> {
                 continue;
             };
             let level = Rc::new(level);
-            let deeper = level.depth < WALK_MAX_DEPTH;
             // Depth-first in name order: push directories in reverse.
             let mut dirs = Vec::new();
             for name in names {
@@ -289,46 +337,7 @@ impl SearchRoot<'_> {
                 if seen.is_multiple_of(256) && Instant::now() >= deadline {
                     return Err(());
                 }
-                let os_name = OsStr::from_bytes(name.as_bytes());
-                let (all, plain) = pattern.step(&level.states, os_name);
-                if !pattern.matched(&all) && !pattern.pending(&all) {
-                    continue;
-                }
-                let Ok(stat) =
-                    rustix::fs::statat(&level.fd, name.as_c_str(), AtFlags::SYMLINK_NOFOLLOW)
-                else {
-                    continue;
-                };
-                let skipped = SKIPPED_DIRS.contains(&name.as_bytes());
-                let rel = || level.rel.join(os_name);
-                match FileType::from_raw_mode(stat.st_mode) {
-                    FileType::RegularFile if pattern.matched(&all) => found(rel(), mtime_ns(&stat)),
-                    FileType::Directory if !skipped && deeper && pattern.pending(&all) => {
-                        dirs.push(Pending {
-                            parent: level.clone(),
-                            name,
-                            states: all,
-                            link: false,
-                        });
-                    }
-                    FileType::Symlink => match self.follow(&level, &name) {
-                        Some(Followed::File(st)) if pattern.matched(&all) => {
-                            found(rel(), mtime_ns(&st));
-                        }
-                        Some(Followed::Dir(..))
-                            if !skipped && deeper && pattern.pending(&plain) =>
-                        {
-                            dirs.push(Pending {
-                                parent: level.clone(),
-                                name,
-                                states: plain,
-                                link: true,
-                            });
-                        }
-                        _ => {}
-                    },
-                    _ => {}
-                }
+                dirs.extend(self.visit(pattern, &level, name, &mut found));
             }
             stack.extend(dirs.into_iter().rev());
         }

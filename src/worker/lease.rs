@@ -24,8 +24,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::api::types::WorkState;
-use crate::api::{Client, Error, NO_HEARTBEAT};
+use crate::api::types::{Heartbeat, WorkState};
+use crate::api::{ApiError, Client, Error, NO_HEARTBEAT};
 use crate::session::SendWindow;
 
 /// The interval before the server's first answer, and its ceiling.
@@ -99,80 +99,108 @@ pub(crate) async fn heartbeat(
     release: CancellationToken,
 ) {
     let work = client.work(&environment_id);
-    let mut expected = NO_HEARTBEAT.to_string();
-    let mut interval = MAX_INTERVAL;
-    let mut ttl = ASSUMED_TTL;
-    let mut last_ok = Instant::now();
+    let mut beats = Beats {
+        work_id: &work_id,
+        expected: NO_HEARTBEAT.to_string(),
+        interval: MAX_INTERVAL,
+        ttl: ASSUMED_TTL,
+        last_ok: Instant::now(),
+    };
     loop {
         let beat = tokio::select! {
             _ = release.cancelled() => {
                 lease.finish(LeaseEnd::Released);
                 return;
             }
-            beat = tokio::time::timeout(interval, work.heartbeat(&work_id, &expected, None)) => beat,
+            beat = tokio::time::timeout(beats.interval, work.heartbeat(&work_id, &beats.expected, None)) => beat,
         };
-        match beat {
-            Ok(Ok(hb)) => {
-                last_ok = Instant::now();
-                expected = hb.last_heartbeat;
-                if hb.ttl_seconds > 0 {
-                    ttl = Duration::from_secs(hb.ttl_seconds as u64);
-                    interval = (ttl / 2).clamp(MIN_INTERVAL, MAX_INTERVAL);
-                    window.set(ttl);
-                }
-                if matches!(hb.state, WorkState::Stopping | WorkState::Stopped) {
-                    info!(work_id = %work_id, state = hb.state.as_str(), "heartbeat signals shutdown");
-                    lease.finish(LeaseEnd::Stopped);
-                    return;
-                }
-                if !hb.lease_extended {
-                    warn!(work_id = %work_id, "lease not extended, shutting down");
-                    lease.finish(LeaseEnd::Stopped);
-                    return;
-                }
-            }
-            Ok(Err(Error::Api(e))) if e.status == 412 => {
-                let current = e
-                    .details
-                    .as_ref()
-                    .and_then(|d| d.get("current_state"))
-                    .cloned()
-                    .unwrap_or_default();
-                warn!(
-                    work_id = %work_id,
-                    lease.state = %current.get("state").and_then(|v| v.as_str()).unwrap_or("unknown"),
-                    lease.ttl_seconds = current.get("ttl_seconds").and_then(|v| v.as_i64()).unwrap_or(0),
-                    lease.last_heartbeat = %current.get("last_heartbeat").and_then(|v| v.as_str()).unwrap_or(""),
-                    "lease lost: heartbeat precondition failed"
-                );
-                lease.finish(LeaseEnd::Lost);
-                return;
-            }
+        let end = match beat {
+            Ok(Ok(hb)) => beats.answered(hb, &window),
+            Ok(Err(Error::Api(e))) if e.status == 412 => Some(beats.precondition_failed(&e)),
             Ok(Err(e)) if e.is_permanent() && !is_conflict(&e) => {
                 error!(work_id = %work_id, error = %e, "permanent heartbeat failure");
-                lease.finish(LeaseEnd::Refused(e.to_string()));
-                return;
+                Some(LeaseEnd::Refused(e.to_string()))
             }
-            failed => {
-                let why = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {}ms", interval.as_millis()),
-                };
-                warn!(work_id = %work_id, error = %why, "transient heartbeat failure");
-                if last_ok.elapsed() > ttl {
-                    warn!(work_id = %work_id, ttl_s = ttl.as_secs(), "lease assumed lost: no successful heartbeat in ttl");
-                    lease.finish(LeaseEnd::Lost);
-                    return;
-                }
-            }
+            Ok(Err(e)) => beats.failed(&e.to_string()),
+            Err(_) => beats.failed(&format!(
+                "no answer within {}ms",
+                beats.interval.as_millis()
+            )),
+        };
+        if let Some(end) = end {
+            lease.finish(end);
+            return;
         }
         tokio::select! {
             _ = release.cancelled() => {
                 lease.finish(LeaseEnd::Released);
                 return;
             }
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(beats.interval) => {}
         }
+    }
+}
+
+/// Where one item's heartbeats stand: what the next beat echoes, how often
+/// to beat, and how long the lease outlives a silence.
+struct Beats<'a> {
+    work_id: &'a str,
+    /// The server's `last_heartbeat`, echoed as the next beat's precondition.
+    expected: String,
+    interval: Duration,
+    ttl: Duration,
+    last_ok: Instant,
+}
+
+impl Beats<'_> {
+    /// A beat answered: the TTL it grants sets the interval and the send
+    /// window. How the lease ends, when the control plane wants the item back.
+    fn answered(&mut self, hb: Heartbeat, window: &SendWindow) -> Option<LeaseEnd> {
+        self.last_ok = Instant::now();
+        self.expected = hb.last_heartbeat;
+        if hb.ttl_seconds > 0 {
+            self.ttl = Duration::from_secs(hb.ttl_seconds as u64);
+            self.interval = (self.ttl / 2).clamp(MIN_INTERVAL, MAX_INTERVAL);
+            window.set(self.ttl);
+        }
+        if matches!(hb.state, WorkState::Stopping | WorkState::Stopped) {
+            info!(work_id = %self.work_id, state = hb.state.as_str(), "heartbeat signals shutdown");
+            return Some(LeaseEnd::Stopped);
+        }
+        if !hb.lease_extended {
+            warn!(work_id = %self.work_id, "lease not extended, shutting down");
+            return Some(LeaseEnd::Stopped);
+        }
+        None
+    }
+
+    /// A 412: another worker owns the item now; the lease is lost.
+    fn precondition_failed(&self, e: &ApiError) -> LeaseEnd {
+        let current = e
+            .details
+            .as_ref()
+            .and_then(|d| d.get("current_state"))
+            .cloned()
+            .unwrap_or_default();
+        warn!(
+            work_id = %self.work_id,
+            lease.state = %current.get("state").and_then(|v| v.as_str()).unwrap_or("unknown"),
+            lease.ttl_seconds = current.get("ttl_seconds").and_then(|v| v.as_i64()).unwrap_or(0),
+            lease.last_heartbeat = %current.get("last_heartbeat").and_then(|v| v.as_str()).unwrap_or(""),
+            "lease lost: heartbeat precondition failed"
+        );
+        LeaseEnd::Lost
+    }
+
+    /// A transient failure: the lease is assumed lost once a whole TTL
+    /// passed without a successful beat.
+    fn failed(&self, why: &str) -> Option<LeaseEnd> {
+        warn!(work_id = %self.work_id, error = %why, "transient heartbeat failure");
+        if self.last_ok.elapsed() > self.ttl {
+            warn!(work_id = %self.work_id, ttl_s = self.ttl.as_secs(), "lease assumed lost: no successful heartbeat in ttl");
+            return Some(LeaseEnd::Lost);
+        }
+        None
     }
 }
 

@@ -97,75 +97,26 @@ pub async fn drive(state: AppState, mut run: Run) {
     save(&state, &run.report).await;
 }
 
+/// The session's live events, as the driver reads them.
+type LiveEvents = tokio::sync::broadcast::Receiver<std::sync::Arc<super::super::live::StoredEvent>>;
+
+/// Play the steps in order, each one's status saved before and after it,
+/// until the last, an abort or a termination; then end the turn, wait for
+/// the worker to let go, and finalize the report.
 async fn play(state: &AppState, run: &mut Run) {
     let mut events = state.live().subscribe(&run.session_id);
     let mut denied = Vec::new();
-    let mut aborted = false;
     let mut terminated = false;
     for index in 0..run.steps.len() {
         let step = run.steps[index].clone();
         run.report.steps[index].status = StepStatus::Running;
         save(state, &run.report).await;
-        let outcome = match &step {
-            Step::Wait(ms) => {
-                tokio::time::sleep(Duration::from_millis(*ms)).await;
-                Ok(None)
-            }
-            Step::Remote(op) => remote(state, run, op).await.map(|()| None),
-            Step::Terminate => {
-                let sid = run.session_id.clone();
-                terminated = true;
-                state
-                    .commit(move |tx, fx| {
-                        sessions::set_status(tx, fx, &sid, SessionStatus::Terminated, None)
-                    })
-                    .await
-                    .map(|_| None)
-                    .map_err(|e| StepAbort(format!("cannot terminate the session: {e}")))
-            }
-            Step::Tool(tool) => call_tool(state, run, index, tool, &mut events, &mut denied).await,
-            Step::Faults(rules) => state
-                .faults()
-                .add(rules.clone())
-                .map(|()| None)
-                .map_err(StepAbort),
-            Step::ClearFaults => {
-                state.faults().clear();
-                Ok(None)
-            }
-        };
-        let slot = &mut run.report.steps[index];
-        match outcome {
-            Ok(failure) => {
-                slot.status = if failure.is_some() {
-                    StepStatus::Failed
-                } else {
-                    StepStatus::Passed
-                };
-                if let Some(f) = failure {
-                    slot.detail = Some(f.clone());
-                    run.report
-                        .failures
-                        .push(format!("step {index} ({}): {f}", describe(&step)));
-                }
-            }
-            Err(StepAbort(reason)) => {
-                slot.status = StepStatus::Failed;
-                slot.detail = Some(reason.clone());
-                run.report
-                    .failures
-                    .push(format!("step {index} ({}): {reason}", describe(&step)));
-                for later in run.report.steps.iter_mut().skip(index + 1) {
-                    later.status = StepStatus::Skipped;
-                }
-                aborted = true;
-            }
-        }
+        terminated |= matches!(step, Step::Terminate);
+        let outcome = play_step(state, run, index, &step, &mut events, &mut denied).await;
+        let aborted = record_outcome(run, index, &step, outcome);
         save(state, &run.report).await;
         if terminated && !aborted {
-            for later in run.report.steps.iter_mut().skip(index + 1) {
-                later.status = StepStatus::Skipped;
-            }
+            skip_after(run, index);
             save(state, &run.report).await;
         }
         if aborted || terminated {
@@ -175,23 +126,7 @@ async fn play(state: &AppState, run: &mut Run) {
 
     // End the turn (unless the session was terminated), then wait for the
     // worker to let go of the session.
-    let sid = run.session_id.clone();
-    let ended = if terminated {
-        Ok(())
-    } else {
-        state
-        .commit(move |tx, fx| {
-            sessions::append(
-                tx,
-                fx,
-                &sid,
-                json!({"type": "agent.message", "content": [{"type": "text", "text": "The scenario's steps are done."}]}),
-            )?;
-            sessions::set_status(tx, fx, &sid, SessionStatus::Idle, Some(json!({"type": "end_turn"})))
-        })
-        .await
-    };
-    if let Err(e) = ended {
+    if !terminated && let Err(e) = end_turn(state, &run.session_id).await {
         run.report
             .failures
             .push(format!("cannot end the turn: {e}"));
@@ -203,6 +138,103 @@ async fn play(state: &AppState, run: &mut Run) {
         ));
     }
     finalize(state, run, &denied).await;
+}
+
+/// Do one step. `Ok(Some(reason))` is a failed expectation; the scenario goes on.
+async fn play_step(
+    state: &AppState,
+    run: &mut Run,
+    index: usize,
+    step: &Step,
+    events: &mut LiveEvents,
+    denied: &mut Vec<String>,
+) -> Result<Option<String>, StepAbort> {
+    match step {
+        Step::Wait(ms) => {
+            tokio::time::sleep(Duration::from_millis(*ms)).await;
+            Ok(None)
+        }
+        Step::Remote(op) => remote(state, run, op).await.map(|()| None),
+        Step::Terminate => {
+            let sid = run.session_id.clone();
+            state
+                .commit(move |tx, fx| {
+                    sessions::set_status(tx, fx, &sid, SessionStatus::Terminated, None)
+                })
+                .await
+                .map(|_| None)
+                .map_err(|e| StepAbort(format!("cannot terminate the session: {e}")))
+        }
+        Step::Tool(tool) => call_tool(state, run, index, tool, events, denied).await,
+        Step::Faults(rules) => state
+            .faults()
+            .add(rules.clone())
+            .map(|()| None)
+            .map_err(StepAbort),
+        Step::ClearFaults => {
+            state.faults().clear();
+            Ok(None)
+        }
+    }
+}
+
+/// Write a step's outcome into the report; an abort skips the steps after
+/// it. `true` when the step aborted the scenario.
+fn record_outcome(
+    run: &mut Run,
+    index: usize,
+    step: &Step,
+    outcome: Result<Option<String>, StepAbort>,
+) -> bool {
+    let slot = &mut run.report.steps[index];
+    match outcome {
+        Ok(failure) => {
+            slot.status = if failure.is_some() {
+                StepStatus::Failed
+            } else {
+                StepStatus::Passed
+            };
+            if let Some(f) = failure {
+                slot.detail = Some(f.clone());
+                run.report
+                    .failures
+                    .push(format!("step {index} ({}): {f}", describe(step)));
+            }
+            false
+        }
+        Err(StepAbort(reason)) => {
+            slot.status = StepStatus::Failed;
+            slot.detail = Some(reason.clone());
+            run.report
+                .failures
+                .push(format!("step {index} ({}): {reason}", describe(step)));
+            skip_after(run, index);
+            true
+        }
+    }
+}
+
+/// Mark every step after `index` skipped.
+fn skip_after(run: &mut Run, index: usize) {
+    for later in run.report.steps.iter_mut().skip(index + 1) {
+        later.status = StepStatus::Skipped;
+    }
+}
+
+/// The agent's last message, and the session idle at the end of its turn.
+async fn end_turn(state: &AppState, session_id: &str) -> HttpResult<()> {
+    let sid = session_id.to_string();
+    state
+        .commit(move |tx, fx| {
+            sessions::append(
+                tx,
+                fx,
+                &sid,
+                json!({"type": "agent.message", "content": [{"type": "text", "text": "The scenario's steps are done."}]}),
+            )?;
+            sessions::set_status(tx, fx, &sid, SessionStatus::Idle, Some(json!({"type": "end_turn"})))
+        })
+        .await
 }
 
 fn describe(step: &Step) -> String {
@@ -226,7 +258,7 @@ async fn call_tool(
     run: &mut Run,
     index: usize,
     tool: &ToolStep,
-    events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<super::super::live::StoredEvent>>,
+    events: &mut LiveEvents,
     denied: &mut Vec<String>,
 ) -> Result<Option<String>, StepAbort> {
     let result_type = if tool.custom {
@@ -395,7 +427,7 @@ async fn wait_for_answer(
     session_id: &str,
     kind: &str,
     ref_id: &str,
-    events: &mut tokio::sync::broadcast::Receiver<std::sync::Arc<super::super::live::StoredEvent>>,
+    events: &mut LiveEvents,
     timeout: Duration,
 ) -> Option<Value> {
     let deadline = tokio::time::Instant::now() + timeout;

@@ -17,6 +17,7 @@ use crate::api::types::{Actor, SessionResource};
 
 use super::error::{HttpError, HttpResult};
 use super::http::JsonBody;
+use super::live::Effects;
 use super::memory::rows;
 use super::{auth, environments, sessions, state::AppState};
 use report::{Report, ReportStatus, StoreInfo};
@@ -40,90 +41,7 @@ pub async fn start(
     let steps = checked.steps.clone();
     let actor = admin.clone();
     let (started, report, store_ids) = state
-        .commit(move |tx, fx| {
-            let env = match &scenario.environment_id {
-                Some(id) => environments::load(tx, id)?,
-                None => environments::insert_self_hosted(tx, &format!("scenario: {}", scenario.name))?,
-            };
-            let key = auth::issue_environment_key(tx, &env.id)?;
-            let mut store_ids = BTreeMap::new();
-            let mut resources = Vec::new();
-            for spec in &scenario.memory_stores {
-                let store = rows::insert_store(
-                    tx,
-                    &spec.name,
-                    spec.description.as_deref().unwrap_or_default(),
-                    &BTreeMap::new(),
-                )?;
-                for (path, content) in &spec.memories {
-                    rows::insert_memory(tx, &store.id, path, content, &actor)?;
-                }
-                resources.push(json!({
-                    "type": "memory_store",
-                    "memory_store_id": store.id,
-                    "access": spec.access().as_str(),
-                    "instructions": spec.instructions,
-                }));
-                store_ids.insert(spec.key.clone(), store.id);
-            }
-            let body = serde_json::from_value(json!({
-                "agent": scenario.agent.clone().unwrap_or(json!({"name": format!("scenario: {}", scenario.name)})),
-                "environment_id": env.id,
-                "resources": resources,
-                "title": scenario.name,
-                "metadata": {"scenario": scenario.name.chars().take(512).collect::<String>()},
-            }))
-            .map_err(|e| HttpError::internal(format!("cannot build the session: {e}")))?;
-            let mut session = sessions::insert(tx, fx, &st, body)?;
-            override_mount_paths(tx, &mut session, &scenario.memory_stores)?;
-
-            let mut stores = BTreeMap::new();
-            for (spec, resource) in scenario.memory_stores.iter().zip(&session.resources) {
-                if let SessionResource::MemoryStore(m) = resource {
-                    stores.insert(
-                        spec.key.clone(),
-                        StoreInfo {
-                            memory_store_id: m.memory_store_id.clone(),
-                            mount_path: m.mount_path.clone().unwrap_or_default(),
-                            access: m.access().as_str().into(),
-                        },
-                    );
-                }
-            }
-            let report = Report {
-                session_id: session.id.clone(),
-                environment_id: env.id.clone(),
-                name: scenario.name.clone(),
-                status: ReportStatus::Running,
-                stores,
-                steps: driver::initial_outcomes(&steps),
-                final_contents: None,
-                failures: Vec::new(),
-                started_at: driver::started_now(),
-                finished_at: None,
-            };
-            tx.execute(
-                "INSERT INTO scenarios (session_id, report) VALUES (?1, ?2)",
-                params![session.id, serde_json::to_string(&report).unwrap_or_default()],
-            )?;
-            // The user's message starts the run; the scenario answers it.
-            sessions::send(
-                tx,
-                fx,
-                &st,
-                &session,
-                vec![json!({"type": "user.message", "content": [{"type": "text", "text": format!("Run the scenario {:?}.", scenario.name)}]})],
-            )?;
-            Ok((
-                StartedScenario {
-                    session_id: session.id,
-                    environment_id: env.id,
-                    environment_key: key,
-                },
-                report,
-                store_ids,
-            ))
-        })
+        .commit(move |tx, fx| create_run(tx, fx, &st, &scenario, &steps, &actor))
         .await?;
     let mounts = report
         .stores
@@ -142,6 +60,125 @@ pub async fn start(
     };
     tokio::spawn(driver::drive(state.clone(), run));
     Ok(Json(started))
+}
+
+/// In one transaction: the environment (the scenario's, or a new one) and a
+/// key for it, the stores with their memories, the session, its report, and
+/// the user's message that starts the run. Also answers store key → id.
+fn create_run(
+    tx: &rusqlite::Transaction<'_>,
+    fx: &mut Effects,
+    st: &AppState,
+    scenario: &format::Scenario,
+    steps: &[format::Step],
+    actor: &Actor,
+) -> HttpResult<(StartedScenario, Report, BTreeMap<String, String>)> {
+    let env = match &scenario.environment_id {
+        Some(id) => environments::load(tx, id)?,
+        None => environments::insert_self_hosted(tx, &format!("scenario: {}", scenario.name))?,
+    };
+    let key = auth::issue_environment_key(tx, &env.id)?;
+    let (resources, store_ids) = create_stores(tx, &scenario.memory_stores, actor)?;
+    let body = serde_json::from_value(json!({
+        "agent": scenario.agent.clone().unwrap_or(json!({"name": format!("scenario: {}", scenario.name)})),
+        "environment_id": env.id,
+        "resources": resources,
+        "title": scenario.name,
+        "metadata": {"scenario": scenario.name.chars().take(512).collect::<String>()},
+    }))
+    .map_err(|e| HttpError::internal(format!("cannot build the session: {e}")))?;
+    let mut session = sessions::insert(tx, fx, st, body)?;
+    override_mount_paths(tx, &mut session, &scenario.memory_stores)?;
+
+    let report = Report {
+        session_id: session.id.clone(),
+        environment_id: env.id.clone(),
+        name: scenario.name.clone(),
+        status: ReportStatus::Running,
+        stores: store_infos(&scenario.memory_stores, &session.resources),
+        steps: driver::initial_outcomes(steps),
+        final_contents: None,
+        failures: Vec::new(),
+        started_at: driver::started_now(),
+        finished_at: None,
+    };
+    tx.execute(
+        "INSERT INTO scenarios (session_id, report) VALUES (?1, ?2)",
+        params![
+            session.id,
+            serde_json::to_string(&report).unwrap_or_default()
+        ],
+    )?;
+    // The user's message starts the run; the scenario answers it.
+    sessions::send(
+        tx,
+        fx,
+        st,
+        &session,
+        vec![
+            json!({"type": "user.message", "content": [{"type": "text", "text": format!("Run the scenario {:?}.", scenario.name)}]}),
+        ],
+    )?;
+    Ok((
+        StartedScenario {
+            session_id: session.id,
+            environment_id: env.id,
+            environment_key: key,
+        },
+        report,
+        store_ids,
+    ))
+}
+
+/// The scenario's stores, each with its memories: the session's resources
+/// attaching them, and store key → id.
+fn create_stores(
+    tx: &rusqlite::Transaction<'_>,
+    specs: &[format::StoreSpec],
+    actor: &Actor,
+) -> HttpResult<(Vec<Value>, BTreeMap<String, String>)> {
+    let mut store_ids = BTreeMap::new();
+    let mut resources = Vec::new();
+    for spec in specs {
+        let store = rows::insert_store(
+            tx,
+            &spec.name,
+            spec.description.as_deref().unwrap_or_default(),
+            &BTreeMap::new(),
+        )?;
+        for (path, content) in &spec.memories {
+            rows::insert_memory(tx, &store.id, path, content, actor)?;
+        }
+        resources.push(json!({
+            "type": "memory_store",
+            "memory_store_id": store.id,
+            "access": spec.access().as_str(),
+            "instructions": spec.instructions,
+        }));
+        store_ids.insert(spec.key.clone(), store.id);
+    }
+    Ok((resources, store_ids))
+}
+
+/// The report's view of each store attached, by key.
+fn store_infos(
+    specs: &[format::StoreSpec],
+    resources: &[SessionResource],
+) -> BTreeMap<String, StoreInfo> {
+    let mut stores = BTreeMap::new();
+    for (spec, resource) in specs.iter().zip(resources) {
+        if let SessionResource::MemoryStore(m) = resource {
+            stores.insert(
+                spec.key.clone(),
+                StoreInfo {
+                    memory_store_id: m.memory_store_id.clone(),
+                    mount_path: m.mount_path.clone().unwrap_or_default(),
+                    access: m.access().as_str().into(),
+                },
+            );
+        }
+    }
+    stores
 }
 
 /// Write a scenario's `mount_path` overrides over the paths the session
