@@ -213,8 +213,40 @@ impl RemoteIndex {
         now: Instant,
     ) -> Result<(), Doubt> {
         let floor = self.floor();
-        // Unseen versions, oldest first (the server lists newest first; a
-        // tie keeps the server's order, reversed).
+        let fresh = self.unseen(versions)?;
+        let heads = self.changed_heads(versions);
+        let created: HashSet<&str> = fresh
+            .iter()
+            .filter(|v| v.operation == MemoryOperation::Created)
+            .map(|v| v.memory_id.as_str())
+            .collect();
+        // Nothing new (an idle store): nothing to apply, and nothing copied.
+        if fresh.is_empty() {
+            self.moved(versions, now, floor);
+            return Ok(());
+        }
+        let mut next = Relocation {
+            map: BTreeMap::clone(&self.map),
+            by_id: self.by_id.clone(),
+        };
+        let placed = next.vacate(&heads, |id| {
+            self.by_id.contains_key(id) || created.contains(id)
+        })?;
+        next.place(placed)?;
+        self.map = Arc::new(next.map);
+        self.revision = super::watch::next_revision();
+        self.by_id = next.by_id;
+        for v in &fresh {
+            self.seen.insert(v.id.clone(), micros(v));
+        }
+        self.moved(versions, now, floor);
+        Ok(())
+    }
+
+    /// The versions of a poll not seen before, oldest first (the server
+    /// lists newest first; a tie keeps the server's order, reversed); a
+    /// redacted one (or one without a path) is a doubt.
+    fn unseen<'v>(&self, versions: &'v [MemoryVersion]) -> Result<Vec<&'v MemoryVersion>, Doubt> {
         let fresh: Vec<&MemoryVersion> = versions
             .iter()
             .rev()
@@ -226,77 +258,21 @@ impl RemoteIndex {
         {
             return Err(Doubt::Redacted);
         }
-        // Per memory, its newest version is the first the server lists
-        // (see the module docs); only a memory whose newest is unseen
-        // changes. And the memories an unseen version created.
+        Ok(fresh)
+    }
+
+    /// Per memory, its newest version: the first the server lists (see the
+    /// module docs); only a memory whose newest is unseen changes.
+    fn changed_heads<'v>(
+        &self,
+        versions: &'v [MemoryVersion],
+    ) -> BTreeMap<&'v str, &'v MemoryVersion> {
         let mut newest: BTreeMap<&str, &MemoryVersion> = BTreeMap::new();
         for v in versions {
             newest.entry(&v.memory_id).or_insert(v);
         }
         newest.retain(|_, v| !self.seen.contains_key(&v.id));
-        let created: HashSet<&str> = fresh
-            .iter()
-            .filter(|v| v.operation == MemoryOperation::Created)
-            .map(|v| v.memory_id.as_str())
-            .collect();
-        // Nothing new (an idle store): nothing to apply, and nothing copied.
-        if fresh.is_empty() {
-            self.moved(versions, now, floor);
-            return Ok(());
-        }
-        let mut map = BTreeMap::clone(&self.map);
-        let mut by_id = self.by_id.clone();
-        let mut placed: Vec<(&str, String, MemoryIndexEntry)> = Vec::new();
-        for (&memory_id, &v) in &newest {
-            // Leave the old path (if the index still gives it to this memory).
-            if let Some(old) = by_id.remove(memory_id)
-                && map.get(&old).is_some_and(|m| m.id == memory_id)
-            {
-                map.remove(&old);
-            }
-            if v.operation == MemoryOperation::Deleted {
-                continue;
-            }
-            if !self.by_id.contains_key(memory_id) && !created.contains(memory_id) {
-                return Err(Doubt::UnknownMemory);
-            }
-            let (Some(path), Some(sha)) = (v.path.as_deref(), v.content_sha256.as_deref()) else {
-                return Err(Doubt::Incomplete);
-            };
-            let rel = rel_of(path).to_string();
-            placed.push((
-                memory_id,
-                rel,
-                MemoryIndexEntry {
-                    kind: IndexKind::Memory,
-                    id: memory_id.to_string(),
-                    path: String::new(),
-                    content_sha256: sha.to_string(),
-                },
-            ));
-        }
-        for (memory_id, rel, entry) in placed {
-            if rel == MARKER_PATH {
-                continue;
-            }
-            // Every memory this poll moves has left its old path by now:
-            // an occupant is a memory the feed says nothing of.
-            if map.get(&rel).is_some_and(|other| other.id != memory_id) {
-                return Err(Doubt::PathTaken);
-            }
-            if let Some(other) = map.insert(rel.clone(), entry) {
-                by_id.remove(&other.id);
-            }
-            by_id.insert(memory_id.to_string(), rel);
-        }
-        self.map = Arc::new(map);
-        self.revision = super::watch::next_revision();
-        self.by_id = by_id;
-        for v in &fresh {
-            self.seen.insert(v.id.clone(), micros(v));
-        }
-        self.moved(versions, now, floor);
-        Ok(())
+        newest
     }
 
     /// Where the feed stands after a poll from `floor` that read
@@ -320,6 +296,80 @@ impl RemoteIndex {
         if let Some(f) = self.floor() {
             self.seen.retain(|_, at| *at >= f);
         }
+    }
+}
+
+/// The index's maps while one poll moves its memories: every changed
+/// memory first leaves its old path, then takes its new one.
+struct Relocation {
+    map: BTreeMap<String, MemoryIndexEntry>,
+    by_id: HashMap<String, String>,
+}
+
+impl Relocation {
+    /// Take each changed memory (`heads`) off its old path (if the index
+    /// still gives it to that memory), and say where each live one goes.
+    /// `known`: whether a memory may change (the index holds it, or the
+    /// poll created it); another is a doubt, and so is a live version
+    /// without a path or hash.
+    fn vacate<'h>(
+        &mut self,
+        heads: &BTreeMap<&'h str, &MemoryVersion>,
+        known: impl Fn(&str) -> bool,
+    ) -> Result<Vec<(&'h str, String, MemoryIndexEntry)>, Doubt> {
+        let mut placed: Vec<(&str, String, MemoryIndexEntry)> = Vec::new();
+        for (&memory_id, &v) in heads {
+            // Leave the old path (if the index still gives it to this memory).
+            if let Some(old) = self.by_id.remove(memory_id)
+                && self.map.get(&old).is_some_and(|m| m.id == memory_id)
+            {
+                self.map.remove(&old);
+            }
+            if v.operation == MemoryOperation::Deleted {
+                continue;
+            }
+            if !known(memory_id) {
+                return Err(Doubt::UnknownMemory);
+            }
+            let (Some(path), Some(sha)) = (v.path.as_deref(), v.content_sha256.as_deref()) else {
+                return Err(Doubt::Incomplete);
+            };
+            let rel = rel_of(path).to_string();
+            placed.push((
+                memory_id,
+                rel,
+                MemoryIndexEntry {
+                    kind: IndexKind::Memory,
+                    id: memory_id.to_string(),
+                    path: String::new(),
+                    content_sha256: sha.to_string(),
+                },
+            ));
+        }
+        Ok(placed)
+    }
+
+    /// Put each memory at its new path (never the marker's).
+    fn place(&mut self, placed: Vec<(&str, String, MemoryIndexEntry)>) -> Result<(), Doubt> {
+        for (memory_id, rel, entry) in placed {
+            if rel == MARKER_PATH {
+                continue;
+            }
+            // Every memory this poll moves has left its old path by now:
+            // an occupant is a memory the feed says nothing of.
+            if self
+                .map
+                .get(&rel)
+                .is_some_and(|other| other.id != memory_id)
+            {
+                return Err(Doubt::PathTaken);
+            }
+            if let Some(other) = self.map.insert(rel.clone(), entry) {
+                self.by_id.remove(&other.id);
+            }
+            self.by_id.insert(memory_id.to_string(), rel);
+        }
+        Ok(())
     }
 }
 

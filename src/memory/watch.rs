@@ -186,53 +186,21 @@ impl Watch {
                     break;
                 }
             };
-            let flags = event.events();
-            if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
-                why = Some("the kernel's event queue overflowed");
-                continue;
-            }
-            if flags.intersects(
-                ReadFlags::IGNORED
-                    | ReadFlags::DELETE_SELF
-                    | ReadFlags::MOVE_SELF
-                    | ReadFlags::UNMOUNT,
-            ) {
-                why = Some("a watched directory was removed, moved or replaced");
-                continue;
-            }
-            let Some(dir) = dirs.get(&event.wd()) else {
-                why = Some("an event came from an unknown watch");
-                continue;
-            };
-            let Some(name) = event.file_name() else {
-                // The directory itself changed (its mode): walk it again.
-                if dir.is_empty() {
-                    why = Some("the folder's root changed");
-                } else {
-                    dirty.insert(dir.clone());
+            match report(dirs, &event) {
+                Report::Nothing => {}
+                Report::FullScan(reason) => why = Some(reason),
+                Report::Directory(dir) => {
+                    dirty.insert(dir);
                 }
-                continue;
-            };
-            // A name that is not UTF-8 is never a memory (a full scan
-            // reports it); nothing below it is either.
-            let Ok(name) = name.to_str() else { continue };
-            if flags.contains(ReadFlags::ISDIR)
-                && flags.intersects(ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO)
-            {
-                why = Some("a directory was renamed");
-                continue;
-            }
-            let rel = if dir.is_empty() {
-                name.to_string()
-            } else {
-                format!("{dir}/{name}")
-            };
-            if why.is_some() || full.is_some() {
-                continue;
-            }
-            dirty.insert(rel);
-            if dirty.len() > *bound {
-                why = Some("more paths changed than the watch keeps");
+                Report::Path(rel) => {
+                    if why.is_some() || full.is_some() {
+                        continue;
+                    }
+                    dirty.insert(rel);
+                    if dirty.len() > *bound {
+                        why = Some("more paths changed than the watch keeps");
+                    }
+                }
             }
         }
         if let Some(why) = why {
@@ -240,6 +208,57 @@ impl Watch {
             dirty.clear();
         }
     }
+}
+
+/// What one event asks of the next pass.
+enum Report {
+    /// Nothing to examine (a name that is not UTF-8).
+    Nothing,
+    /// A watched directory itself changed (its mode): walk it again.
+    Directory(String),
+    /// A path below a watched directory changed: examine it.
+    Path(String),
+    /// Only a full scan can answer it, for this reason.
+    FullScan(&'static str),
+}
+
+/// Read one event of the watches `dirs` (watch descriptor → directory).
+fn report(dirs: &HashMap<i32, String>, event: &inotify::Event<'_>) -> Report {
+    let flags = event.events();
+    if flags.contains(ReadFlags::QUEUE_OVERFLOW) {
+        return Report::FullScan("the kernel's event queue overflowed");
+    }
+    if flags.intersects(
+        ReadFlags::IGNORED | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF | ReadFlags::UNMOUNT,
+    ) {
+        return Report::FullScan("a watched directory was removed, moved or replaced");
+    }
+    let Some(dir) = dirs.get(&event.wd()) else {
+        return Report::FullScan("an event came from an unknown watch");
+    };
+    let Some(name) = event.file_name() else {
+        // The directory itself changed (its mode): walk it again.
+        return if dir.is_empty() {
+            Report::FullScan("the folder's root changed")
+        } else {
+            Report::Directory(dir.clone())
+        };
+    };
+    // A name that is not UTF-8 is never a memory (a full scan
+    // reports it); nothing below it is either.
+    let Ok(name) = name.to_str() else {
+        return Report::Nothing;
+    };
+    if flags.contains(ReadFlags::ISDIR)
+        && flags.intersects(ReadFlags::MOVED_FROM | ReadFlags::MOVED_TO)
+    {
+        return Report::FullScan("a directory was renamed");
+    }
+    Report::Path(if dir.is_empty() {
+        name.to_string()
+    } else {
+        format!("{dir}/{name}")
+    })
 }
 
 /// A number never handed out before in this process (never 0): the
