@@ -36,8 +36,10 @@
 //! - [`skills`] — session set-up, not an agent tool: the agent's skills
 //!   downloaded into `<workdir>/skills/<name>/` (hostile archives screened)
 //!   and removed at the end.
-//! - [`memory`] — memory stores on disk: the confined folder, the pure
-//!   three-way planner, the sync executor, deletes, flush, dispose; the
+//! - [`memory`] — memory stores on disk, a sync pass as its data flow:
+//!   observe (the confined folder, its watch, the remote index and feed) →
+//!   plan (pure, three-way) → execute (uploads, deletes, pulls) → commit
+//!   (state and journal); mount, recovery, flush, the push, dispose; the
 //!   memory options and their bounds.
 //! - [`session`] — the session tool runner: event stream and history,
 //!   dispatch one call at a time, the permission gate, results, idle end.

@@ -40,7 +40,7 @@ impl JournalValue for Instant {
 /// A journaled map of the store's state: a path-sorted map that remembers
 /// each change made to it since the last commit. The store's state lock
 /// takes the changes and appends them when it is released
-/// (`store::StateGuard`), so no mutation can skip the journal.
+/// (`super::super::state::StateGuard`), so no mutation can skip the journal.
 #[derive(Debug)]
 pub(crate) struct Tracked<V> {
     kind: MapKind,
