@@ -635,12 +635,18 @@ async fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
                 .agreements
                 .iter()
                 .any(|(at, p, c)| *p == w.path && c.as_ref() == Some(theirs) && *at < prev.at);
+            // A pass that found the path on neither side did not end the
+            // send's claim: a create still in flight lands after it, and its
+            // answer is the worker's baseline.
             let ours = sends.iter().any(|(sent, p, c)| {
                 *p == w.path
                     && c == theirs
                     && *sent < prev.at
                     && !m.seen.iter().any(|(at, held, disk)| {
-                        *at > *sent && *at < prev.at && held.get(&w.path) == disk.get(&w.path)
+                        *at > *sent
+                            && *at < prev.at
+                            && disk.get(&w.path).is_some()
+                            && held.get(&w.path) == disk.get(&w.path)
                     })
             });
             prop_assert!(
@@ -922,6 +928,28 @@ fn a_flying_create_whose_bytes_both_sides_hold_is_agreed_on() {
             Step::RemoteEcho(3, 0),
             Step::Sync,
             Step::Write(3),
+        ]))
+        .unwrap();
+}
+
+/// The agent writes a file the server has just deleted, the push's create
+/// of it is still in flight when the agent renames the file away and a push
+/// finds the path on neither side; the create lands, another writer changes
+/// the memory and then writes back the very bytes the create sent. The
+/// worker's last knowledge of the memory is its own create's answer, so the
+/// final sync's delete of it (the agent's rename) is an A-B-A no hash can
+/// see, as for any client — not another writer's memory taken.
+#[test]
+fn a_create_landing_after_a_pass_found_its_path_on_neither_side_is_still_ours() {
+    paused()
+        .block_on(run(vec![
+            Step::RemoteDelete(0),
+            Step::Write(0),
+            Step::SlowPush(1),
+            Step::Rename(0, 1),
+            Step::Push,
+            Step::RedactedVersion(0),
+            Step::RemoteEcho(0, 0),
         ]))
         .unwrap();
 }
