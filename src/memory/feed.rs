@@ -17,8 +17,9 @@
 //! above clock differences between the API's own servers under NTP.
 //!
 //! The window is steered by the server's record clock only — the
-//! `created_at`s the feed has actually returned — never by this machine's
-//! clock nor by the `Date` header: a proxy or load balancer whose clock
+//! `created_at`s the feed has actually returned (and, at the mount, the
+//! session's own stamps: below) — never by this machine's clock nor by the
+//! `Date` header: a proxy or load balancer whose clock
 //! runs ahead (or a middlebox rewriting `Date`) would move a `Date`-based
 //! window past versions not yet read, hiding them until the next full
 //! listing. Once a poll made at least `OVERLAP` (of this machine's
@@ -27,6 +28,21 @@
 //! at the high-water itself (see [`RemoteIndex::floor`]), so an idle store
 //! costs one small page, not the last five seconds of a burst again and
 //! again.
+//!
+//! The mount can know more than that. A stamp the server put on a record
+//! the worker read before the mount — the session's own `created_at` or
+//! `updated_at` ([`RemoteIndex::witness`]) — is a reading of the server's
+//! clock taken before the mount asked for its versions page: every version
+//! stamped at least `OVERLAP` before it had committed by then (the bound
+//! the window itself rests on: a commit's latency, plus the clock
+//! difference between the API's servers), so the mount's listing reflects
+//! it. A store written in a burst well before the session started is then
+//! not read again (before: the first sync re-read the burst, over ten
+//! pages, gave up and listed the store — 31 requests for 2,000 memories):
+//! the first poll starts at that reading less `OVERLAP`, past the burst —
+//! one page. Like the versions' `created_at`, it is a record's stamp from
+//! the API's own clock, in the body of an answer: no proxy's clock or
+//! rewritten header reaches it.
 //!
 //! Which version of a memory the index reflects is the first of its
 //! versions the server lists (newest first): a late version listed after
@@ -98,8 +114,10 @@ pub(crate) struct RemoteIndex {
     high: Option<i64>,
     /// When (this machine's monotonic clock) `high` was first seen.
     high_seen_at: Instant,
-    /// Every version at or before this is known to be visible and seen
-    /// (see the module docs).
+    /// Every version at or before this is known to be visible and seen,
+    /// or reflected by the listing that seeded the index (see the module
+    /// docs); past the high-water when a witness of the server's clock
+    /// showed the listing came that much later ([`Self::witness`]).
     settled: Option<i64>,
     /// Versions seen at or after the floor: id → created_at.
     seen: HashMap<String, i64>,
@@ -196,6 +214,34 @@ impl RemoteIndex {
         }
     }
 
+    /// The server's clock had read `server_clock` (microseconds; a stamp on
+    /// a record read before this index's versions page was asked for, such
+    /// as the session's `updated_at`) — what the listing that seeded the
+    /// index proves beyond the versions it was given: the window starts at
+    /// `server_clock − OVERLAP` when that is later than the high-water's
+    /// window.
+    ///
+    /// Why no version is missed, late-committed ones included: the listing
+    /// started after the versions page was asked for, when the server's
+    /// clock read `server_clock` or later. A version stamped at or before
+    /// `server_clock − OVERLAP` had committed by then (a write commits
+    /// within `OVERLAP` of its stamp — the bound the window rests on), so
+    /// the listing reflects it. A version the listing may not reflect
+    /// committed after the page was asked for, so it is stamped after the
+    /// clock's reading then, less `OVERLAP`: after `server_clock − OVERLAP`,
+    /// inside the next poll's window, however late it commits within that
+    /// bound. Versions after the seed are followed as before: the window
+    /// trails the high-water by `OVERLAP`. A reading older than the
+    /// high-water (a session updated before the store was last written)
+    /// changes nothing.
+    pub(crate) fn witness(&mut self, server_clock: i64) {
+        let reflected = server_clock - OVERLAP.as_micros() as i64;
+        self.settled = self.settled.max(Some(reflected));
+        if let Some(f) = self.floor() {
+            self.seen.retain(|_, at| *at >= f);
+        }
+    }
+
     /// The `created_at[gte]` of the next poll (microseconds), `None` for no
     /// filter (a store without any version yet).
     pub(crate) fn floor(&self) -> Option<i64> {
@@ -287,11 +333,12 @@ impl RemoteIndex {
         // This poll covered the window from `floor`: if it came at least
         // OVERLAP after the high-water was first seen, everything up to
         // the high-water that was ever going to show has shown.
+        // (A witness may have settled it further already: never back.)
         if floor.is_some()
             && now.saturating_duration_since(self.high_seen_at) >= OVERLAP
             && let Some(h) = self.high
         {
-            self.settled = Some(h);
+            self.settled = self.settled.max(Some(h));
         }
         if let Some(f) = self.floor() {
             self.seen.retain(|_, at| *at >= f);
@@ -555,6 +602,45 @@ mod tests {
         let mut i = listed();
         i.inherit(other.clock(), seen + Duration::from_secs(60));
         assert_eq!(i.floor(), Some(95 * S));
+    }
+
+    #[test]
+    fn a_witness_of_the_servers_clock_moves_the_window_past_what_the_listing_reflects() {
+        // The session was stamped a minute after the store's last version:
+        // the window starts 5 s before that stamp, not 5 s before v2.
+        let mut i = listed();
+        i.witness(160 * S);
+        assert_eq!(i.floor(), Some(155 * S));
+        // A version committed late, stamped after the stamp less OVERLAP
+        // (the mount's listing may have missed it), is in the window and
+        // applied.
+        let now = Instant::now();
+        let late = v("v3", "m1", Modified, Some("/a.md"), 156 * S);
+        i.advance(std::slice::from_ref(&late), now).unwrap();
+        assert_eq!(i.map["a.md"].content_sha256, "sha-v3");
+        assert_eq!(i.floor(), Some(155 * S), "the window never moves back");
+        // Settling the new high-water later never moves it back either.
+        i.advance(&[late], now + OVERLAP).unwrap();
+        assert_eq!(i.floor(), Some(156 * S));
+    }
+
+    #[test]
+    fn a_witness_not_past_the_store_changes_nothing_or_shortens_the_window() {
+        // A session stamped before the store's last write, or with it: the
+        // window stays OVERLAP before the high-water.
+        for at in [50 * S, 100 * S] {
+            let mut i = listed();
+            i.witness(at);
+            assert_eq!(i.floor(), Some(95 * S), "{at}");
+        }
+        // Stamped less than OVERLAP after it: a shorter window.
+        let mut i = listed();
+        i.witness(102 * S);
+        assert_eq!(i.floor(), Some(97 * S), "a shorter window");
+        // And a full listing that replaces it keeps what it knew.
+        let mut next = listed();
+        next.inherit(i.clock(), Instant::now());
+        assert_eq!(next.floor(), Some(97 * S));
     }
 
     #[test]

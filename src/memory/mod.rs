@@ -49,7 +49,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use crate::api::types::{Access, MemoryStoreResource, Session};
+use crate::api::types::{Access, MemoryStoreResource, Session, Timestamp};
 
 use self::flush::FlushStats;
 use self::folder::{Folder, is_clean_absolute};
@@ -363,7 +363,11 @@ impl SessionMemoryStores {
         // leaves a journal that says its folder is being made, never a
         // folder without its journal.
         let journal = self.journal_for(&id, &root, session)?;
-        self.mount_new(id, &root, read_only, folder, journal).await
+        // The session was read before the mount: its stamps are readings
+        // of the server's clock taken before it (see `feed`).
+        let server_clock = session.created_at.max(session.updated_at);
+        self.mount_new(id, &root, read_only, folder, journal, server_clock)
+            .await
     }
 
     /// A new journal for the store at `root` (`None`: journaling is off,
@@ -396,7 +400,8 @@ impl SessionMemoryStores {
     }
 
     /// Make the store's folder, then fill it from the server; on failure
-    /// the folder and its journal go.
+    /// the folder and its journal go. `server_clock`: a stamp the server
+    /// put on a record read before this mount (`AttachedStore::mount`).
     async fn mount_new(
         &self,
         id: String,
@@ -404,6 +409,7 @@ impl SessionMemoryStores {
         read_only: bool,
         folder: Folder,
         mut journal: Option<journal::Journal>,
+        server_clock: Timestamp,
     ) -> Result<AttachedStore, MemoryError> {
         if let Err(e) = folder.create_root() {
             let _ = folder.dispose();
@@ -424,7 +430,10 @@ impl SessionMemoryStores {
             }
         }
         let store = AttachedStore::new(id.clone(), read_only, folder, journal);
-        match store.mount(self.api.as_ref()).await {
+        match store
+            .mount(self.api.as_ref(), Some(server_clock.timestamp_micros()))
+            .await
+        {
             Ok(count) => {
                 info!(
                     memory_store.id = %id,

@@ -226,16 +226,85 @@ pub async fn served_custom(
     let started = s
         .start_scenario(&json!({"name": "engine", "memory_stores": memory_stores}))
         .await;
+    let session = started.session_id.clone();
+    claim_and_mount(s, mnt, &started, session, state_dir, shape, hook).await
+}
+
+/// [`served_opts`], but the session the worker claims starts `gap` after
+/// the scenario wrote its stores: a second session of the scenario's
+/// environment, attaching the same stores (the scenario's own session is
+/// claimed and left alone) — a store written well before the session.
+/// `shape` and `hook` as [`served_custom`]'s.
+pub async fn served_later(
+    memory_stores: Value,
+    gap: std::time::Duration,
+    shape: impl FnOnce(SessionMemoryStores) -> SessionMemoryStores,
+    hook: impl FnOnce(String, Vec<String>) -> Option<ListingHook>,
+) -> Served {
+    let mnt = tempfile::tempdir().unwrap();
+    let s = TestServer::start_with(
+        DevserverConfig::new(ADMIN_KEY).mount_root(mnt.path().join("memory").to_str().unwrap()),
+    )
+    .await;
+    let started = s
+        .start_scenario(&json!({"name": "engine", "memory_stores": memory_stores}))
+        .await;
+    tokio::time::sleep(gap).await;
+    let first = s
+        .agents(
+            reqwest::Method::GET,
+            &format!("/v1/sessions/{}", started.session_id),
+            None,
+        )
+        .await
+        .ok();
+    let resources: Vec<Value> = first["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| json!({"type": "memory_store", "memory_store_id": r["memory_store_id"], "access": r["access"]}))
+        .collect();
+    let later = s
+        .agents(
+            reqwest::Method::POST,
+            "/v1/sessions",
+            Some(json!({"agent": "a", "environment_id": started.environment_id, "resources": resources})),
+        )
+        .await
+        .ok();
+    let session = later["id"].as_str().unwrap().to_string();
+    claim_and_mount(s, mnt, &started, session, None, shape, hook).await
+}
+
+/// Claim `session`'s work item in the scenario's environment (passing over
+/// any other), then download its stores with the item's sessions token.
+async fn claim_and_mount(
+    s: TestServer,
+    mnt: tempfile::TempDir,
+    started: &super::Started,
+    session_id: String,
+    state_dir: Option<&Path>,
+    shape: impl FnOnce(SessionMemoryStores) -> SessionMemoryStores,
+    hook: impl FnOnce(String, Vec<String>) -> Option<ListingHook>,
+) -> Served {
     let env_client = Client::builder(Credential::bearer(&started.environment_key))
         .base_url(s.url())
         .build()
         .unwrap();
-    let work = env_client
-        .work(&started.environment_id)
-        .poll(&PollWork::default(), Some("engine-test"))
-        .await
-        .unwrap()
-        .unwrap();
+    let mut work = None;
+    for _ in 0..10 {
+        let polled = env_client
+            .work(&started.environment_id)
+            .poll(&PollWork::default(), Some("engine-test"))
+            .await
+            .unwrap()
+            .unwrap();
+        if polled.data.id == session_id {
+            work = Some(polled);
+            break;
+        }
+    }
+    let work = work.unwrap_or_else(|| panic!("no work item for {session_id}"));
     let secret = work.secret.unwrap();
     let payload: Value = serde_json::from_slice(
         &base64::engine::general_purpose::URL_SAFE_NO_PAD
@@ -248,11 +317,7 @@ pub async fn served_custom(
         .base_url(s.url())
         .build()
         .unwrap();
-    let session = client
-        .sessions()
-        .retrieve(&started.session_id)
-        .await
-        .unwrap();
+    let session = client.sessions().retrieve(&session_id).await.unwrap();
     let ids: Vec<String> = session
         .resources
         .iter()
@@ -283,7 +348,7 @@ pub async fn served_custom(
         stores,
         mounts,
         ids,
-        session: started.session_id,
+        session: session_id,
         client,
         session_resource: session,
         state_dir: state_dir.map(Path::to_path_buf),

@@ -4,12 +4,15 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::time::Duration;
 
 use crate::common::TestServer;
 use crate::common::harness::Logs;
 use crate::common::memory_served::{
-    ListingHook, Served, rename_on_server, served, served_custom, served_with, two_stores,
+    ListingHook, Served, rename_on_server, served, served_custom, served_later, served_with,
+    two_stores,
 };
+use envworker::memory::SessionMemoryStores;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -153,8 +156,8 @@ fn folder_contents(root: &Path) -> BTreeMap<String, String> {
     out
 }
 
-/// One store of `n` memories (three listing pages at 250).
-async fn one_store_of(n: usize) -> Served {
+/// The scenario of one store of `n` memories.
+fn store_of(n: usize) -> Value {
     let memories: serde_json::Map<String, Value> = (0..n)
         .map(|i| {
             (
@@ -163,7 +166,21 @@ async fn one_store_of(n: usize) -> Served {
             )
         })
         .collect();
-    served_with(json!([{"key": "notes", "name": "Notes", "memories": memories}])).await
+    json!([{"key": "notes", "name": "Notes", "memories": memories}])
+}
+
+/// One store of `n` memories (three listing pages at 250).
+async fn one_store_of(n: usize) -> Served {
+    served_with(store_of(n)).await
+}
+
+/// One store of `n` memories, written in one burst 6 s (more than the
+/// feed's 5 s overlap) before the session that mounts it started.
+async fn one_store_written_before_the_session(
+    n: usize,
+    shape: impl FnOnce(SessionMemoryStores) -> SessionMemoryStores,
+) -> Served {
+    served_later(store_of(n), Duration::from_secs(6), shape, |_, _| None).await
 }
 
 async fn memory_id(s: &TestServer, store: &str, path: &str) -> Option<String> {
@@ -544,4 +561,130 @@ async fn a_late_older_version_of_a_memory_does_not_undo_a_newer_one() {
     }
     assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
     assert_eq!(t.calls.split().2, others, "nothing pulled again");
+}
+
+/// Listing and versions requests made so far.
+fn index_reads(t: &Served) -> usize {
+    let (listings, versions, _) = t.calls.split();
+    listings + versions
+}
+
+/// Issue 27: a 2,000-memory store written in one burst well before the
+/// session started. The mount read every memory; the first sync after it,
+/// with one local edit (a file changed, or a new one), costs one versions
+/// page: the session's own stamp shows the burst had committed before the
+/// mount's listing, so the feed's window starts after it. Before, the
+/// first sync re-read the burst through the 5 s overlap window (10 pages,
+/// then it gave up) and listed the store (21 more): 31 requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_sync_after_mounting_a_store_written_before_the_session_is_cheap() {
+    for (n, edit) in [(2_000, "t0/m000.md"), (1_999, "new.md")] {
+        let t = one_store_written_before_the_session(n, |s| s).await;
+        let mounted = index_reads(&t);
+        std::fs::write(t.mounts[0].join(edit), "written by the agent").unwrap();
+        t.stores.sync_now().await;
+        let first = index_reads(&t) - mounted;
+        eprintln!(
+            "{edit}: first sync after the mount: {first} listing and versions requests, {:?}",
+            t.calls.split()
+        );
+        assert!(
+            first <= 2,
+            "{edit}: the first sync made {first} index reads: {:?}",
+            t.calls.split()
+        );
+        // Its own upload comes back through the feed.
+        let before = index_reads(&t);
+        t.stores.sync_now().await;
+        let second = index_reads(&t) - before;
+        assert!(
+            second <= 2,
+            "{edit}: the second sync made {second} index reads"
+        );
+        let server = t.s.store_memories(&t.ids[0]).await;
+        assert_eq!(server.len(), 2_000);
+        assert_eq!(server[&format!("/{edit}")], "written by the agent");
+        assert_eq!(folder_contents(&t.mounts[0]), server, "{edit}");
+    }
+}
+
+/// Issue 27: with the window anchored past the burst written before the
+/// session, a version committed late after the mount — stamped before a
+/// version the feed has already applied, visible only at the next poll —
+/// is still seen through the overlap window, without a listing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_version_after_mounting_a_store_written_before_the_session_is_seen() {
+    let t = one_store_written_before_the_session(300, |s| s).await;
+    let store = &t.ids[0];
+    let base = format!("/v1/memory_stores/{store}/memories");
+    let b = memory_id(&t.s, store, "/t1/m001.md").await.unwrap();
+    let a = memory_id(&t.s, store, "/t0/m000.md").await.unwrap();
+    write_late(&t, &format!("{base}/{b}"), "b late").await;
+    t.s.update_memory(store, &a, "a newer").await;
+    let (listings, _, _) = t.calls.split();
+    t.stores.sync_now().await;
+    let folder = folder_contents(&t.mounts[0]);
+    assert_eq!(folder["/t0/m000.md"], "a newer");
+    assert_eq!(folder["/t1/m001.md"], "body 1", "not visible yet");
+    // Committed now, with a created_at before the high-water.
+    t.calls.hidden.lock().unwrap().clear();
+    t.stores.sync_now().await;
+    assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(store).await
+    );
+}
+
+/// Issue 27: the safety cadence's full listing still comes when it is due
+/// for a store whose feed window the session's stamp anchored at the mount.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_full_listing_still_comes_when_due_after_mounting_a_store_written_before_the_session() {
+    let every = Duration::from_secs(3);
+    let t = one_store_written_before_the_session(300, |s| s.with_safety_cadence(every)).await;
+    let (listings, _, _) = t.calls.split();
+    t.stores.sync_now().await;
+    assert_eq!(t.calls.split().0, listings, "the feed, not a listing");
+    tokio::time::sleep(every).await;
+    t.stores.sync_now().await;
+    assert!(t.calls.split().0 > listings, "listed whole once due");
+    assert_eq!(
+        folder_contents(&t.mounts[0]),
+        t.s.store_memories(&t.ids[0]).await
+    );
+}
+
+/// Issue 27: a store written well before the session, and another writer's
+/// rename while the mount lists it — after the top level was listed,
+/// before a prefix is: the listing missed it, and the first sync, whose
+/// window the session's stamp moved past the burst, still carries it
+/// through the feed (its version is stamped after the mount began).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rename_during_the_mount_of_a_store_written_before_the_session_is_right_after_one_sync() {
+    let hook = |url: String, ids: Vec<String>| -> Option<ListingHook> {
+        let fired = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        Some(Box::new(move |prefix: Option<&str>| {
+            if prefix != Some("/t0/") || fired.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                return None;
+            }
+            let (url, store) = (url.clone(), ids[0].clone());
+            Some(
+                Box::pin(async move { rename_on_server(&url, &store, "/a.md", "/moved.md").await })
+                    as futures::future::BoxFuture<'static, ()>,
+            )
+        }))
+    };
+    let mut stores = store_of(300);
+    stores[0]["memories"]["/a.md"] = json!("a");
+    let t = served_later(stores, Duration::from_secs(6), |s| s, hook).await;
+    let server = t.s.store_memories(&t.ids[0]).await;
+    assert!(server.contains_key("/moved.md") && !server.contains_key("/a.md"));
+    assert!(
+        folder_contents(&t.mounts[0]).contains_key("/a.md"),
+        "the mount listed it before the rename"
+    );
+    let (listings, _, _) = t.calls.split();
+    t.stores.sync_now().await;
+    assert_eq!(t.calls.split().0, listings, "through the feed, no listing");
+    assert_eq!(folder_contents(&t.mounts[0]), server);
 }

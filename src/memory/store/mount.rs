@@ -56,8 +56,16 @@ impl AttachedStore {
     /// The first download, before the agent runs: nothing else writes to
     /// the folder meanwhile, so the hashes of what it writes go straight to
     /// the stat cache and the first sync need not read the files back.
-    pub(crate) async fn mount(&self, api: &dyn MemoryApi) -> Result<usize, PassError> {
-        let written = self.stamp_and_pull(api, true).await?;
+    /// `server_clock`: a reading of the server's clock taken before the
+    /// mount (microseconds; the session's stamp), which tells the version
+    /// feed how much of the store's history the listing reflects
+    /// (`RemoteIndex::witness`).
+    pub(crate) async fn mount(
+        &self,
+        api: &dyn MemoryApi,
+        server_clock: Option<i64>,
+    ) -> Result<usize, PassError> {
+        let written = self.stamp_and_pull(api, true, server_clock).await?;
         let folder = self.folder.clone();
         blocking(move || folder.trust_private_writes()).await??;
         // The watch goes in before the agent gets the folder, with one full
@@ -80,7 +88,7 @@ impl AttachedStore {
         blocking(move || folder.create_root()).await??;
         // A rebuilt folder is scanned whole next time.
         self.observer().forget();
-        self.stamp_and_pull(api, false).await?;
+        self.stamp_and_pull(api, false, None).await?;
         Ok(())
     }
 
@@ -88,7 +96,13 @@ impl AttachedStore {
     /// rebuilt from successful writes only, so a failed write is pulled
     /// again later, never read as a deletion. `private`: no one else writes
     /// to the folder until the caller says so (see [`Folder::put_private`]).
-    async fn stamp_and_pull(&self, api: &dyn MemoryApi, private: bool) -> Result<usize, PassError> {
+    /// `server_clock`: see [`Self::mount`].
+    async fn stamp_and_pull(
+        &self,
+        api: &dyn MemoryApi,
+        private: bool,
+        server_clock: Option<i64>,
+    ) -> Result<usize, PassError> {
         self.start_over();
         let folder = self.folder.clone();
         let marker = marker_content(&self.id);
@@ -101,7 +115,11 @@ impl AttachedStore {
         self.state()
             .tentative
             .retain(|rel, _| listed.contains_key(rel));
-        *self.remote_index() = self.seed(listed.into(), newest, asked);
+        let mut seeded = self.seed(listed.into(), newest, asked);
+        if let (Some(index), Some(at)) = (seeded.as_mut(), server_clock) {
+            index.witness(at);
+        }
+        *self.remote_index() = seeded;
         Ok(written)
     }
 
