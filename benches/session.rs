@@ -43,7 +43,8 @@
 //! one warm-up round of each is not counted. Prints medians and ratios and
 //! writes them into `benches/RESULTS.md` between its markers. Run: `cargo
 //! bench --bench session` (`SESSION_BENCH_RUNS=N` for another number of
-//! runs, default 5).
+//! runs, default 5; `ENVWORKER_BENCH_WRAP` runs our workers under a tool,
+//! e.g. a profiler).
 
 #[path = "../tests/common/dev_api.rs"]
 mod dev_api;
@@ -145,6 +146,25 @@ impl std::ops::Deref for Proc {
 impl std::ops::DerefMut for Proc {
     fn deref_mut(&mut self) -> &mut LoggedChild {
         &mut self.logged
+    }
+}
+
+/// Under `ENVWORKER_BENCH_WRAP` the tool (a profiler) is asked to stop
+/// first, so it can write what it recorded before the kill.
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::env::var_os("ENVWORKER_BENCH_WRAP").is_none() {
+            return;
+        }
+        // SAFETY: a signal to our own child, which has not been reaped.
+        unsafe { libc::kill(self.logged.child.id() as libc::pid_t, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.logged.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 }
 
@@ -504,6 +524,24 @@ struct Setup {
 }
 
 impl Setup {
+    /// Our worker's binary, run under `ENVWORKER_BENCH_WRAP`'s tool when
+    /// it names one, e.g. `ENVWORKER_BENCH_WRAP="perf record -g -o
+    /// /tmp/p.data --"` (the figures then include the tool's overhead, and
+    /// the RSS and CPU read are the tool's process's).
+    fn ours(&self) -> Command {
+        let wrap: Vec<String> = std::env::var("ENVWORKER_BENCH_WRAP")
+            .map(|w| w.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default();
+        match wrap.split_first() {
+            Some((tool, args)) => {
+                let mut c = Command::new(tool);
+                c.args(args).arg(&self.envworker);
+                c
+            }
+            None => Command::new(&self.envworker),
+        }
+    }
+
     /// Command for a webhook receiver of `who` on `port`.
     fn webhook_cmd(
         &self,
@@ -539,7 +577,7 @@ impl Setup {
         workdir: &Path,
         secret: &str,
     ) -> Command {
-        let mut c = Command::new(&self.envworker);
+        let mut c = self.ours();
         c.args(["serve", "--listen", &format!("127.0.0.1:{port}")])
             .args(["--max-idle", "1s", "--memory-sync-interval", "5s"])
             .env_remove("RUST_LOG")
@@ -557,7 +595,7 @@ impl Setup {
     fn poll_cmd(&self, who: Who, env: &(String, String), api: &str, workdir: &Path) -> Command {
         match who {
             Who::Ours | Who::OursOffDisk | Who::OursSandboxed => {
-                let mut c = Command::new(&self.envworker);
+                let mut c = self.ours();
                 c.args(["poll", "--max-idle", "1s", "--memory-sync-interval", "5s"])
                     .args(["--shell-sandbox", who.shell_sandbox()])
                     .env_remove("RUST_LOG")

@@ -11,6 +11,7 @@
 //!
 //! Secrets are stored as SHA-256 digests only.
 
+use crate::devserver::db::Cached;
 use axum::http::HeaderMap;
 use rusqlite::{OptionalExtension, Transaction, params};
 
@@ -160,7 +161,7 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> HttpResult<P
 fn lookup(tx: &Transaction<'_>, digest: &str) -> HttpResult<Option<Principal>> {
     // A sessions token dies with its work item.
     let row = tx
-        .query_row(
+        .query_row_cached(
             "SELECT c.kind, c.environment_id, c.session_id, c.work_id
              FROM credentials c LEFT JOIN work_items w ON w.id = c.work_id
              WHERE c.token_sha256 = ?1 AND c.revoked_at IS NULL
@@ -192,7 +193,7 @@ fn lookup(tx: &Transaction<'_>, digest: &str) -> HttpResult<Option<Principal>> {
 /// Mint an environment key for `environment_id`; only its digest is kept.
 pub fn issue_environment_key(tx: &Transaction<'_>, environment_id: &str) -> HttpResult<String> {
     let key = ids::new_secret("sk-ant-envkey-dev-", 32);
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO credentials (token_sha256, kind, environment_id, created_at)
          VALUES (?1, ?2, ?3, ?4)",
         params![
@@ -213,7 +214,7 @@ pub fn issue_sessions_token(
     work_id: &str,
 ) -> HttpResult<String> {
     let token = ids::new_secret("sk-ant-sesstok-dev-", 32);
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO credentials (token_sha256, kind, environment_id, session_id, work_id, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![

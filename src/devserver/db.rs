@@ -170,6 +170,35 @@ CREATE TABLE skills (
 "#,
 ];
 
+/// Prepared statements kept per connection: every statement the handlers
+/// run (a few dozen texts; the listings' few variants each) stays compiled.
+const STATEMENT_CACHE: usize = 256;
+
+/// Run SQL through the connection's prepared-statement cache: a tool call
+/// costs the devserver a handful of statements, and compiling each anew
+/// was the largest part of its CPU per request.
+pub trait Cached {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize>;
+    fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>;
+}
+
+impl Cached for Connection {
+    fn execute_cached<P: rusqlite::Params>(&self, sql: &str, params: P) -> rusqlite::Result<usize> {
+        self.prepare_cached(sql)?.execute(params)
+    }
+
+    fn query_row_cached<T, P, F>(&self, sql: &str, params: P, f: F) -> rusqlite::Result<T>
+    where
+        P: rusqlite::Params,
+        F: FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    {
+        self.prepare_cached(sql)?.query_row(params, f)
+    }
+}
+
 /// The storage handle. Cloning shares the connection.
 #[derive(Clone)]
 pub struct Db {
@@ -211,6 +240,7 @@ impl Db {
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
             conn.pragma_update(None, "foreign_keys", "ON")?;
+            conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
             conn.busy_timeout(std::time::Duration::from_secs(5))
         };
         configure(&conn).map_err(|source| DbError::Open {
@@ -233,25 +263,24 @@ impl Db {
         &self.path
     }
 
-    /// Run `f` in a transaction on a blocking thread; commit when it succeeds,
-    /// roll back when it fails.
+    /// Run `f` in a transaction; commit when it succeeds, roll back when
+    /// it fails. On the calling task, not a blocking thread: a statement
+    /// here takes microseconds (WAL, `synchronous=NORMAL`: a commit is a
+    /// write, the fsync waits for a checkpoint), less than the hand-off to
+    /// a blocking thread and back, which was most of a request's time.
     pub async fn transaction<T, F>(&self, f: F) -> HttpResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Transaction<'_>) -> HttpResult<T> + Send + 'static,
     {
-        let conn = self.conn.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut conn = conn
-                .lock()
-                .map_err(|_| HttpError::internal("storage lock poisoned"))?;
-            let tx = conn.transaction()?;
-            let value = f(&tx)?;
-            tx.commit()?;
-            Ok(value)
-        })
-        .await
-        .map_err(|e| HttpError::internal(format!("storage task failed: {e}")))?
+        let mut conn = self
+            .conn
+            .lock()
+            .map_err(|_| HttpError::internal("storage lock poisoned"))?;
+        let tx = conn.transaction()?;
+        let value = f(&tx)?;
+        tx.commit()?;
+        Ok(value)
     }
 }
 

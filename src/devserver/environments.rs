@@ -1,5 +1,6 @@
 //! `/v1/environments` and `POST /dev/environments`.
 
+use crate::devserver::db::Cached;
 use std::collections::BTreeMap;
 
 use axum::Json;
@@ -36,7 +37,7 @@ fn from_row(row: &Row<'_>, at: usize) -> rusqlite::Result<Environment> {
 
 /// The environment, or 404.
 pub fn load(tx: &Transaction<'_>, id: &str) -> HttpResult<Environment> {
-    tx.query_row(
+    tx.query_row_cached(
         &format!("SELECT {COLUMNS} FROM environments WHERE id = ?1"),
         [id],
         |r| from_row(r, 0),
@@ -60,7 +61,7 @@ fn insert(
 ) -> HttpResult<Environment> {
     let id = ids::new_id("env");
     let now = ids::now_micros();
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO environments (id, name, description, metadata, config_type, scope, created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
         params![
@@ -157,7 +158,7 @@ pub async fn list(
     let page = state
         .db()
         .transaction(move |tx| {
-            let mut stmt = tx.prepare(&format!(
+            let mut stmt = tx.prepare_cached(&format!(
                 "SELECT seq, {COLUMNS} FROM environments
                  WHERE (?1 OR archived_at IS NULL) AND seq < ?2 ORDER BY seq DESC LIMIT ?3"
             ))?;
@@ -232,7 +233,7 @@ pub async fn update(
                 };
             }
             validate::metadata(&env.metadata).map_err(HttpError::invalid_request)?;
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE environments SET name = ?2, description = ?3, metadata = ?4, updated_at = ?5 WHERE id = ?1",
                 params![
                     id,
@@ -259,7 +260,7 @@ pub async fn archive(
         .transaction(move |tx| {
             let env = load(tx, &id)?;
             if env.archived_at.is_none() {
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE environments SET archived_at = ?2, updated_at = ?2 WHERE id = ?1",
                     params![id, ids::now_micros()],
                 )?;
@@ -287,7 +288,7 @@ pub async fn delete(
         .db()
         .transaction(move |tx| {
             load(tx, &id)?;
-            let sessions: i64 = tx.query_row(
+            let sessions: i64 = tx.query_row_cached(
                 "SELECT COUNT(*) FROM sessions WHERE environment_id = ?1",
                 [&id],
                 |r| r.get(0),
@@ -297,9 +298,9 @@ pub async fn delete(
                     "environment {id} is referenced by {sessions} session(s) and cannot be deleted; archive it instead"
                 )));
             }
-            tx.execute("DELETE FROM environments WHERE id = ?1", [&id])?;
-            tx.execute("DELETE FROM credentials WHERE environment_id = ?1", [&id])?;
-            tx.execute("DELETE FROM work_items WHERE environment_id = ?1", [&id])?;
+            tx.execute_cached("DELETE FROM environments WHERE id = ?1", [&id])?;
+            tx.execute_cached("DELETE FROM credentials WHERE environment_id = ?1", [&id])?;
+            tx.execute_cached("DELETE FROM work_items WHERE environment_id = ?1", [&id])?;
             Ok(DeletedEnvironment {
                 id,
                 object_type: "environment_deleted",

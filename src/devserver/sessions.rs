@@ -7,6 +7,7 @@
 //! event, and a change to `running` fires the `session.status_run_started`
 //! webhook.
 
+use crate::devserver::db::Cached;
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
 
@@ -62,7 +63,7 @@ fn from_row(row: &Row<'_>, at: usize) -> rusqlite::Result<Session> {
 
 /// The session, or 404.
 pub fn load(tx: &Transaction<'_>, id: &str) -> HttpResult<Session> {
-    tx.query_row(
+    tx.query_row_cached(
         &format!("SELECT {COLUMNS} FROM sessions WHERE id = ?1"),
         [id],
         |r| from_row(r, 0),
@@ -216,7 +217,7 @@ pub fn insert(
 
     let id = ids::new_id("sesn");
     let now = ids::now_micros();
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO sessions (id, environment_id, status, agent, resources, metadata, title, created_at, updated_at)
          VALUES (?1, ?2, 'idle', ?3, ?4, ?5, ?6, ?7, ?7)",
         params![
@@ -297,7 +298,7 @@ fn attach_store(
         )));
     }
     let (name, description, archived): (String, String, Option<i64>) = tx
-        .query_row(
+        .query_row_cached(
             "SELECT name, description, archived_at FROM memory_stores WHERE id = ?1",
             [&p.memory_store_id],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -399,7 +400,7 @@ pub async fn list(
             } else {
                 ("<", "DESC", i64::MAX)
             };
-            let mut stmt = tx.prepare(&format!(
+            let mut stmt = tx.prepare_cached(&format!(
                 "SELECT seq, {COLUMNS} FROM sessions WHERE seq {cmp} ?1 ORDER BY seq {dir} LIMIT ?2"
             ))?;
             let rows = stmt.query_map(
@@ -454,7 +455,7 @@ pub fn append(
             json!(ids::from_micros(now).to_rfc3339_opts(chrono::SecondsFormat::Micros, true)),
         );
     }
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO session_events (id, session_id, type, ref_id, body, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![id, session_id, kind, ref_id, body.to_string(), now],
@@ -478,7 +479,7 @@ pub fn set_status(
     status: SessionStatus,
     stop_reason: Option<Value>,
 ) -> HttpResult<()> {
-    let current: String = tx.query_row(
+    let current: String = tx.query_row_cached(
         "SELECT status FROM sessions WHERE id = ?1",
         [session_id],
         |r| r.get(0),
@@ -486,7 +487,7 @@ pub fn set_status(
     if current == status.as_str() && status != SessionStatus::Idle {
         return Ok(());
     }
-    tx.execute(
+    tx.execute_cached(
         "UPDATE sessions SET status = ?2, updated_at = ?3 WHERE id = ?1",
         params![session_id, status.as_str(), ids::now_micros()],
     )?;
@@ -509,7 +510,7 @@ pub fn set_status(
 
 /// Is `session_id` driven by a scenario (rather than the echo agent)?
 fn is_scripted(tx: &Transaction<'_>, session_id: &str) -> HttpResult<bool> {
-    Ok(tx.query_row(
+    Ok(tx.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM scenarios WHERE session_id = ?1)",
         [session_id],
         |r| r.get(0),
@@ -524,7 +525,7 @@ fn find_event(
     id: &str,
 ) -> HttpResult<Option<Value>> {
     let body: Option<String> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT body FROM session_events WHERE session_id = ?1 AND id = ?2 AND type = ?3",
             params![session_id, id, kind],
             |r| r.get(0),
@@ -540,7 +541,7 @@ pub fn answers(
     kind: &str,
     ref_id: &str,
 ) -> HttpResult<Vec<Value>> {
-    let mut stmt = tx.prepare(
+    let mut stmt = tx.prepare_cached(
         "SELECT body FROM session_events WHERE session_id = ?1 AND ref_id = ?2 AND type = ?3 ORDER BY seq",
     )?;
     let rows = stmt.query_map(params![session_id, ref_id, kind], |r| r.get::<_, String>(0))?;
@@ -824,7 +825,7 @@ pub fn list_events_page(
                 .join(",")
         )
     };
-    let mut stmt = tx.prepare(&format!(
+    let mut stmt = tx.prepare_cached(&format!(
         "SELECT seq, body FROM session_events
          WHERE session_id = ?1 AND seq {cmp} ?2 AND created_at >= ?3 AND created_at <= ?4{type_filter}
          ORDER BY seq {dir} LIMIT ?5"
@@ -948,7 +949,7 @@ pub async fn archive(
             }
             if session.archived_at.is_none() {
                 set_status(tx, &mut fx, &id, SessionStatus::Terminated, None)?;
-                tx.execute(
+                tx.execute_cached(
                     "UPDATE sessions SET archived_at = ?2 WHERE id = ?1",
                     params![id, ids::now_micros()],
                 )?;
@@ -978,12 +979,12 @@ pub async fn delete(
             let mut fx = Effects::default();
             append(tx, &mut fx, &id, json!({"type": "session.deleted"}))?;
             let now = ids::now_micros();
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE work_items SET state = 'stopped', stopped_at = ?2 WHERE data_id = ?1 AND state != 'stopped'",
                 params![id, now],
             )?;
-            tx.execute("DELETE FROM session_events WHERE session_id = ?1", [&id])?;
-            tx.execute("DELETE FROM sessions WHERE id = ?1", [&id])?;
+            tx.execute_cached("DELETE FROM session_events WHERE session_id = ?1", [&id])?;
+            tx.execute_cached("DELETE FROM sessions WHERE id = ?1", [&id])?;
             Ok(fx)
         })
         .await?;

@@ -13,6 +13,7 @@
 //! are), or stores caller-supplied bytes verbatim so tests can serve hostile
 //! archives. For the same reason the skill's name is not validated.
 
+use crate::devserver::db::Cached;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Cursor, Write};
 
@@ -95,7 +96,7 @@ fn find_version(
     alias: bool,
 ) -> HttpResult<i64> {
     let found = if alias && version == LATEST {
-        tx.query_row(
+        tx.query_row_cached(
             "SELECT MAX(version) FROM skills WHERE skill_id = ?1",
             [skill_id],
             |r| r.get::<_, Option<i64>>(0),
@@ -103,7 +104,7 @@ fn find_version(
     } else {
         match version.parse::<i64>() {
             Ok(v) if v.to_string() == version => tx
-                .query_row(
+                .query_row_cached(
                     "SELECT version FROM skills WHERE skill_id = ?1 AND version = ?2",
                     params![skill_id, v],
                     |r| r.get(0),
@@ -126,7 +127,7 @@ pub async fn retrieve(
         .db()
         .transaction(move |tx| {
             let v = find_version(tx, &skill_id, &version, true)?;
-            Ok(tx.query_row(
+            Ok(tx.query_row_cached(
                 &format!("SELECT {ROW_COLUMNS} FROM skills WHERE skill_id = ?1 AND version = ?2"),
                 params![skill_id, v],
                 row_at,
@@ -146,7 +147,7 @@ pub async fn content(
         .db()
         .transaction(move |tx| {
             let v = find_version(tx, &skill_id, &version, false)?;
-            Ok(tx.query_row(
+            Ok(tx.query_row_cached(
                 "SELECT archive FROM skills WHERE skill_id = ?1 AND version = ?2",
                 params![skill_id, v],
                 |r| r.get(0),
@@ -182,7 +183,7 @@ pub async fn list(
     let page = state
         .db()
         .transaction(move |tx| {
-            let known: bool = tx.query_row(
+            let known: bool = tx.query_row_cached(
                 "SELECT EXISTS (SELECT 1 FROM skills WHERE skill_id = ?1)",
                 [&skill_id],
                 |r| r.get(0),
@@ -190,7 +191,7 @@ pub async fn list(
             if !known {
                 return Err(skill_not_found(&skill_id));
             }
-            let mut stmt = tx.prepare(&format!(
+            let mut stmt = tx.prepare_cached(&format!(
                 "SELECT {ROW_COLUMNS} FROM skills WHERE skill_id = ?1 AND version < ?2
                  ORDER BY version DESC LIMIT ?3"
             ))?;
@@ -356,7 +357,7 @@ fn insert(
     let (skill_id, name, version) = match &body.skill_id {
         Some(skill_id) => {
             let latest: Option<(i64, String)> = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT version, name FROM skills WHERE skill_id = ?1
                      ORDER BY version DESC LIMIT 1",
                     [skill_id],
@@ -401,7 +402,7 @@ fn insert(
                 .map_err(|e| HttpError::internal(format!("cannot build the archive: {e}")))?
         }
     };
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO skills (skill_id, version, name, description, archive, created_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
         params![skill_id, version, name, description, archive, now],

@@ -10,6 +10,7 @@
 //! item whose lease is not renewed within `ttl_seconds` returns to `queued`,
 //! its heartbeat history erased, so the old holder's next beat gets 412.
 
+use crate::devserver::db::Cached;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -93,7 +94,7 @@ fn row_at(row: &Row<'_>, at: usize) -> rusqlite::Result<WorkRow> {
 
 /// The item, or 404 — only within its own environment.
 pub fn load(tx: &Transaction<'_>, environment_id: &str, work_id: &str) -> HttpResult<WorkRow> {
-    tx.query_row(
+    tx.query_row_cached(
         &format!("SELECT {COLUMNS} FROM work_items WHERE id = ?1 AND environment_id = ?2"),
         [work_id, environment_id],
         from_row,
@@ -116,7 +117,7 @@ pub fn enqueue_session(
     ttl_seconds: i64,
 ) -> HttpResult<bool> {
     let self_hosted: bool = tx
-        .query_row(
+        .query_row_cached(
             "SELECT config_type = 'self_hosted' FROM environments WHERE id = ?1",
             [environment_id],
             |r| r.get(0),
@@ -126,7 +127,7 @@ pub fn enqueue_session(
     if !self_hosted {
         return Ok(false);
     }
-    let live: bool = tx.query_row(
+    let live: bool = tx.query_row_cached(
         "SELECT EXISTS (SELECT 1 FROM work_items WHERE data_id = ?1 AND state != 'stopped')",
         [session_id],
         |r| r.get(0),
@@ -134,7 +135,7 @@ pub fn enqueue_session(
     if live {
         return Ok(false);
     }
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO work_items (id, environment_id, data_type, data_id, state, metadata, created_at, ttl_seconds)
          VALUES (?1, ?2, 'session', ?3, 'queued', '{}', ?4, ?5)",
         params![ids::new_id("work"), environment_id, session_id, ids::now_micros(), ttl_seconds],
@@ -147,14 +148,14 @@ pub fn enqueue_session(
 /// queue with their heartbeat history erased; a `stopping` item nobody
 /// heartbeats any more is stopped. Returns how many were re-queued.
 pub fn expire_leases(tx: &Transaction<'_>, now: i64) -> HttpResult<usize> {
-    let requeued = tx.execute(
+    let requeued = tx.execute_cached(
         "UPDATE work_items
          SET state = 'queued', claimed_at = NULL, claimed_by = NULL, acknowledged_at = NULL,
              last_heartbeat = NULL, lease_expires_at = NULL
          WHERE state IN ('starting', 'active') AND lease_expires_at IS NOT NULL AND lease_expires_at < ?1",
         [now],
     )?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE work_items SET state = 'stopped', stopped_at = ?1
          WHERE state = 'stopping' AND lease_expires_at IS NOT NULL AND lease_expires_at < ?1",
         [now],
@@ -182,7 +183,7 @@ fn claim(
     let now = ids::now_micros();
     expire_leases(tx, now)?;
     let claimable: Option<String> = tx
-        .query_row(
+        .query_row_cached(
             "SELECT id FROM work_items
              WHERE environment_id = ?1 AND state = 'queued'
                AND (claimed_at IS NULL OR claimed_at <= ?2)
@@ -194,7 +195,7 @@ fn claim(
     let Some(work_id) = claimable else {
         return Ok(None);
     };
-    tx.execute(
+    tx.execute_cached(
         "UPDATE work_items SET claimed_at = ?2, claimed_by = ?3 WHERE id = ?1",
         params![work_id, now, worker_id],
     )?;
@@ -241,7 +242,7 @@ pub async fn poll(
             .transaction(move |tx| {
                 environments::load(tx, &env)?;
                 if let Some(worker) = &worker {
-                    tx.execute(
+                    tx.execute_cached(
                         "INSERT INTO worker_polls (environment_id, worker_id, polled_at) VALUES (?1, ?2, ?3)
                          ON CONFLICT (environment_id, worker_id) DO UPDATE SET polled_at = excluded.polled_at",
                         params![env, worker, ids::now_micros()],
@@ -283,7 +284,7 @@ pub async fn ack(
                     ),
                 ));
             }
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE work_items SET state = 'starting', acknowledged_at = ?2, lease_expires_at = ?3
                  WHERE id = ?1",
                 params![work_id, now, now + row.ttl_seconds * 1_000_000],
@@ -351,7 +352,7 @@ pub async fn heartbeat(
                 WorkState::Starting => WorkState::Active,
                 other => other,
             };
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE work_items
                  SET state = ?2, last_heartbeat = ?3, latest_heartbeat_at = ?4, lease_expires_at = ?5,
                      ttl_seconds = ?6, started_at = COALESCE(started_at, ?4)
@@ -420,7 +421,7 @@ pub fn stop_item(
         _ if force => WorkState::Stopped,
         _ => WorkState::Stopping,
     };
-    tx.execute(
+    tx.execute_cached(
         "UPDATE work_items
          SET state = ?2, stop_requested_at = COALESCE(stop_requested_at, ?3),
              stopped_at = CASE WHEN ?2 = 'stopped' THEN ?3 ELSE stopped_at END
@@ -488,7 +489,7 @@ pub async fn update(
                 };
             }
             super::validate::metadata(&row.work.metadata).map_err(HttpError::invalid_request)?;
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE work_items SET metadata = ?2 WHERE id = ?1",
                 params![
                     work_id,
@@ -517,7 +518,7 @@ pub async fn list(
         .transaction(move |tx| {
             expire_leases(tx, ids::now_micros())?;
             environments::load(tx, &environment_id)?;
-            let mut stmt = tx.prepare(&format!(
+            let mut stmt = tx.prepare_cached(&format!(
                 "SELECT seq, {COLUMNS} FROM work_items WHERE environment_id = ?1 AND seq < ?2
                  ORDER BY seq DESC LIMIT ?3"
             ))?;
@@ -549,7 +550,7 @@ pub async fn stats(
             let now = ids::now_micros();
             expire_leases(tx, now)?;
             environments::load(tx, &environment_id)?;
-            let (depth, pending, oldest): (i64, i64, Option<i64>) = tx.query_row(
+            let (depth, pending, oldest): (i64, i64, Option<i64>) = tx.query_row_cached(
                 "SELECT
                    COALESCE(SUM(claimed_at IS NULL), 0),
                    COALESCE(SUM(claimed_at IS NOT NULL), 0),
@@ -558,7 +559,7 @@ pub async fn stats(
                 [&environment_id],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )?;
-            let workers: i64 = tx.query_row(
+            let workers: i64 = tx.query_row_cached(
                 "SELECT COUNT(*) FROM worker_polls WHERE environment_id = ?1 AND polled_at >= ?2",
                 params![environment_id, now - WORKERS_POLLING_WINDOW_MICROS],
                 |r| r.get(0),

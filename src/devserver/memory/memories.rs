@@ -259,7 +259,7 @@ fn list_page(
     } else {
         MEMORY_COLUMNS.to_string()
     };
-    let mut stmt = tx.prepare(&format!(
+    let mut stmt = tx.prepare_cached(&format!(
         "SELECT {columns} FROM memories
          WHERE store_id = ?1 AND path {lower_op} ?2 AND path < ?3
          ORDER BY path"

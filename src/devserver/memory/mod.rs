@@ -5,6 +5,7 @@ pub(super) mod rows;
 mod stores;
 mod versions;
 
+use crate::devserver::db::Cached;
 use axum::Router;
 use axum::routing::{get, post};
 use rusqlite::{OptionalExtension, Transaction};
@@ -71,7 +72,7 @@ pub(super) fn authorize_store(
         )),
         Principal::Session { session_id, .. } => {
             let resources: Option<String> = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT resources FROM sessions WHERE id = ?1",
                     [session_id],
                     |r| r.get(0),

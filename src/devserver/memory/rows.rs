@@ -1,6 +1,7 @@
 //! Reading and writing memory-store rows. Every function takes the open
 //! transaction, so a handler's checks and writes are one atomic unit.
 
+use crate::devserver::db::Cached;
 use std::collections::BTreeMap;
 
 use rusqlite::{OptionalExtension, Row, Transaction, params};
@@ -34,7 +35,7 @@ pub fn store_at(row: &Row<'_>, at: usize) -> rusqlite::Result<MemoryStore> {
 
 /// The store, or 404.
 pub fn load_store(tx: &Transaction<'_>, store_id: &str) -> HttpResult<MemoryStore> {
-    tx.query_row(
+    tx.query_row_cached(
         &format!("SELECT {STORE_COLUMNS} FROM memory_stores WHERE id = ?1"),
         [store_id],
         store_from_row,
@@ -83,7 +84,7 @@ pub fn memory_from_row(row: &Row<'_>, with_content: bool) -> rusqlite::Result<Me
 
 /// A memory of this store with its content, or 404.
 pub fn load_memory(tx: &Transaction<'_>, store_id: &str, memory_id: &str) -> HttpResult<Memory> {
-    tx.query_row(
+    tx.query_row_cached(
         &format!("SELECT {MEMORY_COLUMNS}, content FROM memories WHERE id = ?1 AND store_id = ?2"),
         [memory_id, store_id],
         |r| memory_from_row(r, true),
@@ -109,7 +110,7 @@ pub fn path_conflict(
     let except = except.unwrap_or("");
     let exact = |p: &str| -> HttpResult<Option<(String, String)>> {
         Ok(tx
-            .query_row(
+            .query_row_cached(
                 "SELECT path, id FROM memories WHERE store_id = ?1 AND path = ?2 AND id != ?3",
                 params![store_id, p, except],
                 |r| Ok((r.get(0)?, r.get(1)?)),
@@ -129,7 +130,7 @@ pub fn path_conflict(
     let lower = format!("{path}/");
     let upper = format!("{path}0");
     Ok(tx
-        .query_row(
+        .query_row_cached(
             "SELECT path, id FROM memories
              WHERE store_id = ?1 AND path >= ?2 AND path < ?3 AND id != ?4
              ORDER BY path LIMIT 1",
@@ -166,7 +167,7 @@ pub fn insert_store(
 ) -> HttpResult<MemoryStore> {
     let id = ids::new_id("memstore");
     let now = ids::now_micros();
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO memory_stores (id, name, description, metadata, created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?5)",
         params![id, name, description, metadata_json(metadata), now],
@@ -181,7 +182,7 @@ pub fn find_by_path(
     path: &str,
 ) -> HttpResult<Option<Memory>> {
     Ok(tx
-        .query_row(
+        .query_row_cached(
             &format!(
                 "SELECT {MEMORY_COLUMNS}, content FROM memories WHERE store_id = ?1 AND path = ?2"
             ),
@@ -203,7 +204,7 @@ pub fn insert_memory(
     if let Some(hit) = path_conflict(tx, store_id, path, None)? {
         return Err(conflict_error(path, hit));
     }
-    let count: i64 = tx.query_row(
+    let count: i64 = tx.query_row_cached(
         "SELECT COUNT(*) FROM memories WHERE store_id = ?1",
         [store_id],
         |r| r.get(0),
@@ -229,7 +230,7 @@ pub fn insert_memory(
             at: now,
         },
     )?;
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO memories
            (id, store_id, path, content, content_sha256, size_bytes, version_id, created_at, updated_at)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8)",
@@ -261,7 +262,7 @@ pub fn rewrite_memory(
             at: now,
         },
     )?;
-    tx.execute(
+    tx.execute_cached(
         "UPDATE memories SET path = ?2, content = ?3, content_sha256 = ?4, size_bytes = ?5,
                 version_id = ?6, updated_at = ?7
          WHERE id = ?1",
@@ -292,14 +293,14 @@ pub fn remove_memory(tx: &Transaction<'_>, current: &Memory, actor: &Actor) -> H
             at: ids::now_micros(),
         },
     )?;
-    tx.execute("DELETE FROM memories WHERE id = ?1", [&current.id])?;
+    tx.execute_cached("DELETE FROM memories WHERE id = ?1", [&current.id])?;
     Ok(())
 }
 
 /// Every memory of a store, path → content.
 pub fn contents(tx: &Transaction<'_>, store_id: &str) -> HttpResult<BTreeMap<String, String>> {
     let mut stmt =
-        tx.prepare("SELECT path, content FROM memories WHERE store_id = ?1 ORDER BY path")?;
+        tx.prepare_cached("SELECT path, content FROM memories WHERE store_id = ?1 ORDER BY path")?;
     let rows = stmt.query_map([store_id], |r| {
         Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
     })?;
@@ -325,7 +326,7 @@ pub fn insert_version(tx: &Transaction<'_>, v: NewVersion<'_>) -> HttpResult<Str
         Some((content, sha)) => (Some(content), Some(sha), Some(content.len() as i64)),
         None => (None, None, None),
     };
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO memory_versions
            (id, store_id, memory_id, operation, path, content, content_sha256, size_bytes,
             actor, actor_type, actor_id, created_at)

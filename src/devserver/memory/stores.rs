@@ -1,5 +1,6 @@
 //! `/v1/memory_stores`: create, list, retrieve, update, archive, delete.
 
+use crate::devserver::db::Cached;
 use axum::Json;
 use axum::extract::{Extension, Path, RawQuery, State};
 use rusqlite::params;
@@ -58,7 +59,7 @@ pub async fn list(
     let page = state
         .db()
         .transaction(move |tx| {
-            let mut stmt = tx.prepare(&format!(
+            let mut stmt = tx.prepare_cached(&format!(
                 "SELECT seq, {STORE_COLUMNS} FROM memory_stores
                  WHERE (?1 OR archived_at IS NULL)
                    AND created_at >= ?2 AND created_at <= ?3 AND seq < ?4
@@ -135,7 +136,7 @@ pub async fn update(
             if store == before {
                 return Ok(store);
             }
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE memory_stores SET name = ?2, description = ?3, metadata = ?4, updated_at = ?5
                  WHERE id = ?1",
                 params![
@@ -167,7 +168,7 @@ pub async fn archive(
                 return Ok(store);
             }
             let now = ids::now_micros();
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE memory_stores SET archived_at = ?2, updated_at = ?2 WHERE id = ?1",
                 params![store_id, now],
             )?;
@@ -188,7 +189,7 @@ pub async fn delete(
         .transaction(move |tx| {
             load_store(tx, &store_id)?;
             // Memories and versions go with the store (ON DELETE CASCADE).
-            tx.execute("DELETE FROM memory_stores WHERE id = ?1", [&store_id])?;
+            tx.execute_cached("DELETE FROM memory_stores WHERE id = ?1", [&store_id])?;
             Ok(DeletedMemoryStore {
                 id: store_id,
                 object_type: "memory_store_deleted".into(),

@@ -1,5 +1,6 @@
 //! `/v1/memory_stores/{id}/memory_versions`: list (newest first), retrieve, redact.
 
+use crate::devserver::db::Cached;
 use axum::Json;
 use axum::extract::{Extension, Path, RawQuery, State};
 use rusqlite::types::Value as SqlValue;
@@ -72,7 +73,7 @@ pub async fn list(
         .transaction(move |tx| {
             authorize_store(tx, &principal, &store_id, false)?;
             load_store(tx, &store_id)?;
-            let mut stmt = tx.prepare(&sql)?;
+            let mut stmt = tx.prepare_cached(&sql)?;
             let rows = stmt.query_map(params_from_iter(values), |r| {
                 Ok((r.get::<_, i64>(0)?, version_at(r, 1, view == View::Full)?))
             })?;
@@ -88,7 +89,7 @@ fn load_version(
     store_id: &str,
     version_id: &str,
 ) -> HttpResult<MemoryVersion> {
-    tx.query_row(
+    tx.query_row_cached(
         &format!("SELECT {VERSION_COLUMNS} FROM memory_versions WHERE id = ?1 AND store_id = ?2"),
         [version_id, store_id],
         |r| version_from_row(r, true),
@@ -136,7 +137,7 @@ pub async fn redact(
             if version.redacted_at.is_some() {
                 return Ok(version);
             }
-            let is_head: bool = tx.query_row(
+            let is_head: bool = tx.query_row_cached(
                 "SELECT EXISTS (SELECT 1 FROM memories WHERE version_id = ?1)",
                 [&version_id],
                 |r| r.get(0),
@@ -148,7 +149,7 @@ pub async fn redact(
                 )));
             }
             let by = serde_json::to_string(&principal.actor()).unwrap_or_default();
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE memory_versions
                  SET redacted_at = ?2, redacted_by = ?3,
                      content = NULL, content_sha256 = NULL, size_bytes = NULL, path = NULL

@@ -8,6 +8,7 @@
 //! session's work item has stopped, the stores' contents are compared with
 //! `expect_final` and the report is final.
 
+use crate::devserver::db::Cached;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -56,7 +57,7 @@ async fn save(state: &AppState, report: &Report) {
     let saved = state
         .db()
         .transaction(move |tx| {
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE scenarios SET report = ?2 WHERE session_id = ?1",
                 params![session_id, json],
             )?;
@@ -529,7 +530,7 @@ async fn wait_for_stop(state: &AppState, session_id: &str) -> bool {
             .db()
             .transaction(move |tx| {
                 super::super::work::expire_leases(tx, ids::now_micros())?;
-                Ok(tx.query_row(
+                Ok(tx.query_row_cached(
                     "SELECT EXISTS (SELECT 1 FROM work_items WHERE data_id = ?1 AND state != 'stopped')",
                     [&sid],
                     |r| r.get::<_, bool>(0),

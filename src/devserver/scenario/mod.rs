@@ -5,6 +5,7 @@ mod driver;
 pub mod format;
 pub(crate) mod report;
 
+use crate::devserver::db::Cached;
 use std::collections::BTreeMap;
 
 use axum::Json;
@@ -102,7 +103,7 @@ fn create_run(
         started_at: driver::started_now(),
         finished_at: None,
     };
-    tx.execute(
+    tx.execute_cached(
         "INSERT INTO scenarios (session_id, report) VALUES (?1, ?2)",
         params![
             session.id,
@@ -198,7 +199,7 @@ fn override_mount_paths(
     if changed {
         let resources = serde_json::to_string(&session.resources)
             .map_err(|e| HttpError::internal(format!("cannot store the session: {e}")))?;
-        tx.execute(
+        tx.execute_cached(
             "UPDATE sessions SET resources = ?2 WHERE id = ?1",
             params![session.id, resources],
         )?;
@@ -214,7 +215,7 @@ pub async fn report(
         .db()
         .transaction(move |tx| {
             let raw: Option<String> = tx
-                .query_row(
+                .query_row_cached(
                     "SELECT report FROM scenarios WHERE session_id = ?1",
                     [&session_id],
                     |r| r.get(0),
@@ -231,7 +232,7 @@ pub async fn report(
 /// At start-up: a scenario that was running when the devserver stopped can
 /// never finish; say so in its report.
 pub fn fail_interrupted(tx: &rusqlite::Transaction<'_>) -> HttpResult<usize> {
-    let mut stmt = tx.prepare("SELECT session_id, report FROM scenarios")?;
+    let mut stmt = tx.prepare_cached("SELECT session_id, report FROM scenarios")?;
     let rows = stmt
         .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))?
         .collect::<Result<Vec<_>, _>>()?;
@@ -245,7 +246,7 @@ pub fn fail_interrupted(tx: &rusqlite::Transaction<'_>) -> HttpResult<usize> {
             report
                 .failures
                 .push("the devserver restarted before the scenario finished".into());
-            tx.execute(
+            tx.execute_cached(
                 "UPDATE scenarios SET report = ?2 WHERE session_id = ?1",
                 params![
                     session_id,
