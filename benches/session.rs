@@ -30,6 +30,9 @@
 //!    all sessions' calls, and the worker's memory per session, (`VmHWM` once
 //!    they are done − `VmHWM` of an idle single-session worker) ÷ N; with the
 //!    sandbox `require` (the default above one item) and `off`.
+//! 5. **The change-driven push.** `envworker serve --memory-push` as another
+//!    worker of the webhook-driven runs (tmpfs, sandbox off), next to the
+//!    default: throughput, step latency, webhook → first result, CPU.
 //!
 //! The workers run as their own processes (envworker: the release binary
 //! `envworker serve`, the path a webhook takes in production; the SDK: one
@@ -39,7 +42,8 @@
 //! below `/dev` (`/dev/shm` included), so the runs of 3 and 4 keep their
 //! workdirs and stores in the default temp directory (on disk here, where
 //! the write tool's `fsync` costs ~0.4 ms). Runs alternate envworker /
-//! envworker (off, disk) / envworker (sandbox) / SDK, and require / off;
+//! envworker (off, disk) / envworker (sandbox) / envworker (push) / SDK, and
+//! require / off;
 //! one warm-up round of each is not counted. Prints medians and ratios and
 //! writes them into `benches/RESULTS.md` between its markers. Run: `cargo
 //! bench --bench session` (`SESSION_BENCH_RUNS=N` for another number of
@@ -90,6 +94,9 @@ enum Who {
     /// `envworker serve --shell-sandbox require`, its workdir and store on
     /// disk (the sandbox grants no write below `/dev`, so not on `/dev/shm`).
     OursSandboxed,
+    /// `envworker serve --memory-push` (tmpfs, sandbox off): the store's
+    /// edits uploaded within about a second instead of at the sync.
+    OursPush,
     Sdk,
 }
 
@@ -99,6 +106,7 @@ impl Who {
             Who::Ours => "envworker",
             Who::OursOffDisk => "envworker (off, disk)",
             Who::OursSandboxed => "envworker (sandbox)",
+            Who::OursPush => "envworker (push)",
             Who::Sdk => "sdk",
         }
     }
@@ -109,6 +117,7 @@ impl Who {
             Who::Ours => "envworker",
             Who::OursOffDisk => "envworker-off-disk",
             Who::OursSandboxed => "envworker-sandbox",
+            Who::OursPush => "envworker-push",
             Who::Sdk => "sdk",
         }
     }
@@ -122,7 +131,7 @@ impl Who {
     fn shell_sandbox(self) -> &'static str {
         match self {
             Who::OursSandboxed => "require",
-            Who::Ours | Who::OursOffDisk | Who::Sdk => "off",
+            Who::Ours | Who::OursOffDisk | Who::OursPush | Who::Sdk => "off",
         }
     }
 }
@@ -553,9 +562,12 @@ impl Setup {
         secret: &str,
     ) -> Command {
         match who {
-            Who::Ours | Who::OursOffDisk | Who::OursSandboxed => {
+            Who::Ours | Who::OursOffDisk | Who::OursSandboxed | Who::OursPush => {
                 let mut c = self.serve_cmd(port, env, api, workdir, secret);
                 c.args(["--shell-sandbox", who.shell_sandbox()]);
+                if who == Who::OursPush {
+                    c.arg("--memory-push");
+                }
                 c
             }
             Who::Sdk => {
@@ -594,7 +606,7 @@ impl Setup {
     /// Command for an always-on poller of `who`.
     fn poll_cmd(&self, who: Who, env: &(String, String), api: &str, workdir: &Path) -> Command {
         match who {
-            Who::Ours | Who::OursOffDisk | Who::OursSandboxed => {
+            Who::Ours | Who::OursOffDisk | Who::OursSandboxed | Who::OursPush => {
                 let mut c = self.ours();
                 c.args(["poll", "--max-idle", "1s", "--memory-sync-interval", "5s"])
                     .args(["--shell-sandbox", who.shell_sandbox()])
@@ -1266,7 +1278,13 @@ async fn main() {
     );
 
     // Warm-up round (page cache, the venv's bytecode): not counted.
-    let webhook_workers = [Who::Ours, Who::OursOffDisk, Who::OursSandboxed, Who::Sdk];
+    let webhook_workers = [
+        Who::Ours,
+        Who::OursOffDisk,
+        Who::OursSandboxed,
+        Who::OursPush,
+        Who::Sdk,
+    ];
     for who in webhook_workers {
         webhook_run(&setup, &dev, who, "warmup", SHORT_CALLS).await;
     }
@@ -1529,6 +1547,34 @@ async fn main() {
         }))
         .collect();
 
+    // The change-driven push, one session at a time: the same runs, on next to off.
+    let push = Who::OursPush.label();
+    let push_rows: Vec<_> = [
+        (
+            format!("1. runner throughput ({CALLS} calls)"),
+            (|r: &WebhookRun| r.calls_per_s) as fn(&WebhookRun) -> f64,
+            "calls/s",
+            true,
+        ),
+        ("1. step latency p50".to_string(), |r| r.p50_ms, "ms", false),
+        ("1. step latency p99".to_string(), |r| r.p99_ms, "ms", false),
+        (
+            "2(ii) signed webhook → first tool result recorded".to_string(),
+            |r| r.first_result_ms,
+            "ms",
+            false,
+        ),
+        (
+            "worker CPU during the session (own process)".to_string(),
+            |r| r.cpu_ms,
+            "ms CPU",
+            false,
+        ),
+    ]
+    .into_iter()
+    .map(|(what, f, unit, hb)| row(&what, m(push, &f), m("envworker", &f), unit, hb))
+    .collect();
+
     // N sessions side by side in one worker, sandbox `require` (the default there) and `off`.
     let sm =
         |sandbox: &str, f: &dyn Fn(&SideRun) -> f64| Some(median(sides[sandbox].iter().map(f)));
@@ -1648,6 +1694,21 @@ async fn main() {
                 "require ÷ off",
             ],
             &sandbox_rows,
+        )
+    );
+    let _ = write!(
+        section,
+        "\nThe change-driven push (`envworker serve --memory-push`: what the agent writes to the \
+         store is uploaded within about a second, not at the next sync), one session at a time in \
+         the webhook-driven runs above, next to the default (push off), both on tmpfs:\n\n{}",
+        table(
+            [
+                "measure",
+                "`--memory-push`",
+                "push off (default)",
+                "push ÷ off"
+            ],
+            &push_rows,
         )
     );
     let _ = write!(

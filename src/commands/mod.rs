@@ -129,17 +129,34 @@ pub fn decide_sandbox(
         protected: protected_paths(options, endpoint_file, fresh)?,
         own_mount_root: own_mount_root(options),
     };
-    // Whether /tmp is private decides what a grant below it exposes: the
-    // namespace probe (a process, a few milliseconds) answers first.
+    // Whether /tmp is private decides what a grant below it exposes. The
+    // namespace probe (a process, a few milliseconds) runs in the
+    // background; the start waits for it only when the grants pass with one
+    // answer and not the other.
     if let Some(supervisor) = &options.supervisor {
         probe::start_namespace_probe(supervisor, crate::cleanroom::SUPERVISE);
     }
     check_every_sessions_grants(&enforcement, options, fresh)
         .with_context(|| format!("endpoint {endpoint:?}"))?;
-    let described = enforcement.describe();
-    announce_sandbox(endpoint, mode, &described);
-    if let Some(m) = metrics {
-        m.set_shell_sandbox(endpoint, described);
+    // The line and the metric say what is enforced, the probe's answer
+    // included: written once it is in, off the start path.
+    let announced = enforcement.clone();
+    let metrics = metrics.cloned();
+    let endpoint_name = endpoint.to_string();
+    let announce = move || {
+        let described = announced.describe();
+        announce_sandbox(&endpoint_name, mode, &described);
+        if let Some(m) = metrics {
+            m.set_shell_sandbox(&endpoint_name, described);
+        }
+    };
+    if probe::namespaces_if_known().is_some() || options.supervisor.is_none() {
+        announce();
+    } else if let Err(e) = std::thread::Builder::new()
+        .name("sandbox-announce".into())
+        .spawn(announce)
+    {
+        tracing::warn!(error = %e, "cannot start the sandbox's announcement thread");
     }
     options.shell_sandbox = Some(enforcement);
     Ok(())
@@ -246,6 +263,20 @@ fn check_every_sessions_grants(
         tmpdir: None,
         mount_root: None,
     };
+    // Passing with either answer of the namespace probe needs no answer.
+    let passes = |namespaces: bool| {
+        let caps = crate::sandbox::Capabilities {
+            landlock_abi: enforcement.landlock_abi,
+            namespaces,
+        };
+        enforcement
+            .grants_with(caps, &work, &room)
+            .policy(&enforcement.protected)
+            .is_ok()
+    };
+    if crate::sandbox::probe::namespaces_if_known().is_none() && passes(false) && passes(true) {
+        return Ok(());
+    }
     enforcement
         .grants(&work, &room)
         .policy(&enforcement.protected)?;
