@@ -34,8 +34,14 @@ fn main() -> ExitCode {
     if let Some(code) = envworker::cleanroom::run_as_init() {
         return code;
     }
-    match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime.block_on(run(args)),
+    let mut args = args;
+    // Lambda starts `bootstrap` with no arguments: that means `serve`.
+    if args.len() == 1 && envworker::serve::lambda::in_lambda() {
+        args.push("serve".into());
+    }
+    let cli = Cli::parse_from(args);
+    match commands::runtime::build(&cli.command) {
+        Ok(runtime) => runtime.block_on(run(cli)),
         Err(e) => {
             eprintln!("envworker: cannot start the runtime: {e}");
             ExitCode::FAILURE
@@ -43,12 +49,7 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(mut args: Vec<std::ffi::OsString>) -> ExitCode {
-    // Lambda starts `bootstrap` with no arguments: that means `serve`.
-    if args.len() == 1 && envworker::serve::lambda::in_lambda() {
-        args.push("serve".into());
-    }
-    let cli = Cli::parse_from(args);
+async fn run(cli: Cli) -> ExitCode {
     // `dev` prints its own timeline; only warnings reach stderr unless RUST_LOG says otherwise.
     let default_filter = match cli.command {
         #[cfg(feature = "devserver")]

@@ -7,6 +7,7 @@ pub mod dev;
 pub mod man;
 pub mod poll;
 pub mod run;
+pub mod runtime;
 pub mod serve;
 pub mod sign;
 
