@@ -683,6 +683,81 @@ struct WebhookRun {
     cpu_ms: f64,
     /// (tool, latency) of every measured call.
     per_call: Vec<(String, f64)>,
+    /// Ours only: where webhook → first result went, from the worker's log.
+    phases: Option<SetupPhases>,
+}
+
+/// Where one of our workers spent webhook → first result: the bench's clock
+/// at the send, the stamps of the worker's own INFO lines, and the
+/// devserver's stamp of the result (one clock: one machine), in ms.
+#[derive(Debug, Default, Clone, Copy)]
+struct SetupPhases {
+    /// Sent → `webhook accepted` (connection, request, signature check).
+    accepted: f64,
+    /// → `claimed work` (the poll that claims the item).
+    claimed: f64,
+    /// → the last `downloaded memories` before the first call: the ack, the
+    /// session read, each store's journal, folder, listing and files.
+    mounted: f64,
+    /// → the first `executing tool` (the runner's stream and history).
+    first_call_started: f64,
+    /// → `tool call finished`: the first call (`bash`: its supervisor and
+    /// shell start here, at the first call, as with the official worker).
+    first_call: f64,
+    /// → the result recorded by the devserver (the post).
+    recorded: f64,
+}
+
+impl SetupPhases {
+    const NAMES: [&'static str; 6] = [
+        "webhook sent → accepted (connection, signature check)",
+        "→ item claimed (the drain's poll)",
+        "→ stores mounted (ack, session read, journal, folder, listing, files)",
+        "→ first call started (the runner's stream and history)",
+        "→ first call finished (`bash`: supervisor and shell start)",
+        "→ result recorded (the post)",
+    ];
+
+    fn values(&self) -> [f64; 6] {
+        [
+            self.accepted,
+            self.claimed,
+            self.mounted,
+            self.first_call_started,
+            self.first_call,
+            self.recorded,
+        ]
+    }
+
+    /// From the worker's text log; `None` when a line is missing.
+    fn read(log: &Path, sent: i64, recorded: i64) -> Option<SetupPhases> {
+        let text = std::fs::read_to_string(log).ok()?;
+        let at = |line: &str| {
+            chrono::DateTime::parse_from_rfc3339(line.split_whitespace().next()?)
+                .ok()
+                .map(|t| t.timestamp_micros())
+        };
+        let first = |what: &str| text.lines().find(|l| l.contains(what)).and_then(at);
+        let accepted = first("webhook accepted")?;
+        let claimed = first("claimed work")?;
+        let started = first("executing tool")?;
+        let finished = first("tool call finished")?;
+        let mounted = text
+            .lines()
+            .filter(|l| l.contains("downloaded memories"))
+            .filter_map(at)
+            .filter(|&t| t <= started)
+            .max()?;
+        let ms = |from: i64, to: i64| (to - from) as f64 / 1e3;
+        Some(SetupPhases {
+            accepted: ms(sent, accepted),
+            claimed: ms(accepted, claimed),
+            mounted: ms(claimed, mounted),
+            first_call_started: ms(mounted, started),
+            first_call: ms(started, finished),
+            recorded: ms(finished, recorded),
+        })
+    }
 }
 
 fn median(xs: impl IntoIterator<Item = f64>) -> f64 {
@@ -757,6 +832,9 @@ async fn webhook_run(
             .expect("the item was acknowledged"),
     );
     run.first_result_ms = (first_result - sent) as f64 / 1e3;
+    if who != Who::Sdk {
+        run.phases = SetupPhases::read(&log, sent, first_result);
+    }
     run.to_ack_ms = (acked - sent) as f64 / 1e3;
     run.ack_to_first_ms = (first_result - acked) as f64 / 1e3;
     let window_start = stamp(&events, "agent.tool_use", "id", &use_id(1));
@@ -1726,8 +1804,84 @@ async fn main() {
             &side_rows,
         )
     );
+    section.push_str(&phases_table(&hooks, &webhook_workers));
+    section.push_str(&supervisor_spawn(&setup));
     println!("\n{section}");
     write_results(&section);
+}
+
+/// Where webhook → first result went in each of our workers (medians of
+/// the runs), phase by phase: the per-session set-up's costs, each on a row
+/// of its own so a new one shows.
+fn phases_table(hooks: &BTreeMap<&str, Vec<WebhookRun>>, workers: &[Who]) -> String {
+    let ours: Vec<Who> = workers.iter().copied().filter(|w| *w != Who::Sdk).collect();
+    let mut out = String::from(
+        "\nWhere a signed webhook → first tool result goes in envworker (the webhook-driven runs \
+         above; the bench's clock at the send, the worker's own INFO lines, the devserver's stamp \
+         of the result; medians, ms):\n\n| phase |",
+    );
+    for who in &ours {
+        let _ = write!(out, " {} |", who.label());
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(ours.len()));
+    out.push('\n');
+    let medians: Vec<Option<[f64; 6]>> = ours
+        .iter()
+        .map(|who| {
+            let runs: Vec<[f64; 6]> = hooks
+                .get(who.label())?
+                .iter()
+                .filter_map(|r| r.phases.map(|p| p.values()))
+                .collect();
+            (!runs.is_empty()).then(|| std::array::from_fn(|i| median(runs.iter().map(|v| v[i]))))
+        })
+        .collect();
+    for (i, name) in SetupPhases::NAMES.iter().enumerate() {
+        let _ = write!(out, "| {name} |");
+        for m in &medians {
+            match m {
+                Some(v) => {
+                    let _ = write!(out, " {:.2} |", v[i]);
+                }
+                None => out.push_str(" — |"),
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The session supervisor's own start, the clean room's price at the first
+/// `bash` call: `envworker __supervise /bin/true` against `/bin/true`,
+/// spawn → exit, medians of 51 alternating runs.
+fn supervisor_spawn(setup: &Setup) -> String {
+    let time = |cmd: &mut Command| {
+        let at = Instant::now();
+        let status = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("the command starts");
+        assert!(status.success(), "{cmd:?}: {status}");
+        at.elapsed().as_secs_f64() * 1e3
+    };
+    let (mut supervised, mut bare) = (Vec::new(), Vec::new());
+    for _ in 0..51 {
+        supervised.push(time(
+            Command::new(&setup.envworker).args([envworker::cleanroom::SUPERVISE, "/bin/true"]),
+        ));
+        bare.push(time(&mut Command::new("/bin/true")));
+    }
+    let (s, b) = (median(supervised), median(bare));
+    format!(
+        "\nThe session supervisor (the clean room's subreaper, started with the shell at the first \
+         `bash` call): `envworker __supervise /bin/true` {s:.2} ms against `/bin/true` {b:.2} ms, \
+         spawn → exit (its start, and its sweep of what the shell left when the shell exits), \
+         medians of 51 alternating runs: {:.2} ms per session.\n",
+        s - b
+    )
 }
 
 fn python_version(python: &Path) -> String {
