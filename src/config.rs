@@ -135,6 +135,192 @@ pub enum ConfigError {
     Endpoint { endpoint: String, message: String },
 }
 
+/// Where a key of the endpoint file sits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileTable {
+    /// The file's top level.
+    Top,
+    /// Each `[[endpoint]]`.
+    Endpoint,
+}
+
+/// One key of the endpoint file, as the configuration reference shows it:
+/// the one place its type, default and meaning are written (a test holds
+/// this table and [`ServeFile`]/[`EndpointFile`] to the same keys).
+#[derive(Debug, Clone, Copy)]
+pub struct FileKey {
+    pub table: FileTable,
+    pub key: &'static str,
+    /// The TOML type, in words.
+    pub kind: &'static str,
+    /// `None`: the key is required.
+    pub default: Option<&'static str>,
+    /// A value as the reference's example writes it (TOML).
+    pub example: &'static str,
+    pub meaning: &'static str,
+}
+
+const fn key(
+    table: FileTable,
+    key: &'static str,
+    kind: &'static str,
+    default: Option<&'static str>,
+    example: &'static str,
+    meaning: &'static str,
+) -> FileKey {
+    FileKey {
+        table,
+        key,
+        kind,
+        default,
+        example,
+        meaning,
+    }
+}
+
+/// Every key of the endpoint file, in the order the reference shows them.
+pub const FILE_KEYS: &[FileKey] = {
+    use FileTable::{Endpoint as E, Top as T};
+    &[
+        key(
+            T,
+            "base_url",
+            "string",
+            Some("`--base-url`"),
+            r#""https://api.anthropic.com""#,
+            "The API every endpoint talks to.",
+        ),
+        key(
+            E,
+            "name",
+            "string",
+            None,
+            r#""research""#,
+            "The route, `POST /webhooks/<name>`: 1–64 letters, digits, `-` or `_`, unique in the file.",
+        ),
+        key(
+            E,
+            "signing_keys_env",
+            "array of strings",
+            None,
+            r#"["RESEARCH_WHSEC", "RESEARCH_WHSEC_NEXT"]"#,
+            "The variables holding the endpoint's `whsec_…` signing keys (one at least; several during a rotation).",
+        ),
+        key(
+            E,
+            "environment_id",
+            "string",
+            None,
+            r#""env_01…""#,
+            "The environment whose work queue the endpoint drains.",
+        ),
+        key(
+            E,
+            "environment_key_env",
+            "string",
+            None,
+            r#""RESEARCH_ENV_KEY""#,
+            "The variable holding the environment key.",
+        ),
+        key(
+            E,
+            "workdir",
+            "string",
+            Some("`--workdir`"),
+            r#""/workspace/research""#,
+            "The agent's working directory (an absolute path).",
+        ),
+        key(
+            E,
+            "fresh_workdir",
+            "boolean",
+            Some("`--fresh-workdir`"),
+            "true",
+            "Each item in a fresh, private directory of its own under the workdir.",
+        ),
+        key(
+            E,
+            "max_idle",
+            "string (duration or `off`)",
+            Some("`--max-idle`"),
+            r#""60s""#,
+            "Stop serving a session this long after its turn ended.",
+        ),
+        key(
+            E,
+            "memory_sync_interval",
+            "string (duration or `off`)",
+            Some("`--memory-sync-interval`"),
+            r#""15s""#,
+            "How often memory stores sync while the agent works.",
+        ),
+        key(
+            E,
+            "memory_sync_deletions",
+            "string",
+            Some("`--memory-sync-deletions`"),
+            r#""log_only""#,
+            "`enabled`, `log_only` or `disabled`: whether local deletions reach the server.",
+        ),
+        key(
+            E,
+            "memory_push",
+            "boolean",
+            Some("`--memory-push`"),
+            "false",
+            "The change-driven push: upload what the agent writes within about a second.",
+        ),
+        key(
+            E,
+            "shell_sandbox",
+            "string",
+            Some("`--shell-sandbox` (`off` at one item at a time, `require` above)"),
+            r#""require""#,
+            "`off`, `auto` or `require`: the agent's shell confined.",
+        ),
+        key(
+            E,
+            "shell_allow_read",
+            "array of strings",
+            Some("none"),
+            r#"["/opt/toolchain"]"#,
+            "Paths a sandboxed shell may also read and execute, added to `--shell-allow-read`.",
+        ),
+        key(
+            E,
+            "shell_allow_write",
+            "array of strings",
+            Some("none"),
+            r#"["/var/cache/pip"]"#,
+            "Paths a sandboxed shell may also write, added to `--shell-allow-write`.",
+        ),
+        key(
+            E,
+            "shell_allow_tcp",
+            "array of integers",
+            Some("none"),
+            "[5432]",
+            "TCP ports a sandboxed shell may bind and connect to, added to `--shell-allow-tcp`.",
+        ),
+        key(
+            E,
+            "max_concurrent_items",
+            "integer",
+            Some("`1`"),
+            "2",
+            "Work items served at once by this endpoint; above 1, each item gets a fresh directory.",
+        ),
+        key(
+            E,
+            "extra_headers",
+            "table of strings",
+            Some("none"),
+            r#"{ "x-team" = "research" }"#,
+            "Headers added to every API request of this endpoint.",
+        ),
+    ]
+};
+
 /// `[[endpoint]]` as written in the file.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -553,6 +739,92 @@ environment_key_env = "B_ENV_KEY"
             .unwrap_err()
             .to_string();
         assert!(err.contains("two endpoints have this name"), "{err}");
+    }
+
+    /// The field names a derived `Deserialize` accepts, as serde hands
+    /// them to `deserialize_struct` (renames applied).
+    fn fields_of<T: serde::de::DeserializeOwned>() -> &'static [&'static str] {
+        use serde::de::{Error as _, Visitor, value::Error};
+        struct Recorder<'a>(&'a mut &'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for Recorder<'_> {
+            type Error = Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Error> {
+                Err(Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Error> {
+                *self.0 = fields;
+                Err(Error::custom("recorded"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Recorder(&mut fields));
+        fields
+    }
+
+    /// The reference's key table and the structs the file is parsed into
+    /// name the same keys: a key cannot be documented and refused, or
+    /// accepted and undocumented.
+    #[test]
+    fn the_key_table_names_every_key_the_endpoint_file_takes() {
+        let listed = |table: FileTable| -> Vec<&str> {
+            let mut keys: Vec<&str> = FILE_KEYS
+                .iter()
+                .filter(|k| k.table == table)
+                .map(|k| k.key)
+                .collect();
+            keys.sort_unstable();
+            keys
+        };
+        let sorted = |fields: &[&'static str]| {
+            let mut fields = fields.to_vec();
+            fields.sort_unstable();
+            fields
+        };
+        let mut top = listed(FileTable::Top);
+        top.push("endpoint");
+        top.sort_unstable();
+        assert_eq!(sorted(fields_of::<ServeFile>()), top);
+        assert_eq!(
+            sorted(fields_of::<EndpointFile>()),
+            listed(FileTable::Endpoint)
+        );
+        // Every example value has the key's type: one endpoint written
+        // from the table parses.
+        let mut file = String::new();
+        for table in [FileTable::Top, FileTable::Endpoint] {
+            if table == FileTable::Endpoint {
+                file.push_str("[[endpoint]]\n");
+            }
+            for k in FILE_KEYS.iter().filter(|k| k.table == table) {
+                file.push_str(&format!("{} = {}\n", k.key, k.example));
+            }
+        }
+        let parsed = ServeFile::parse("example.toml", &file).unwrap();
+        assert_eq!(parsed.endpoints.len(), 1, "{file}");
+        // The keys without a default are exactly the ones the file must hold.
+        for k in FILE_KEYS {
+            let without: String = file
+                .lines()
+                .filter(|l| !l.starts_with(&format!("{} =", k.key)))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            match (k.default, ServeFile::parse("example.toml", &without)) {
+                (None, Err(err)) => assert!(err.to_string().contains(k.key), "{}: {err}", k.key),
+                (None, Ok(_)) => panic!("{} is listed as required but may be left out", k.key),
+                (Some(_), Err(err)) => panic!("{} has a default but is required: {err}", k.key),
+                (Some(_), Ok(_)) => {}
+            }
+        }
     }
 
     #[test]

@@ -44,7 +44,7 @@
 //! - [`session`] — the session tool runner: event stream and history,
 //!   dispatch one call at a time, the permission gate, results, idle end.
 //! - [`config`] — the bounds of the numeric options, and the endpoint file of
-//!   `serve`.
+//!   `serve` with the table of its keys.
 //!
 //! The worker, and what watches it:
 //!
@@ -63,7 +63,8 @@
 //!   (the default-on `devserver` cargo feature; production builds may leave
 //!   it, and SQLite, out).
 //! - [`cli`] — the command line: subcommands and flags (each flag also reads
-//!   its `ENVWORKER_*` / `ANTHROPIC_*` variable).
+//!   its `ENVWORKER_*` / `ANTHROPIC_*` variable), and the configuration
+//!   reference generated from them, the endpoint file's keys and the bounds.
 //! - [`commands`] — the subcommands (`dev`, `serve`, `poll`, `run`,
 //!   `devserver`, `webhook sign`, `completions`, `man`), `anyhow` at the edge.
 

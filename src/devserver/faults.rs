@@ -29,6 +29,10 @@ pub const MAX_RULES: usize = 100;
 pub const MAX_LATENCY_MS: u64 = 600_000;
 /// A rule's `times` is at most this.
 pub const MAX_TIMES: u64 = 1_000_000;
+/// A rule's `rate`: a probability.
+pub const RATE: std::ops::RangeInclusive<f64> = 0.0..=1.0;
+/// A rule's `status`: an error status, client or server.
+pub const STATUS: std::ops::RangeInclusive<u16> = 400..=599;
 
 /// One fault rule.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,13 +137,21 @@ impl FaultRule {
         {
             return Err(format!("times is {times}; it must be at most {MAX_TIMES}"));
         }
-        if !(0.0..=1.0).contains(&self.rate) {
-            return Err("rate must be between 0 and 1".into());
+        if !RATE.contains(&self.rate) {
+            return Err(format!(
+                "rate must be between {} and {}",
+                RATE.start(),
+                RATE.end()
+            ));
         }
         if let Some(s) = self.status
-            && !(400..=599).contains(&s)
+            && !STATUS.contains(&s)
         {
-            return Err("status must be an error status (400–599)".into());
+            return Err(format!(
+                "status must be an error status ({}–{})",
+                STATUS.start(),
+                STATUS.end()
+            ));
         }
         if !self.path.starts_with('/') && self.path != "*" {
             return Err("path must start with / (or be *)".into());

@@ -23,6 +23,7 @@ mod devserver_sessions;
 mod devserver_validation;
 mod devserver_work_queue;
 mod differential;
+mod docs;
 mod events;
 mod infra;
 mod lambda;

@@ -10,6 +10,8 @@ use clap::{Args, Parser, Subcommand};
 use crate::logging::LogFormat;
 use crate::memory::options::{DeleteMode, SyncInterval};
 
+pub mod reference;
+
 /// A self-hosted environment worker for Claude Managed Agents.
 #[derive(Debug, Parser)]
 #[command(name = "envworker", version, about, long_about = None)]
@@ -81,7 +83,7 @@ pub struct SignArgs {
     #[arg(long, default_value = "http://127.0.0.1:8080/webhooks/default")]
     pub(crate) url: String,
 
-    /// The webhook-id (default: the body's `id`, else a fresh one).
+    /// The webhook-id. Default: the body's `id`, else a fresh one.
     #[arg(long)]
     pub id: Option<String>,
 }
@@ -95,13 +97,20 @@ pub struct WorkerArgs {
 
     /// The agent's working directory, with whatever it holds (a checked-out project, a dataset):
     /// the shell's cwd and the file tools' base; skills land in its `skills/`, stores without a
-    /// mount path in its `memory/` (default: the current directory).
+    /// mount path in its `memory/`. Default: the current directory.
+    ///
+    /// As with the official worker, `bash` starts there and the file tools resolve relative paths
+    /// against it; a skill lands in `skills/<name>/`, a store without a mount path in
+    /// `memory/<name>/`. Created when missing.
     #[arg(long, env = "ENVWORKER_WORKDIR")]
     pub workdir: Option<PathBuf>,
 
     /// Give each work item a fresh, empty, private `session-<random>` directory under the workdir
     /// as its working directory, removed at the item's end, instead of the workdir itself (on by
     /// itself when --max-concurrent-items is above 1).
+    ///
+    /// Off, the sessions of a replica share the workdir one after another: what one leaves there,
+    /// the next sees (the official worker's behaviour). `serve` says which at start.
     #[arg(long, env = "ENVWORKER_FRESH_WORKDIR", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", default_value = "false")]
     pub(crate) fresh_workdir: bool,
 
@@ -114,6 +123,8 @@ pub struct WorkerArgs {
     /// Confine the agent's shell with Landlock (and a private mount namespace where the kernel
     /// allows): off, auto (what the kernel offers) or require (all of it, or no start). Default: off
     /// with one session at a time, require with --max-concurrent-items above 1.
+    ///
+    /// The mount namespace gives the shell a private `/tmp`, `/dev/shm` and `/mnt/memory`.
     #[arg(long, env = "ENVWORKER_SHELL_SANDBOX", value_enum)]
     pub(crate) shell_sandbox: Option<crate::sandbox::Mode>,
 
@@ -175,7 +186,7 @@ pub struct WorkerArgs {
     #[arg(long, env = "ENVWORKER_CALL_GRACE", default_value = "30s", value_parser = crate::config::parse_call_grace)]
     pub(crate) call_grace: Duration,
 
-    /// Sent as Anthropic-Worker-ID on polls (default: the host name, a dash and 12 random hex digits).
+    /// Sent as Anthropic-Worker-ID on polls. Default: the host name, a dash and 12 random hex digits.
     #[arg(long, env = "ANTHROPIC_WORKER_ID")]
     pub(crate) worker_id: Option<String>,
 
@@ -184,10 +195,15 @@ pub struct WorkerArgs {
     #[arg(long, env = "ENVWORKER_MOUNT_REMAP", value_name = "FROM=TO")]
     pub(crate) mount_remap: Option<crate::remap::MountRemap>,
 
-    /// Where each mounted memory store's sync state is journaled, so edits survive a killed worker
-    /// (default: $XDG_STATE_HOME/envworker, else ~/.local/state/envworker; on Lambda
-    /// envworker-UID in the temporary directory). Keep it on a disk that outlives the process (an emptyDir, a volume,
-    /// a warm Lambda's /tmp) and outside every path a sandboxed shell is granted.
+    /// Where each mounted memory store's sync state is journaled, so edits survive a killed worker.
+    /// Keep it on a disk that outlives the process (an emptyDir, a volume, a warm Lambda's /tmp) and
+    /// outside every path a sandboxed shell is granted. Default: $XDG_STATE_HOME/envworker, else
+    /// ~/.local/state/envworker; on Lambda (or where neither can be made) envworker-UID in the
+    /// temporary directory.
+    ///
+    /// Created 0700; refused if another user owns it or others can write to it. With the shell
+    /// sandbox it also holds each session's own HOME and TMPDIR (`rooms/<session>/`). Keep it
+    /// beside the mount paths, and not under /tmp when the shell is sandboxed.
     #[arg(long, env = "ENVWORKER_STATE_DIR")]
     pub(crate) state_dir: Option<PathBuf>,
 
@@ -274,6 +290,9 @@ pub struct ServeArgs {
 
     /// Containers: how often an idle endpoint looks at its queue without a webhook, so work whose
     /// delivery was lost or refused is still served (1s–1h, or off).
+    ///
+    /// With `off`, only webhooks and the start look at the queue. On Lambda the template's
+    /// one-minute schedule does this instead.
     #[arg(long, env = "ENVWORKER_QUEUE_CHECK_INTERVAL", default_value = "30s")]
     pub(crate) queue_check_interval: crate::config::QueueCheckInterval,
 
@@ -293,16 +312,18 @@ pub struct ServeArgs {
 /// `envworker poll`.
 #[derive(Debug, Args)]
 pub struct PollArgs {
+    /// The environment whose work queue is polled.
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_ID")]
     pub(crate) environment_id: String,
 
+    /// The environment's key.
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_KEY", hide_env_values = true)]
     pub(crate) environment_key: String,
 
     /// Hand each claimed item to this shell command instead of serving it here. It gets
     /// ANTHROPIC_WORK_ID, ANTHROPIC_ENVIRONMENT_ID, ANTHROPIC_SESSION_ID and
     /// ANTHROPIC_WORK_SECRET, and the work item as JSON on stdin.
-    #[arg(long, env = "ENVWORKER_ON_WORK")]
+    #[arg(long, env = "ENVWORKER_ON_WORK", value_name = "CMD")]
     pub(crate) on_work: Option<String>,
 
     #[command(flatten)]
@@ -312,12 +333,15 @@ pub struct PollArgs {
 /// `envworker run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
+    /// The claimed work item (required).
     #[arg(long, env = "ANTHROPIC_WORK_ID")]
     pub(crate) work_id: Option<String>,
 
+    /// The work item's environment (required).
     #[arg(long, env = "ANTHROPIC_ENVIRONMENT_ID")]
     pub(crate) environment_id: Option<String>,
 
+    /// The work item's session (required).
     #[arg(long, env = "ANTHROPIC_SESSION_ID")]
     pub(crate) session_id: Option<String>,
 
@@ -337,7 +361,7 @@ pub struct RunArgs {
 #[cfg(feature = "devserver")]
 #[derive(Debug, Args)]
 pub struct DevArgs {
-    /// A scenario file to run instead of the built-in demo (events/scenarios/two-stores-sync.json).
+    /// A scenario file to run. Default: the built-in demo (events/scenarios/two-stores-sync.json).
     #[arg(long)]
     pub(crate) scenario: Option<PathBuf>,
 
@@ -362,7 +386,7 @@ pub struct DevserverArgs {
     #[arg(long, env = "ENVWORKER_DEVSERVER_ADMIN_KEY", hide_env_values = true)]
     pub admin_key: String,
 
-    /// Directory of the SQLite database, kept across restarts (default: a fresh temporary one).
+    /// Directory of the SQLite database, kept across restarts. Default: a fresh temporary one.
     #[arg(long, env = "ENVWORKER_DEVSERVER_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
 
