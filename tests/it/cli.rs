@@ -249,18 +249,21 @@ fn a_failure_at_start_writes_only_json_lines_in_json_mode() {
     );
 }
 
-/// README's table of deliberate differences from the official worker names
-/// flags: each is one `envworker serve` accepts, under that name, with the
-/// variable README gives it, so the table cannot point at a flag that
-/// does not exist.
+/// The manual's table of deliberate differences from the official worker
+/// (`docs/src/divergences.md`) names flags: each is one `envworker serve`
+/// accepts, under that name, with the variable the table gives it, so the
+/// table cannot point at a flag that does not exist.
 #[test]
 fn every_flag_the_divergence_table_names_is_accepted() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let start = readme
-        .find("## Where envworker differs from the official worker")
-        .expect("the divergence table is in README");
-    let section = &readme[start..];
+    let page = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docs/src/divergences.md"
+    ))
+    .unwrap();
+    let start = page
+        .find("# Where envworker differs from the official worker")
+        .expect("the divergence table is in the manual");
+    let section = &page[start..];
     let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
     let rows: Vec<&str> = section.lines().filter(|l| l.starts_with("| ")).collect();
     assert!(
@@ -297,7 +300,7 @@ fn every_flag_the_divergence_table_names_is_accepted() {
         assert!(
             help.split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '[')
                 .any(|w| w == flag),
-            "{flag} (named in README's divergence table) is not a flag of envworker serve"
+            "{flag} (named in the manual's divergence table) is not a flag of envworker serve"
         );
     }
     // The two switches also read their variables.
