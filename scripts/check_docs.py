@@ -193,6 +193,34 @@ def links(book: Path) -> list[str]:
     return failures
 
 
+def readme_links(readme: Path, book: Path) -> list[str]:
+    """README.md's relative links: each names a file of the repository, and
+    an anchor into a page of the book names an id of that page as built."""
+    failures = []
+    src = ROOT / "docs" / "src"
+    for number, line in enumerate(readme.read_text().splitlines(), 1):
+        for target in re.findall(r"\]\(([^)\s]+)\)", line):
+            if EXTERNAL.match(target):
+                continue
+            ref, _, fragment = target.partition("#")
+            dest = (readme.parent / ref).resolve() if ref else readme
+            if not dest.exists():
+                failures.append(f"README.md:{number}: broken-link: {target} (no file {dest})")
+                continue
+            if not fragment:
+                continue
+            try:
+                page = dest.relative_to(src.resolve())
+            except ValueError:
+                continue
+            built = book / page.with_suffix(".html")
+            if page.name == "index.md":
+                built = book / page.parent / "index.html"
+            if not built.is_file() or fragment not in parse(built).ids:
+                failures.append(f"README.md:{number}: broken-anchor: {target} (no id {fragment!r} in {built})")
+    return failures
+
+
 # --- the rules' own cases ----------------------------------------------------
 
 # (rule, a line that must fail it, a line that must pass every rule)
@@ -273,6 +301,7 @@ def main(argv: list[str]) -> int:
         problems.append(f"{BOOK} is missing: run `mdbook build docs` first")
     else:
         problems += links(BOOK)
+        problems += readme_links(ROOT / "README.md", BOOK)
     docs = documents()
     for doc in docs:
         problems += bookkeeping(str(doc.relative_to(ROOT)), doc.read_text())

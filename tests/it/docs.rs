@@ -262,7 +262,21 @@ fn run_page(page: &Path) {
 /// through) run as written, with the page as their source.
 #[test]
 fn the_getting_started_page_runs() {
-    run_page(&repo().join("docs/src/getting-started.md"));
+    let page = repo().join("docs/src/getting-started.md");
+    // The page is the demo and the devserver's walk-through: a page that
+    // lost them would pass here while showing nothing that runs.
+    let script = script_from_page(
+        &std::fs::read_to_string(&page).unwrap(),
+        env!("CARGO_BIN_EXE_envworker"),
+    );
+    for command in ["dev", "devserver"] {
+        let line = format!("'{}' {command}", env!("CARGO_BIN_EXE_envworker"));
+        assert!(
+            script.contains(&line),
+            "the Getting-started page runs `envworker {command}`:\n{script}"
+        );
+    }
+    run_page(&page);
 }
 
 /// The harness fails a page whose command fails, and one that does not
