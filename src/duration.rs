@@ -83,13 +83,18 @@ pub(crate) fn parse_duration_within(
 
 /// `90s`, `15m`, `1h`, `250ms`: a bound as a user would write it.
 pub(crate) fn show_duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    match ms {
-        0 => "0s".into(),
-        ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
-        ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
-        ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
-        ms => format!("{ms}ms"),
+    let (n, unit) = whole_units(d);
+    format!("{n}{unit}")
+}
+
+/// `d` in its largest whole unit: `(count, "h" | "m" | "s" | "ms")`; zero is `(0, "s")`.
+pub(crate) fn whole_units(d: Duration) -> (u128, &'static str) {
+    match d.as_millis() {
+        0 => (0, "s"),
+        ms if ms % 3_600_000 == 0 => (ms / 3_600_000, "h"),
+        ms if ms % 60_000 == 0 => (ms / 60_000, "m"),
+        ms if ms % 1000 == 0 => (ms / 1000, "s"),
+        ms => (ms, "ms"),
     }
 }
 

@@ -46,13 +46,9 @@ pub(super) fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
 
 /// `90 s`, `15 min`, `24 h`, `250 ms`: a bound as the reference shows it.
 pub(super) fn duration(d: Duration) -> String {
-    let ms = d.as_millis();
-    match ms {
-        0 => "0 s".into(),
-        ms if ms % 3_600_000 == 0 => format!("{} h", ms / 3_600_000),
-        ms if ms % 60_000 == 0 => format!("{} min", ms / 60_000),
-        ms if ms % 1000 == 0 => format!("{} s", ms / 1000),
-        ms => format!("{ms} ms"),
+    match crate::duration::whole_units(d) {
+        (n, "m") => format!("{n} min"),
+        (n, unit) => format!("{n} {unit}"),
     }
 }
 
