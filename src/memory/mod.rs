@@ -57,7 +57,7 @@ use self::journal::{JournalError, Owner, Snapshot, StateDir};
 use self::options::{DeleteMode, FLUSH_TIMEOUT, SyncInterval};
 use self::recovery::Adopted;
 use self::remote::MemoryApi;
-use self::store::AttachedStore;
+use self::store::{AttachedStore, FirstReads};
 
 pub use self::report::SyncReport;
 
@@ -359,79 +359,53 @@ impl SessionMemoryStores {
                 }
             }
         }
-        // The journal first, then the folder: a worker killed in between
-        // leaves a journal that says its folder is being made, never a
-        // folder without its journal.
-        let journal = self.journal_for(&id, &root, session)?;
+        // The journal and the folder wait on disks (a journal's snapshot is
+        // two `fsync`s), so they are made on the blocking pool while the
+        // download's first reads go out: those only read, in their usual
+        // order, and nothing is written to the folder before both are done.
+        // A folder that cannot be made drops the reads.
+        let prepare = {
+            let (state_dir, id, root) = (self.state_dir.clone(), id.clone(), root.clone());
+            let session_id = session.id.clone();
+            let span = tracing::Span::current();
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let _entered = span.enter();
+                    prepare_new(state_dir.as_ref(), &id, &root, &session_id, folder)
+                })
+                .await
+                .map_err(|e| MemoryError::Mount(format!("the mount's set-up failed: {e}")))?
+            }
+        };
+        let reads = async { Ok(FirstReads::read(self.api.as_ref(), &id).await) };
+        let ((folder, journal), first) = tokio::try_join!(prepare, reads)?;
         // The session was read before the mount: its stamps are readings
         // of the server's clock taken before it (see `feed`).
         let server_clock = session.created_at.max(session.updated_at);
-        self.mount_new(id, &root, read_only, folder, journal, server_clock)
+        self.mount_new(id, read_only, folder, journal, server_clock, first)
             .await
     }
 
-    /// A new journal for the store at `root` (`None`: journaling is off,
-    /// or the journal cannot be written — said once).
-    fn journal_for(
-        &self,
-        id: &str,
-        root: &Path,
-        session: &Session,
-    ) -> Result<Option<journal::Journal>, MemoryError> {
-        let Some(dir) = &self.state_dir else {
-            return Ok(None);
-        };
-        let owner = Owner {
-            store: id.to_string(),
-            root: root.to_path_buf(),
-            session: session.id.clone(),
-            dev: 0,
-            ino: 0,
-            boot: journal::boot_id(),
-        };
-        match dir.create(owner, &Snapshot::default()) {
-            Ok(journal) => Ok(Some(journal)),
-            Err(JournalError::Busy(_)) => Err(recovery::in_use(root, id)),
-            Err(e) => {
-                warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
-                Ok(None)
-            }
-        }
-    }
-
-    /// Make the store's folder, then fill it from the server; on failure
-    /// the folder and its journal go. `server_clock`: a stamp the server
-    /// put on a record read before this mount (`AttachedStore::mount`).
+    /// Fill a new store's folder (made by [`prepare_new`]) from the server;
+    /// on failure the folder and its journal go. `server_clock`: a stamp
+    /// the server put on a record read before this mount
+    /// (`AttachedStore::mount`); `first`: the download's first reads.
     async fn mount_new(
         &self,
         id: String,
-        root: &Path,
         read_only: bool,
         folder: Folder,
-        mut journal: Option<journal::Journal>,
+        journal: Option<journal::Journal>,
         server_clock: Timestamp,
+        first: FirstReads,
     ) -> Result<AttachedStore, MemoryError> {
-        if let Err(e) = folder.create_root() {
-            let _ = folder.dispose();
-            if let Some(journal) = journal {
-                journal.remove();
-            }
-            return Err(MemoryError::Mount(format!(
-                "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
-                root.display()
-            )));
-        }
-        if let (Some(j), Some((dev, ino))) = (journal.as_mut(), folder.identity())
-            && let Err(e) = j.set_identity(dev, ino)
-        {
-            warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
-            if let Some(journal) = journal.take() {
-                journal.remove();
-            }
-        }
         let store = AttachedStore::new(id.clone(), read_only, folder, journal);
         match store
-            .mount(self.api.as_ref(), Some(server_clock.timestamp_micros()))
+            .mount(
+                self.api.as_ref(),
+                Some(server_clock.timestamp_micros()),
+                Some(first),
+            )
             .await
         {
             Ok(count) => {
@@ -451,7 +425,6 @@ impl SessionMemoryStores {
             }
         }
     }
-
     /// The client the push sends with: each request once, so it sees every
     /// `429` itself and backs off as a whole (`MemoryApi::single_attempt`).
     fn push_api(&self) -> Arc<dyn MemoryApi> {
@@ -649,4 +622,63 @@ impl SessionMemoryStores {
     pub async fn teardown_default(&self, clean_end: bool) -> TeardownReport {
         self.teardown(clean_end, FLUSH_TIMEOUT).await
     }
+}
+
+/// A new store's journal, then its folder, then the folder's identity in
+/// the journal — in that order, so a worker killed in between leaves a
+/// journal that says its folder is being made, never a folder without its
+/// journal. Blocking (each journal snapshot `fsync`s a file and its
+/// directory). The journal is `None` when journaling is off or the journal
+/// cannot be written (said once); a folder that cannot be made is an error,
+/// its journal removed.
+fn prepare_new(
+    state_dir: Option<&StateDir>,
+    id: &str,
+    root: &Path,
+    session_id: &str,
+    folder: Folder,
+) -> Result<(Folder, Option<journal::Journal>), MemoryError> {
+    let cannot_journal = |e: &dyn std::fmt::Display| {
+        warn!(memory_store.id = %id, error = %e, "cannot journal this memory store: edits made since the last sync are lost if the worker dies");
+    };
+    let mut journal = match state_dir {
+        None => None,
+        Some(dir) => {
+            let owner = Owner {
+                store: id.to_string(),
+                root: root.to_path_buf(),
+                session: session_id.to_string(),
+                dev: 0,
+                ino: 0,
+                boot: journal::boot_id(),
+            };
+            match dir.create(owner, &Snapshot::default()) {
+                Ok(journal) => Some(journal),
+                Err(JournalError::Busy(_)) => return Err(recovery::in_use(root, id)),
+                Err(e) => {
+                    cannot_journal(&e);
+                    None
+                }
+            }
+        }
+    };
+    if let Err(e) = folder.create_root() {
+        let _ = folder.dispose();
+        if let Some(journal) = journal {
+            journal.remove();
+        }
+        return Err(MemoryError::Mount(format!(
+            "cannot create the memory store's folder: {} (memory_store_id={id}): {e}; the worker host must make this mount path writable",
+            root.display()
+        )));
+    }
+    if let (Some(j), Some((dev, ino))) = (journal.as_mut(), folder.identity())
+        && let Err(e) = j.set_identity(dev, ino)
+    {
+        cannot_journal(&e);
+        if let Some(journal) = journal.take() {
+            journal.remove();
+        }
+    }
+    Ok((folder, journal))
 }

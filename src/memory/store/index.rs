@@ -57,7 +57,7 @@ impl AttachedStore {
         // The feed's high-water is read before the listing, so a change
         // committed while it runs is replayed by the next poll.
         let asked = Instant::now();
-        let newest = self.newest_versions(api).await;
+        let newest = newest_versions(api, &self.id).await;
         let remote = Arc::new(self.list_index(api).await?);
         self.remember_ids(&remote);
         *self.remote_index() = self.seed(Arc::clone(&remote), newest, asked);
@@ -100,20 +100,6 @@ impl AttachedStore {
             }
             Err(doubt) => {
                 debug!(memory_store.id = %self.id, reason = %doubt, "the memory store listing is in doubt; listing it again next sync");
-                None
-            }
-        }
-    }
-
-    /// The first page of the version history (newest first), to seed the
-    /// feed; `None` when it cannot be read (the feed is then off until the
-    /// next full listing). The answer's `Date` is not used: the feed's
-    /// window follows the versions' own `created_at` (see `super::feed`).
-    pub(super) async fn newest_versions(&self, api: &dyn MemoryApi) -> Option<Vec<MemoryVersion>> {
-        match api.versions(&self.id, None, FEED_PAGE, None).await {
-            Ok((page, _date)) => Some(page.data),
-            Err(e) => {
-                debug!(memory_store.id = %self.id, error = %e, "cannot read the memory version history; listing the store each sync");
                 None
             }
         }
@@ -268,6 +254,23 @@ impl AttachedStore {
             } else {
                 state.baseline.insert(rel, sha);
             }
+        }
+    }
+}
+
+/// The first page of the version history (newest first), to seed the feed;
+/// `None` when it cannot be read (the feed is then off until the next full
+/// listing). The answer's `Date` is not used: the feed's window follows the
+/// versions' own `created_at` (see `crate::memory::feed`).
+pub(super) async fn newest_versions(
+    api: &dyn MemoryApi,
+    store_id: &str,
+) -> Option<Vec<MemoryVersion>> {
+    match api.versions(store_id, None, FEED_PAGE, None).await {
+        Ok((page, _date)) => Some(page.data),
+        Err(e) => {
+            debug!(memory_store.id = %store_id, error = %e, "cannot read the memory version history; listing the store each sync");
+            None
         }
     }
 }

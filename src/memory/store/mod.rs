@@ -64,6 +64,7 @@ pub(crate) use self::local::{LocalFiles, Marked};
 #[cfg(test)]
 pub(crate) use self::marker::marker_content;
 pub(crate) use self::marker::marks_store;
+pub(crate) use self::mount::FirstReads;
 pub(crate) use self::upload::Outcome;
 pub use self::upload::UPLOAD_CONCURRENCY;
 /// The reserved marker at every store root (defined with the folder).

@@ -8,10 +8,11 @@ use futures::{StreamExt, stream};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryListItem, View};
+use crate::api::types::{IndexKind, MemoryIndexEntry, MemoryListItem, MemoryVersion, Page, View};
 use crate::memory::folder::{Folder, FolderError, MARKER_PATH};
 use crate::memory::remote::MemoryApi;
 
+use super::index::newest_versions;
 use super::marker::marker_content;
 use super::{AttachedStore, PassError, blocking};
 
@@ -26,6 +27,33 @@ fn put(folder: &Folder, rel: &str, data: &[u8], private: bool) -> Result<(), Fol
         folder.put_private(rel, data)
     } else {
         folder.put(rel, data)
+    }
+}
+
+/// The reads a download starts with, in their order: the newest versions
+/// (the feed's high-water, read before the listing: see `index`), then the
+/// first page of the listing. They only read, so a new store's mount makes
+/// them while its journal and folder are being made
+/// (`MemoryManager::download_one`): the folder's crash order is untouched
+/// and the requests go out in the order they always do.
+pub(crate) struct FirstReads {
+    asked: Instant,
+    newest: Option<Vec<MemoryVersion>>,
+    first_page: Result<Page<MemoryListItem>, crate::api::Error>,
+}
+
+impl FirstReads {
+    pub(crate) async fn read(api: &dyn MemoryApi, store_id: &str) -> FirstReads {
+        let asked = Instant::now();
+        let newest = newest_versions(api, store_id).await;
+        let first_page = api
+            .list_under(store_id, View::Full, FULL_PAGE, None, Some(1), None)
+            .await;
+        FirstReads {
+            asked,
+            newest,
+            first_page,
+        }
     }
 }
 
@@ -59,13 +87,15 @@ impl AttachedStore {
     /// `server_clock`: a reading of the server's clock taken before the
     /// mount (microseconds; the session's stamp), which tells the version
     /// feed how much of the store's history the listing reflects
-    /// (`RemoteIndex::witness`).
+    /// (`RemoteIndex::witness`). `first`: the download's first reads,
+    /// when the caller made them already.
     pub(crate) async fn mount(
         &self,
         api: &dyn MemoryApi,
         server_clock: Option<i64>,
+        first: Option<FirstReads>,
     ) -> Result<usize, PassError> {
-        let written = self.stamp_and_pull(api, true, server_clock).await?;
+        let written = self.stamp_and_pull(api, true, server_clock, first).await?;
         let folder = self.folder.clone();
         blocking(move || folder.trust_private_writes()).await??;
         // The watch goes in before the agent gets the folder, with one full
@@ -88,7 +118,7 @@ impl AttachedStore {
         blocking(move || folder.create_root()).await??;
         // A rebuilt folder is scanned whole next time.
         self.observer().forget();
-        self.stamp_and_pull(api, false, None).await?;
+        self.stamp_and_pull(api, false, None, None).await?;
         Ok(())
     }
 
@@ -96,21 +126,27 @@ impl AttachedStore {
     /// rebuilt from successful writes only, so a failed write is pulled
     /// again later, never read as a deletion. `private`: no one else writes
     /// to the folder until the caller says so (see [`Folder::put_private`]).
-    /// `server_clock`: see [`Self::mount`].
+    /// `server_clock`, `first`: see [`Self::mount`].
     async fn stamp_and_pull(
         &self,
         api: &dyn MemoryApi,
         private: bool,
         server_clock: Option<i64>,
+        first: Option<FirstReads>,
     ) -> Result<usize, PassError> {
         self.start_over();
         let folder = self.folder.clone();
         let marker = marker_content(&self.id);
         blocking(move || put(&folder, MARKER_PATH, marker.as_bytes(), private)).await??;
-        // The feed's high-water, read before the listing (see `index`).
-        let asked = Instant::now();
-        let newest = self.newest_versions(api).await;
-        let Pulled { written, listed } = self.pull_store(api, private).await?;
+        let FirstReads {
+            asked,
+            newest,
+            first_page,
+        } = match first {
+            Some(first) => first,
+            None => FirstReads::read(api, &self.id).await,
+        };
+        let Pulled { written, listed } = self.pull_store(api, private, first_page).await?;
         // The whole store was listed: what it no longer holds is no concern.
         self.state()
             .tentative
@@ -141,21 +177,27 @@ impl AttachedStore {
     /// `LIST_CONCURRENCY` at once: the cursor makes one listing's pages
     /// sequential, so under latency the mount costs the longest prefix's
     /// pages, not the whole store's. A server that refuses `depth` gets the
-    /// one sequential listing.
-    async fn pull_store(&self, api: &dyn MemoryApi, private: bool) -> Result<Pulled, PassError> {
-        let (mut pulled, prefixes) = match self.pull_pages(api, private, None, Some(1)).await {
+    /// one sequential listing. `first_page`: the top level's first page.
+    async fn pull_store(
+        &self,
+        api: &dyn MemoryApi,
+        private: bool,
+        first_page: Result<Page<MemoryListItem>, crate::api::Error>,
+    ) -> Result<Pulled, PassError> {
+        let top = self.pull_pages(api, private, None, Some(1), Some(first_page));
+        let (mut pulled, prefixes) = match top.await {
             Ok(got) => got,
             Err(PassError::Api(e))
                 if matches!(e.status(), Some(400 | 404))
                     || matches!(e, crate::api::Error::Config(_)) =>
             {
                 debug!(memory_store.id = %self.id, error = %e, "the memory store cannot be listed by prefix; listing it in one go");
-                self.pull_pages(api, private, None, None).await?
+                self.pull_pages(api, private, None, None, None).await?
             }
             Err(e) => return Err(e),
         };
         let parts: Vec<Result<(Pulled, Vec<String>), PassError>> = stream::iter(prefixes)
-            .map(|prefix| self.pull_pages(api, private, Some(prefix), None))
+            .map(|prefix| self.pull_pages(api, private, Some(prefix), None, None))
             .buffer_unordered(LIST_CONCURRENCY)
             .collect()
             .await;
@@ -170,28 +212,34 @@ impl AttachedStore {
     /// Every page of one listing (`view=full`; the whole store, or the
     /// memories under `prefix`, to `depth`), each written as it arrives.
     /// Returns what was listed and written, and the prefixes rolled up.
+    /// `first_page`: the listing's first page, when it was read already.
     async fn pull_pages(
         &self,
         api: &dyn MemoryApi,
         private: bool,
         prefix: Option<String>,
         depth: Option<u32>,
+        mut first_page: Option<Result<Page<MemoryListItem>, crate::api::Error>>,
     ) -> Result<(Pulled, Vec<String>), PassError> {
         let mut pulled = Pulled::default();
         let mut prefixes = Vec::new();
         // This listing's own cursor: never another prefix's.
         let mut page = None;
         loop {
-            let got = api
-                .list_under(
-                    &self.id,
-                    View::Full,
-                    FULL_PAGE,
-                    prefix.as_deref(),
-                    depth,
-                    page.take(),
-                )
-                .await?;
+            let got = match first_page.take() {
+                Some(got) => got?,
+                None => {
+                    api.list_under(
+                        &self.id,
+                        View::Full,
+                        FULL_PAGE,
+                        prefix.as_deref(),
+                        depth,
+                        page.take(),
+                    )
+                    .await?
+                }
+            };
             let next = got.next_cursor().map(str::to_string);
             let memories = self.page_memories(got.data, depth, &mut prefixes);
             let written = self.write_page(memories, private).await?;
