@@ -16,7 +16,11 @@
 //!   a new process group) is re-parented to it, not to init, so the session's
 //!   processes stay one tree under one pid — and sessions running side by side
 //!   on one worker each have their own tree. When the shell exits, the
-//!   supervisor kills its tree and exits with the shell's status.
+//!   supervisor kills its tree and exits with the shell's status. A spare
+//!   one (`__supervise --await-launch`, see `crate::tools::spare`) is
+//!   started ahead, with the scrubbed environment only, and reads what to run — the
+//!   shell's directory, environment and arguments, a [`Launch`] — from its
+//!   stdin first.
 //! - [`kill_tree`] — freeze (`SIGSTOP`) every descendant of a pid until a scan
 //!   finds no new one (a fork bomb cannot outrun a frozen parent), then
 //!   `SIGKILL` them until none is left, in bounded time.
@@ -49,6 +53,124 @@ use rustix::process::{Pid, Signal, WaitOptions};
 
 /// The hidden subcommand that runs [`supervise`].
 pub const SUPERVISE: &str = "__supervise";
+
+/// [`supervise`]'s first argument for a spare: wait for a [`Launch`] on stdin.
+pub const AWAIT_LAUNCH: &str = "--await-launch";
+
+/// The most a [`Launch`] may take on the wire: a bound for the spare's
+/// read, far above any real environment.
+const MAX_LAUNCH_BYTES: usize = 1 << 20;
+
+/// What a spare supervisor runs: the working directory, the exact
+/// environment, and the arguments it would otherwise have had
+/// (`[--sandbox …] PROGRAM ARGS…`). On its stdin as `<length>\n` and then
+/// that many bytes: NUL-terminated fields (directory, the number of
+/// variables, each `KEY=VALUE`, then the arguments), so any byte but NUL
+/// passes, as in `execve`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Launch {
+    pub cwd: PathBuf,
+    pub env: Vec<(OsString, OsString)>,
+    pub args: Vec<OsString>,
+}
+
+impl Launch {
+    /// The request as the spare reads it.
+    pub fn encode(&self) -> Vec<u8> {
+        use std::os::unix::ffi::OsStrExt;
+        let mut body = Vec::new();
+        let mut field = |bytes: &[u8]| {
+            body.extend_from_slice(bytes);
+            body.push(0);
+        };
+        field(self.cwd.as_os_str().as_bytes());
+        field(self.env.len().to_string().as_bytes());
+        for (k, v) in &self.env {
+            field(&[k.as_bytes(), b"=", v.as_bytes()].concat());
+        }
+        for a in &self.args {
+            field(a.as_bytes());
+        }
+        let mut out = format!("{}\n", body.len()).into_bytes();
+        out.extend_from_slice(&body);
+        out
+    }
+
+    /// The fields of a request's body, or why they do not make one.
+    fn decode(body: &[u8]) -> Result<Launch, String> {
+        use std::os::unix::ffi::OsStrExt;
+        let Some(body) = body.strip_suffix(&[0]) else {
+            return Err("the launch is not NUL-terminated".into());
+        };
+        let mut fields = body.split(|&b| b == 0);
+        let os = |b: &[u8]| std::ffi::OsStr::from_bytes(b).to_os_string();
+        let cwd = PathBuf::from(os(fields.next().unwrap_or_default()));
+        let count: usize = fields
+            .next()
+            .and_then(|n| std::str::from_utf8(n).ok()?.parse().ok())
+            .ok_or("the launch has no variable count")?;
+        let mut env = Vec::with_capacity(count.min(4096));
+        for _ in 0..count {
+            let var = fields.next().ok_or("the launch lacks a variable")?;
+            let eq = var
+                .iter()
+                .position(|&b| b == b'=')
+                .ok_or("a launch variable has no `=`")?;
+            env.push((os(&var[..eq]), os(&var[eq + 1..])));
+        }
+        let args: Vec<OsString> = fields.map(os).collect();
+        if cwd.as_os_str().is_empty() || args.is_empty() {
+            return Err("the launch has no directory or no program".into());
+        }
+        Ok(Launch { cwd, env, args })
+    }
+
+    /// Read one request from fd 0, a byte at a time up to the length and
+    /// then exactly the body, so nothing the shell is to read is taken
+    /// (std's buffered stdin would). `Ok(None)`: the worker closed the pipe
+    /// (it let the spare go, or died) before a whole request came.
+    fn read_from_stdin() -> Result<Option<Launch>, String> {
+        // SAFETY: fd 0 is the pipe the worker gave us; it stays open for
+        // as long as this borrow (the whole read).
+        let stdin = unsafe { std::os::fd::BorrowedFd::borrow_raw(0) };
+        let read_some = |buf: &mut [u8]| loop {
+            match rustix::io::read(stdin, &mut *buf) {
+                Err(Errno::INTR) => {}
+                other => return other.map_err(|e| format!("cannot read the launch: {e}")),
+            }
+        };
+        let mut len = 0usize;
+        let mut digits = 0;
+        loop {
+            let mut byte = [0u8];
+            if read_some(&mut byte)? == 0 {
+                return Ok(None);
+            }
+            match byte[0] {
+                b'\n' if digits > 0 => break,
+                b @ b'0'..=b'9' if digits < 8 => {
+                    len = len * 10 + usize::from(b - b'0');
+                    digits += 1;
+                }
+                _ => return Err("the launch's length is malformed".into()),
+            }
+        }
+        if len > MAX_LAUNCH_BYTES {
+            return Err(format!(
+                "the launch is larger than {MAX_LAUNCH_BYTES} bytes"
+            ));
+        }
+        let mut body = vec![0u8; len];
+        let mut got = 0;
+        while got < len {
+            match read_some(&mut body[got..])? {
+                0 => return Ok(None),
+                n => got += n,
+            }
+        }
+        Launch::decode(&body).map(Some)
+    }
+}
 
 /// How long [`kill_tree`] may take before it gives up (a process stuck in
 /// uninterruptible sleep cannot be killed sooner).
@@ -391,6 +513,33 @@ pub fn supervise(args: &[OsString]) -> ExitCode {
             Err(_) => ExitCode::FAILURE,
         };
     }
+    // Whatever the worker inherited without close-on-exec (a parent's
+    // descriptors) must not reach the agent: the shell gets stdio only.
+    // (A spare holds nothing else while it waits, either.)
+    close_inherited_descriptors();
+    // A spare: what to run comes on stdin, then it goes on as any other.
+    let launch = if args.first().is_some_and(|a| a == AWAIT_LAUNCH) {
+        match Launch::read_from_stdin() {
+            Ok(Some(launch)) => Some(launch),
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(e) => {
+                println!("envworker: cannot start the shell: {e}");
+                return ExitCode::from(126);
+            }
+        }
+    } else {
+        None
+    };
+    if let Some(launch) = &launch
+        && let Err(e) = std::env::set_current_dir(&launch.cwd)
+    {
+        println!(
+            "envworker: cannot start the shell in {}: {e}",
+            launch.cwd.display()
+        );
+        return ExitCode::from(126);
+    }
+    let args = launch.as_ref().map_or(args, |l| &l.args[..]);
     let (policy, args) = match crate::sandbox::ShellPolicy::from_args(args) {
         Ok(parsed) => parsed,
         Err(e) => {
@@ -402,9 +551,6 @@ pub fn supervise(args: &[OsString]) -> ExitCode {
         eprintln!("envworker {SUPERVISE}: no program");
         return ExitCode::from(2);
     };
-    // Whatever the worker inherited without close-on-exec (a parent's
-    // descriptors) must not reach the agent: the shell gets stdio only.
-    close_inherited_descriptors();
     // The sandbox before the shell, so everything the agent starts inherits
     // it; a shell that asked for one never runs without it. Stdout is the
     // tool's output: the agent (and the operator, in the call's result)
@@ -421,12 +567,14 @@ pub fn supervise(args: &[OsString]) -> ExitCode {
     // SAFETY: fds 0 and 1 are ours (set up by the worker) and nothing else
     // in this process uses them; the shell gets them and we keep neither.
     let (stdin, stdout) = unsafe { (OwnedFd::from_raw_fd(0), OwnedFd::from_raw_fd(1)) };
-    let child = match std::process::Command::new(program)
-        .args(rest)
-        .stdin(stdin)
-        .stdout(stdout)
-        .spawn()
-    {
+    let mut command = std::process::Command::new(program);
+    command.args(rest).stdin(stdin).stdout(stdout);
+    if let Some(launch) = &launch {
+        command
+            .env_clear()
+            .envs(launch.env.iter().map(|(k, v)| (k, v)));
+    }
+    let child = match command.spawn() {
         Ok(child) => child,
         Err(e) => {
             eprintln!("envworker {SUPERVISE}: cannot start {program:?}: {e}");

@@ -32,7 +32,7 @@
 //! What a session runs on:
 //!
 //! - [`tools`] — the agent toolset (`bash`, `read`, `write`, `edit`, `glob`,
-//!   `grep`) with its path policy.
+//!   `grep`) with its path policy, and the spare shell supervisor.
 //! - [`skills`] — session set-up, not an agent tool: the agent's skills
 //!   downloaded into `<workdir>/skills/<name>/` (hostile archives screened)
 //!   and removed at the end.

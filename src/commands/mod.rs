@@ -19,6 +19,21 @@ use crate::api::types::Redacted;
 use crate::cli::WorkerArgs;
 use crate::worker::{WorkerOptions, default_worker_id};
 
+/// Each session's shell supervisor: this very binary, even if its file was
+/// replaced since it started.
+const SUPERVISOR: &str = "/proc/self/exe";
+
+/// Keep a spare shell supervisor ready (see `crate::tools::spare`): for a
+/// command whose worker runs the shells itself and waits for work, once it
+/// serves. It waits with the environment any session's shell would get
+/// (`secret_env_vars` and the worker's own variables scrubbed), as a
+/// supervisor started for a session does.
+fn keep_a_spare_supervisor(secret_env_vars: &[String]) {
+    let env = crate::tools::scrubbed_env(secret_env_vars);
+    crate::tools::spare::enable(Path::new(SUPERVISOR), env);
+    crate::tools::spare::replenish();
+}
+
 /// Worker options from the shared flags.
 pub fn worker_options(
     args: &WorkerArgs,
@@ -40,8 +55,7 @@ pub fn worker_options(
         write: args.shell_allow_write.clone(),
         tcp_ports: args.shell_allow_tcp.clone(),
     };
-    // This very binary, even if its file was replaced since it started.
-    options.supervisor = Some(PathBuf::from("/proc/self/exe"));
+    options.supervisor = Some(PathBuf::from(SUPERVISOR));
     options.max_idle = args.max_idle.0;
     options.memory_sync_interval = args.memory_sync_interval;
     options.memory_sync_deletions = args.memory_sync_deletions;

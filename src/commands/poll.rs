@@ -53,7 +53,10 @@ pub async fn run(args: PollArgs) -> anyhow::Result<()> {
         on_signal.cancel();
     });
     match args.on_work {
-        None => worker.run(cancel).await?,
+        None => {
+            super::keep_a_spare_supervisor(&worker.options().secret_env_vars);
+            worker.run(cancel).await?
+        }
         Some(command) => {
             let failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
             let stop_polling = CancellationToken::new();

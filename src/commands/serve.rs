@@ -178,11 +178,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     super::become_subreaper();
     let metrics = Arc::new(Metrics::new());
     let endpoints = endpoints_with_metrics(&args, &metrics)?;
+    let secret_vars = secret_env_vars(&endpoints);
     if lambda::in_lambda() {
         let work = lambda::InvocationWork::default();
         let state = AppState::with_metrics(endpoints, Mode::Lambda(work.clone()), metrics);
         state.set_unready_after(args.unready_after);
         tracing::info!(endpoints = ?state.endpoint_names(), "serving webhooks on AWS Lambda");
+        super::keep_a_spare_supervisor(&secret_vars);
         return lambda::run(state, work)
             .await
             .map_err(|e| anyhow::anyhow!("the Lambda runtime stopped: {e}"));
@@ -197,6 +199,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(listen.addr = %addr, endpoints = ?state.endpoint_names(), "serving webhooks");
     // Scripts and tests read the URL from this line (a JSON line with --log-format json).
     crate::logging::announce("envworker serve listening on", &format!("http://{addr}"));
+    super::keep_a_spare_supervisor(&secret_vars);
     let clean = serve_container(listener, state, super::shutdown_signal(), args.stop_grace).await?;
     if !clean {
         bail!(
@@ -206,4 +209,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Every endpoint's secret variables (each endpoint's options hold them all).
+fn secret_env_vars(endpoints: &[crate::serve::Endpoint]) -> Vec<String> {
+    endpoints
+        .iter()
+        .flat_map(|e| e.worker.options().secret_env_vars.iter().cloned())
+        .collect()
 }

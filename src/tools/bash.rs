@@ -79,6 +79,35 @@ impl BashSession {
         sandbox: Option<&crate::sandbox::ShellPolicy>,
     ) -> Result<Self, BashError> {
         const SHELL: [&str; 3] = ["/bin/bash", "--noprofile", "--norc"];
+        let shell_env = || {
+            env.iter().map(|(k, v)| (k.as_str(), v.as_str())).chain([
+                ("PS1", ""),
+                ("PS2", ""),
+                ("TERM", "dumb"),
+            ])
+        };
+        // A spare supervisor started ahead (see `super::spare`) runs the
+        // shell exactly as one started here would.
+        if let Some(binary) = supervisor
+            && let Some(spare) = super::spare::take(binary)
+        {
+            let launch = crate::cleanroom::Launch {
+                cwd: workdir.to_path_buf(),
+                env: shell_env().map(|(k, v)| (k.into(), v.into())).collect(),
+                args: sandbox
+                    .map(|p| p.to_args())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .chain(SHELL.map(std::ffi::OsString::from))
+                    .collect(),
+            };
+            match Self::launch(spare, &launch).await {
+                Ok(shell) => return Ok(shell),
+                Err(e) => {
+                    tracing::debug!(error = %e, "the spare shell supervisor did not take its launch; starting one");
+                }
+            }
+        }
         let mut command = match supervisor {
             Some(binary) => {
                 let mut c = Command::new(binary);
@@ -120,10 +149,7 @@ impl BashSession {
         command
             .current_dir(workdir)
             .env_clear()
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .env("PS1", "")
-            .env("PS2", "")
-            .env("TERM", "dumb")
+            .envs(shell_env())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -133,11 +159,39 @@ impl BashSession {
         let root = child
             .id()
             .and_then(|id| rustix::process::Pid::from_raw(id as i32));
-        let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(BashError::Io(std::io::Error::other(
                 "no pipes to the shell",
             )));
         };
+        Self::begin(child, stdin, stdout, root).await
+    }
+
+    /// A shell under the spare supervisor `spare`, given its `launch`.
+    async fn launch(
+        super::spare::Spare {
+            child,
+            mut stdin,
+            stdout,
+        }: super::spare::Spare,
+        launch: &crate::cleanroom::Launch,
+    ) -> Result<Self, BashError> {
+        stdin
+            .write_all(&launch.encode())
+            .await
+            .map_err(BashError::Io)?;
+        let root = child
+            .id()
+            .and_then(|id| rustix::process::Pid::from_raw(id as i32));
+        Self::begin(child, stdin, stdout, root).await
+    }
+
+    async fn begin(
+        child: Child,
+        mut stdin: ChildStdin,
+        stdout: ChildStdout,
+        root: Option<rustix::process::Pid>,
+    ) -> Result<Self, BashError> {
         // From here on the shell's own messages (syntax errors) reach the output too.
         stdin
             .write_all(b"exec 2>&1\n")

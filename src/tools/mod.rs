@@ -26,6 +26,7 @@ mod lines;
 pub mod paths;
 mod resolve;
 pub(crate) mod search;
+pub mod spare;
 mod walk;
 
 use std::path::PathBuf;

@@ -862,6 +862,8 @@ impl<'w> ItemRun<'w> {
             }
         }
         worker.emit(WorkerEvent::Finished(Box::new(report.clone())));
+        // The worker is idle again: a spare supervisor for the next shell.
+        crate::tools::spare::replenish();
         report
     }
 }

@@ -46,6 +46,7 @@ mod serve_process;
 mod session_runner;
 mod shell_sandbox;
 mod skills;
+mod spare_supervisor;
 mod termination;
 mod tools;
 mod tools_bounds;
