@@ -714,7 +714,7 @@ impl SetupPhases {
         "→ item claimed (the drain's poll)",
         "→ stores mounted (ack, session read, journal, folder, listing, files)",
         "→ first call started (the runner's stream and history)",
-        "→ first call finished (`bash`: supervisor and shell start)",
+        "→ first call finished (`bash`: the shell's start under the spare supervisor)",
         "→ result recorded (the post)",
     ];
 
@@ -1876,8 +1876,9 @@ fn supervisor_spawn(setup: &Setup) -> String {
     }
     let (s, b) = (median(supervised), median(bare));
     format!(
-        "\nThe session supervisor (the clean room's subreaper, started with the shell at the first \
-         `bash` call): `envworker __supervise /bin/true` {s:.2} ms against `/bin/true` {b:.2} ms, \
+        "\nThe session supervisor (the clean room's subreaper; `serve` and `poll` start one ahead, \
+         while idle, so this is off the first call's path when a spare is waiting): \
+         `envworker __supervise /bin/true` {s:.2} ms against `/bin/true` {b:.2} ms, \
          spawn → exit (its start, and its sweep of what the shell left when the shell exits), \
          medians of 51 alternating runs: {:.2} ms per session.\n",
         s - b

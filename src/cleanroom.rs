@@ -498,6 +498,9 @@ pub fn sweep_orphans() -> usize {
 /// given (see [`crate::sandbox`]), run PROGRAM on our stdin/stdout (which we then close, so the caller sees the
 /// end of the output when PROGRAM exits), reap every child, and when
 /// PROGRAM exits kill what is left and exit with its status.
+/// `envworker __supervise --await-launch`: a spare, the same once a
+/// [`Launch`] read from stdin gave it the directory, the environment (for
+/// PROGRAM) and those arguments; a closed stdin before that ends it quietly.
 pub fn supervise(args: &[OsString]) -> ExitCode {
     use std::os::fd::{FromRawFd, OwnedFd};
     if args

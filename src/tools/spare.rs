@@ -51,10 +51,22 @@ pub fn enable(binary: &Path, env: Vec<(String, String)>) {
     let _ = BINARY.set((binary.to_path_buf(), env));
 }
 
-/// Start a spare if spares are enabled and none is waiting. Cheap when one
-/// is: call it wherever the worker goes idle. A spare that cannot start is
-/// no error: the next shell starts its own supervisor, as without spares.
+/// Start a spare if spares are enabled and none is waiting: call it
+/// wherever the worker goes idle. The start runs on the blocking pool (a
+/// spawn holds its thread until the child's `execve`), so it delays no
+/// request, `/readyz` or poll. A spare that cannot start is no error: the
+/// next shell starts its own supervisor, as without spares.
 pub fn replenish() {
+    if BINARY.get().is_none() {
+        return;
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => drop(runtime.spawn_blocking(replenish_now)),
+        Err(_) => replenish_now(),
+    }
+}
+
+fn replenish_now() {
     let Some((binary, env)) = BINARY.get() else {
         return;
     };

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use envworker::cleanroom::{AWAIT_LAUNCH, Launch, SUPERVISE};
+use envworker::cleanroom::{AWAIT_LAUNCH, Launch, SUPERVISE, processes};
 use serde_json::json;
 
 use crate::common::serve_stack::stack;
@@ -163,14 +163,35 @@ fn a_malformed_launch_is_refused_and_runs_nothing() {
     assert!(out.contains("/no/such/room"), "{out}");
 }
 
+/// Whether a spare waits below `worker`.
+fn a_spare_waits_under(worker: u32) -> bool {
+    processes().into_iter().any(|(pid, _, ppid)| {
+        ppid as u32 == worker
+            && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|&b| b == 0)
+                    .any(|arg| arg == AWAIT_LAUNCH.as_bytes())
+            })
+    })
+}
+
 /// Each session's first shell on a `serve` worker runs under a spare made
-/// while the worker was idle (at start, then after each item); like any
-/// supervisor it holds no key.
+/// while the worker was idle (at start, then after each item, in the
+/// background); like any supervisor it holds no key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_sessions_shell_runs_under_a_spare_started_ahead_which_holds_no_secret() {
     let s = stack(&[]).await;
     let key = s.started_env.1.clone();
+    let worker = s.serve.child.id();
     for name in ["first", "second"] {
+        // The spare is started off the worker's path: wait until it is there.
+        let until = Instant::now() + Duration::from_secs(20);
+        while !a_spare_waits_under(worker) {
+            assert!(
+                Instant::now() < until,
+                "no spare was started before the {name} session"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let started = s
             .start(json!({"name": name, "steps": [
                 {"tool": "bash",
