@@ -137,15 +137,7 @@ impl BashSession {
                 c
             }
         };
-        // The process raised its descriptor limit for its own connections;
-        // the agent's shell runs with the limit the worker was started with
-        // (tools that close every descriptor up to the limit stay fast).
-        if let Some(original) = crate::fdlimit::original() {
-            // SAFETY: one setrlimit syscall, async-signal-safe, no allocation.
-            unsafe {
-                command.pre_exec(move || crate::fdlimit::restore_in_child(&original));
-            }
-        }
+        with_original_fd_limit(&mut command);
         command
             .current_dir(workdir)
             .env_clear()
@@ -297,6 +289,19 @@ impl BashSession {
             tracing::debug!(processes = killed, "killed the session's processes");
         }
         let _ = self.child.start_kill();
+    }
+}
+
+/// The process raised its descriptor limit for its own connections; the
+/// agent's shell (and the supervisor it inherits it from) runs with the
+/// limit the worker was started with (tools that close every descriptor up
+/// to the limit stay fast).
+pub(super) fn with_original_fd_limit(command: &mut Command) {
+    if let Some(original) = crate::fdlimit::original() {
+        // SAFETY: one setrlimit syscall, async-signal-safe, no allocation.
+        unsafe {
+            command.pre_exec(move || crate::fdlimit::restore_in_child(&original));
+        }
     }
 }
 

@@ -107,12 +107,7 @@ fn start(binary: &Path, env: &[(String, String)]) -> std::io::Result<Spare> {
         .stderr(Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
-    if let Some(original) = crate::fdlimit::original() {
-        // SAFETY: one setrlimit syscall, async-signal-safe, no allocation.
-        unsafe {
-            command.pre_exec(move || crate::fdlimit::restore_in_child(&original));
-        }
-    }
+    super::bash::with_original_fd_limit(&mut command);
     let mut child = crate::cleanroom::spawn_tracked(&mut command)?;
     match (child.stdin.take(), child.stdout.take()) {
         (Some(stdin), Some(stdout)) => Ok(Spare {

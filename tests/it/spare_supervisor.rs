@@ -163,15 +163,32 @@ fn a_malformed_launch_is_refused_and_runs_nothing() {
     assert!(out.contains("/no/such/room"), "{out}");
 }
 
-/// Whether a spare waits below `worker`.
-fn a_spare_waits_under(worker: u32) -> bool {
-    processes().into_iter().any(|(pid, _, ppid)| {
-        ppid as u32 == worker
+/// The spare waiting below `worker`, if one is.
+fn spare_under(worker: u32) -> Option<i32> {
+    processes().into_iter().find_map(|(pid, state, ppid)| {
+        (ppid as u32 == worker
+            && state != b'Z'
             && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
                 c.split(|&b| b == 0)
                     .any(|arg| arg == AWAIT_LAUNCH.as_bytes())
-            })
+            }))
+        .then_some(pid)
     })
+}
+
+/// Wait (up to 20 s) for the spare the worker starts off its path.
+async fn wait_for_spare(worker: u32, before: &str) -> i32 {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(pid) = spare_under(worker) {
+            return pid;
+        }
+        assert!(
+            Instant::now() < until,
+            "no spare was started before the {before} session"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Each session's first shell on a `serve` worker runs under a spare made
@@ -184,14 +201,7 @@ async fn each_sessions_shell_runs_under_a_spare_started_ahead_which_holds_no_sec
     let worker = s.serve.child.id();
     for name in ["first", "second"] {
         // The spare is started off the worker's path: wait until it is there.
-        let until = Instant::now() + Duration::from_secs(20);
-        while !a_spare_waits_under(worker) {
-            assert!(
-                Instant::now() < until,
-                "no spare was started before the {name} session"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_for_spare(worker, name).await;
         let started = s
             .start(json!({"name": name, "steps": [
                 {"tool": "bash",
@@ -204,4 +214,37 @@ async fn each_sessions_shell_runs_under_a_spare_started_ahead_which_holds_no_sec
             .await;
         s.passed_report(&started.session_id).await;
     }
+}
+
+/// Another session's agent (same user) kills the spare while it waits: the
+/// next session's shell still starts, under a supervisor started for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spare_killed_while_it_waits_gives_way_to_a_supervisor_started_for_the_session() {
+    let s = stack(&[]).await;
+    let worker = s.serve.child.id();
+    let spare = wait_for_spare(worker, "first").await;
+    assert!(
+        Command::new("kill")
+            .args(["-KILL", &spare.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let until = Instant::now() + Duration::from_secs(10);
+    while spare_under(worker) == Some(spare) {
+        assert!(
+            Instant::now() < until,
+            "the killed spare {spare} is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let started = s
+        .start(json!({"name": "after-the-spare-died", "steps": [
+            {"tool": "bash",
+             "input": {"command": "tr '\\0' ' ' < /proc/$PPID/cmdline"},
+             "expect": {"contains": format!("{SUPERVISE} /bin/bash"), "not_contains": AWAIT_LAUNCH}},
+            {"tool": "bash", "input": {"command": "echo still here"}, "expect": {"contains": "still here"}},
+        ]}))
+        .await;
+    s.passed_report(&started.session_id).await;
 }
