@@ -70,3 +70,16 @@ pub(crate) fn original() -> Option<Rlimit> {
 pub(crate) fn restore_in_child(original: &Rlimit) -> std::io::Result<()> {
     setrlimit(Resource::Nofile, *original).map_err(std::io::Error::from)
 }
+
+/// Have `command`'s child run with the limit the process started with:
+/// the worker raised its own for its connections, and the agent's shell
+/// (and the supervisor it inherits it from) gets the original back, so
+/// tools that close every descriptor up to the limit stay fast.
+pub fn restore_on_exec(command: &mut tokio::process::Command) {
+    if let Some(original) = original() {
+        // SAFETY: one setrlimit syscall, async-signal-safe, no allocation.
+        unsafe {
+            command.pre_exec(move || restore_in_child(&original));
+        }
+    }
+}

@@ -137,7 +137,7 @@ impl BashSession {
                 c
             }
         };
-        with_original_fd_limit(&mut command);
+        crate::fdlimit::restore_on_exec(&mut command);
         command
             .current_dir(workdir)
             .env_clear()
@@ -289,19 +289,6 @@ impl BashSession {
             tracing::debug!(processes = killed, "killed the session's processes");
         }
         let _ = self.child.start_kill();
-    }
-}
-
-/// The process raised its descriptor limit for its own connections; the
-/// agent's shell (and the supervisor it inherits it from) runs with the
-/// limit the worker was started with (tools that close every descriptor up
-/// to the limit stay fast).
-pub(super) fn with_original_fd_limit(command: &mut Command) {
-    if let Some(original) = crate::fdlimit::original() {
-        // SAFETY: one setrlimit syscall, async-signal-safe, no allocation.
-        unsafe {
-            command.pre_exec(move || crate::fdlimit::restore_in_child(&original));
-        }
     }
 }
 

@@ -107,7 +107,7 @@ fn start(binary: &Path, env: &[(String, String)]) -> std::io::Result<Spare> {
         .stderr(Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
-    super::bash::with_original_fd_limit(&mut command);
+    crate::fdlimit::restore_on_exec(&mut command);
     let mut child = crate::cleanroom::spawn_tracked(&mut command)?;
     match (child.stdin.take(), child.stdout.take()) {
         (Some(stdin), Some(stdout)) => Ok(Spare {
