@@ -49,6 +49,7 @@ use axum::http::{HeaderValue, Request};
 use axum::middleware;
 use axum::response::Response;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -239,6 +240,15 @@ impl Devserver {
             tracing::error!(error = %e, "cannot mark interrupted scenarios");
         }
         tokio::spawn(sweep_leases(self.state.clone()));
+        // TCP_NODELAY on every connection, as production HTTP servers set
+        // it: without it an event written to a stream the client never
+        // writes back on waits for the client's delayed ACK (40 ms) when the
+        // one before it is not yet acknowledged (Nagle).
+        let listener = listener.tap_io(|tcp| {
+            if let Err(e) = tcp.set_nodelay(true) {
+                tracing::warn!(error = %e, "cannot set TCP_NODELAY on a connection");
+            }
+        });
         let result = axum::serve(listener, self.app())
             .with_graceful_shutdown(async move {
                 shutdown.await;

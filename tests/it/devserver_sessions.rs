@@ -967,3 +967,62 @@ async fn the_request_log_and_a_scenarios_faults_step() {
     assert_eq!(s.faults().await[0]["path"], "/v1/nowhere");
     let _ = started;
 }
+
+/// An event reaches a stream the client only reads as soon as it is logged:
+/// the devserver's connections set TCP_NODELAY, as production HTTP servers
+/// do. Without it, the first events written after the stream's headers, which
+/// the client's TCP acknowledges late (it sent the request right after an
+/// earlier response, so it delays its ACKs), waited for that delayed ACK:
+/// 40 ms on Linux, every time — the worker saw it on a session's second call
+/// (Nagle's algorithm). Three fresh connections: all three stall with the
+/// bug; a load spike would have to hit all three to fail the test without it.
+#[tokio::test]
+async fn stream_events_are_not_held_back_for_the_clients_ack() {
+    let s = TestServer::start().await;
+    let (env_id, key) = s.create_environment().await;
+    let mut delays = Vec::new();
+    for attempt in 0..3 {
+        let id = s.create_session(&env_id).await;
+        // As a worker does: the stream's request on the connection of an
+        // earlier request.
+        let client = reqwest::Client::new();
+        let get = |path: String| {
+            client
+                .get(format!("{}{path}", s.url()))
+                .bearer_auth(&key)
+                .header("anthropic-version", "2023-06-01")
+                .header("anthropic-beta", crate::common::AGENTS_BETA)
+                .send()
+        };
+        let read = get(format!("/v1/sessions/{id}")).await.unwrap();
+        assert_eq!(read.status(), 200);
+        read.bytes().await.unwrap();
+        let response = get(format!("/v1/sessions/{id}/events/stream"))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut body = response.bytes_stream();
+        let sent = tokio::time::Instant::now();
+        s.agents(
+            Method::POST,
+            &format!("/v1/sessions/{id}/events"),
+            Some(json!({"events": [{"type": "user.message", "content": format!("attempt {attempt}")}]})),
+        )
+        .await
+        .ok();
+        let mut text = String::new();
+        while !text.contains("event: session.status_idle") {
+            let chunk = tokio::time::timeout(Duration::from_secs(5), body.next())
+                .await
+                .expect("stream data")
+                .unwrap()
+                .unwrap();
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+        delays.push(sent.elapsed());
+    }
+    assert!(
+        delays.iter().any(|d| *d < Duration::from_millis(35)),
+        "a user message's events reached the stream after {delays:?}: held back for the client's delayed ACK"
+    );
+}
