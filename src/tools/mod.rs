@@ -22,6 +22,7 @@
 pub(crate) mod bash;
 pub(crate) mod files;
 mod glob_walk;
+mod lane;
 mod lines;
 pub mod paths;
 mod resolve;
@@ -268,25 +269,66 @@ impl Toolset {
             crate::killpoint::hit("tool.done");
             return out;
         }
-        let policy = self.policy.clone();
         let max = self.max_file_bytes;
-        let name_owned = name.to_string();
         let std_deadline =
             std::time::Instant::now() + deadline.saturating_duration_since(Instant::now());
-        // File tools block on the filesystem: off the async threads.
-        let out = tokio::task::spawn_blocking(move || match name_owned.as_str() {
-            "read" => files::read(&policy, max, input, std_deadline),
-            "write" => files::write(&policy, input),
-            "edit" => files::edit(&policy, max, input),
-            "glob" => search::glob(&policy, input, std_deadline),
-            "grep" => search::grep(&policy, input, std_deadline),
-            other => Err(ToolError::new(format!("unknown tool {other:?}"))),
+        let run = |input, deadline| {
+            lane::run_inline(|| file_call(name, &self.policy, max, input, deadline)).unwrap_or_else(
+                |_| {
+                    Err(ToolError::new(format!(
+                        "{name}: the tool failed: it panicked"
+                    )))
+                },
+            )
+        };
+        // Short calls run here; the rest, and a read-only call the budget
+        // cut short, on the blocking pool (see `lane`).
+        let input = match lane::inline_for(name, &input, max) {
+            lane::Inline::No => input,
+            lane::Inline::Bounded => {
+                let out = run(input, std_deadline);
+                crate::killpoint::hit("tool.done");
+                return out;
+            }
+            lane::Inline::Budgeted => {
+                let until = lane::budget_end(std_deadline);
+                let out = run(input.clone(), until);
+                if !lane::cut_by_budget(until, std_deadline) {
+                    crate::killpoint::hit("tool.done");
+                    return out;
+                }
+                input
+            }
+        };
+        let policy = self.policy.clone();
+        let name_owned = name.to_string();
+        let out = tokio::task::spawn_blocking(move || {
+            file_call(&name_owned, &policy, max, input, std_deadline)
         })
         .await
         .unwrap_or_else(|e| Err(ToolError::new(format!("{name}: the tool failed: {e}"))));
         // The call's effect is on disk; its result is not sent yet.
         crate::killpoint::hit("tool.done");
         out
+    }
+}
+
+/// One call of a file tool, blocking: on the blocking pool, or inline
+/// when [`lane`] allows it.
+fn file_call(
+    name: &str,
+    policy: &PathPolicy,
+    max_file_bytes: Option<u64>,
+    input: Value,
+    deadline: std::time::Instant,
+) -> Result<ToolOutput, ToolError> {
+    match name {
+        "read" => files::read(policy, max_file_bytes, input, deadline),
+        "write" => files::write(policy, input),
+        "edit" => files::edit(policy, max_file_bytes, input),
+        "glob" => search::glob(policy, input, deadline),
+        "grep" => search::grep(policy, input, deadline),
+        other => Err(ToolError::new(format!("unknown tool {other:?}"))),
     }
 }
 

@@ -48,6 +48,7 @@ mod shell_sandbox;
 mod skills;
 mod spare_supervisor;
 mod termination;
+mod tool_lane;
 mod tools;
 mod tools_bounds;
 mod tools_confinement;
