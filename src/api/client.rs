@@ -262,7 +262,10 @@ impl Client {
         family: ApiFamily,
         path: &str,
     ) -> RequestBuilder {
-        let url = format!("{}{}", self.inner.base_url, path);
+        // The official SDKs mark every beta path with `?beta=true`; the API
+        // accepts it. Written into the URL (a caller's `.query` appends
+        // after it): one parse per request, no re-encoding.
+        let url = format!("{}{}?beta=true", self.inner.base_url, path);
         let mut headers = self.inner.extra_headers.clone();
         headers.remove("x-api-key");
         headers.remove(reqwest::header::AUTHORIZATION);
@@ -290,12 +293,7 @@ impl Client {
                 }
             }
         }
-        // The official SDKs mark every beta path with `?beta=true`; the API accepts it.
-        self.inner
-            .http
-            .request(method, url)
-            .headers(headers)
-            .query(&[("beta", "true")])
+        self.inner.http.request(method, url).headers(headers)
     }
 
     /// Send and return the raw response when its status is a success.
