@@ -93,9 +93,23 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.min(sorted.len()) - 1]
 }
 
-/// User + system CPU time of process `pid` (all its threads, not its
-/// children), in ms; the kernel counts it in ticks of 10 ms.
+/// CPU time of process `pid` (user + system, all its threads, those that
+/// already exited included; not its children), in ms: the kernel's
+/// per-process CPU clock (`clock_getcpuclockid`), to the nanosecond. Where
+/// that clock cannot be read, `/proc/<pid>/stat`'s utime + stime, which the
+/// kernel reports in ticks of 10 ms.
 pub fn proc_cpu_ms(pid: u32) -> f64 {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: both calls only write the out-parameters given.
+    if unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) } == 0 {
+        let mut at = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        if unsafe { libc::clock_gettime(clock, &mut at) } == 0 {
+            return at.tv_sec as f64 * 1e3 + at.tv_nsec as f64 / 1e6;
+        }
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let rest: Vec<&str> = stat
         .rsplit_once(')')
