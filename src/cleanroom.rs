@@ -441,7 +441,8 @@ pub(crate) fn spawn_tracked(
 /// pid, never `waitpid(-1)`, so tokio's children keep their statuses (tokio
 /// waits per pid too, so adopted orphans do not confuse it). Blocking, up
 /// to a few `KILL_BOUND`s; run it off the runtime. Does nothing unless
-/// [`become_subreaper`] succeeded. Returns how many orphans were found.
+/// [`become_subreaper`] succeeded. Returns how many were alive (killed);
+/// dead ones (zombies) are only reaped.
 pub fn sweep_orphans() -> usize {
     if !SUBREAPER.load(std::sync::atomic::Ordering::SeqCst) {
         return 0;
@@ -470,9 +471,12 @@ pub fn sweep_orphans() -> usize {
             let Some(pid) = Pid::from_raw(pid) else {
                 continue;
             };
-            found += 1;
             // Our unreaped child: its pid cannot be reused until we wait.
+            // A zombie is already dead — typically a session's shell, killed
+            // with its tree, whose supervisor died before reaping it — and is
+            // only reaped; a live one escaped its session's tree.
             if state != b'Z' {
+                found += 1;
                 kill_tree(pid, true, false, KILL_BOUND);
             }
             let reap_until = Instant::now() + KILL_BOUND;

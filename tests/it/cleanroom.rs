@@ -443,6 +443,49 @@ async fn killing_its_own_supervisor_does_not_let_a_process_escape() {
         processes_with(&m)
     );
     assert!(gone, "the detached process escaped the teardown");
+    // The teardown said so: a process was alive outside its session's tree.
+    assert!(
+        eventually(Duration::from_secs(10), || s
+            .serve
+            .logs()
+            .contains("killed processes that escaped their session")),
+        "{}",
+        s.serve.logs_tail(30)
+    );
+}
+
+/// The shell's own tree, killed at the session's end, is no escape: its
+/// processes reach the worker (the subreaper) already dead, once their
+/// supervisor is gone, and are reaped without a word. Before, every
+/// session's end logged "killed processes that escaped their session
+/// processes=1" for its own dead shell, and operators grep that line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sessions_own_dead_shell_is_not_reported_as_an_escape() {
+    let s = stack(&[]).await;
+    for name in ["first", "second"] {
+        let a = s
+            .start(json!({"name": name, "steps": [
+                bash("echo ok".into(), json!({"contains": "ok"})),
+            ]}))
+            .await;
+        s.passed_report(&a.session_id).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || s
+            .serve
+            .logs()
+            .matches("work item done")
+            .count()
+            == 2),
+        "{}",
+        s.serve.logs_tail(30)
+    );
+    let logs = s.serve.logs();
+    assert!(
+        !logs.contains("escaped their session"),
+        "a session's own shell was reported as an escape:\n{}",
+        s.serve.logs_tail(30)
+    );
 }
 
 /// Review item 2: with no time left for the freeze, [`kill_tree`] still
