@@ -1,14 +1,15 @@
 //! The async runtime a subcommand runs on, sized to the work items it can
 //! serve at once.
 //!
-//! A session's async side is coordination: read the event stream, hand a
-//! tool call to the blocking pool or the shell, post the result. Each
-//! hand-off between two runtime threads costs a futex wake-up and a context
-//! switch, and with one session at a time a second thread adds little but
-//! those (the 200-call session of `cargo bench --bench session`: about 15 %
-//! of the worker's CPU). Tool calls and file work run on the blocking pool
-//! whatever the size, so a long tool call never holds the runtime; items
-//! served side by side get a thread each, up to the cores.
+//! A session's async side is coordination: read the event stream, run a
+//! short file call in place or hand a long one to the blocking pool (see
+//! `tools::lane`), talk to the shell, post the result. Each hand-off
+//! between two runtime threads costs a futex wake-up and a context switch,
+//! and with one session at a time a second thread adds little but those
+//! (the 200-call session of `cargo bench --bench session`: about 15 % of the
+//! worker's CPU). No tool call holds the runtime thread long: a file call
+//! runs in place only within its budget, the rest on the blocking pool;
+//! items served side by side get a thread each, up to the cores.
 //! `TOKIO_WORKER_THREADS`, when set, wins (tokio's own variable).
 
 use std::num::NonZeroUsize;

@@ -11,7 +11,9 @@
 //!   target lies under, never a name followed by the kernel;
 //! - `files` — `read`, `write`, `edit`;
 //! - `search` — `glob`, `grep` (built in);
-//! - `bash` — the persistent shell.
+//! - `bash` — the persistent shell;
+//! - `lane` — where a file call runs: on the runtime thread while it is
+//!   short, on the blocking pool when it may be long.
 //!
 //! Trust model: the file tools are confined to the workdir and the allowed
 //! roots, whatever the agent renames or symlinks meanwhile; `bash` is not
