@@ -258,6 +258,35 @@ struct GrepInput {
     path: Option<String>,
 }
 
+/// What `grep` looks for: a regex, or — when the pattern has no regex
+/// metacharacter, so the regex would match exactly that text — the text
+/// itself, found without building a regex (its compilation is most of a
+/// small grep's CPU). The lines matched are the same.
+enum GrepPattern {
+    Literal(String),
+    Regex(regex::Regex),
+}
+
+impl GrepPattern {
+    fn new(pattern: &str) -> Result<GrepPattern, ToolError> {
+        if regex::escape(pattern) == pattern {
+            return Ok(GrepPattern::Literal(pattern.to_string()));
+        }
+        regex::RegexBuilder::new(pattern)
+            .size_limit(10 * 1024 * 1024)
+            .build()
+            .map(GrepPattern::Regex)
+            .map_err(|e| ToolError::new(format!("grep: invalid regex: {e}")))
+    }
+
+    fn is_match(&self, line: &str) -> bool {
+        match self {
+            GrepPattern::Literal(text) => line.contains(text.as_str()),
+            GrepPattern::Regex(rx) => rx.is_match(line),
+        }
+    }
+}
+
 /// Collects `file:line:text` hits within the output budget.
 struct Hits {
     lines: Vec<String>,
@@ -281,7 +310,7 @@ impl Hits {
 /// Search one regular file (`name` in `dir`, opened without following a
 /// symlink); `false` when the output budget ran out or the deadline passed.
 fn grep_at(
-    rx: &regex::Regex,
+    rx: &GrepPattern,
     dir: &OwnedFd,
     name: &CStr,
     shown: &Path,
@@ -305,7 +334,7 @@ fn grep_at(
 /// read, and the deadline is checked at every buffer-full. `false` when the
 /// output budget ran out or the deadline passed.
 fn grep_fd(
-    rx: &regex::Regex,
+    rx: &GrepPattern,
     fd: OwnedFd,
     path: &Path,
     hits: &mut Hits,
@@ -371,10 +400,7 @@ pub(crate) fn grep(
 ) -> Result<ToolOutput, ToolError> {
     let input: GrepInput = super::parse_input("grep", input)?;
     let (shown, opened) = search_path("grep", policy, input.path.as_deref(), || Ok(()))?;
-    let rx = regex::RegexBuilder::new(&input.pattern)
-        .size_limit(10 * 1024 * 1024)
-        .build()
-        .map_err(|e| ToolError::new(format!("grep: invalid regex: {e}")))?;
+    let rx = GrepPattern::new(&input.pattern)?;
     let mut hits = Hits {
         lines: Vec::new(),
         budget: GREP_OUTPUT_LIMIT as isize,
@@ -407,4 +433,43 @@ pub(crate) fn grep(
         return Ok(ToolOutput::Text("no matches".into()));
     }
     Ok(ToolOutput::Text(hits.lines.join("\n")))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[test]
+    fn a_pattern_without_metacharacters_is_searched_as_text() {
+        for (pattern, literal) in [
+            ("gamma 3", true),
+            ("", true),
+            ("fn main()", false),
+            ("a.b", false),
+            ("x+", false),
+            ("tag#1", false),
+            ("ünïcode wörds", true),
+            ("^start", false),
+        ] {
+            let p = GrepPattern::new(pattern).unwrap();
+            assert_eq!(matches!(p, GrepPattern::Literal(_)), literal, "{pattern:?}");
+        }
+        assert!(GrepPattern::new("(unclosed").is_err());
+    }
+
+    proptest! {
+        /// Whichever way a pattern is searched, it matches the lines the
+        /// regex matches.
+        #[test]
+        fn the_literal_path_matches_what_the_regex_matches(
+            pattern in "[ab .*()\\[\\]^$#é]{0,6}",
+            line in "[ab .*()\\[\\]^$#é]{0,12}",
+        ) {
+            if let (Ok(p), Ok(rx)) = (GrepPattern::new(&pattern), regex::Regex::new(&pattern)) {
+                prop_assert_eq!(p.is_match(&line), rx.is_match(&line));
+            }
+        }
+    }
 }
