@@ -124,7 +124,7 @@ impl Sessions<'_> {
                             event.data.as_bytes(),
                         )))),
                         _ => Some(
-                            serde_json::from_str::<SessionEvent>(&event.data)
+                            SessionEvent::from_json(&event.data)
                                 .map_err(|e| Error::Decode(format!("event stream: {e}"))),
                         ),
                     },

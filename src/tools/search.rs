@@ -333,13 +333,7 @@ fn grep_at(
 /// skipped without being buffered), at most [`GREP_MAX_FILE_BYTES`] are
 /// read, and the deadline is checked at every buffer-full. `false` when the
 /// output budget ran out or the deadline passed.
-fn grep_fd(
-    rx: &GrepPattern,
-    fd: OwnedFd,
-    path: &Path,
-    hits: &mut Hits,
-    deadline: Instant,
-) -> bool {
+fn grep_fd(rx: &GrepPattern, fd: OwnedFd, path: &Path, hits: &mut Hits, deadline: Instant) -> bool {
     if !rustix::fs::fstat(&fd)
         .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
     {

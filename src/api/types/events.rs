@@ -159,6 +159,31 @@ macro_rules! session_events {
 
             /// Every event type this client models.
             pub const KNOWN_TYPES: &'static [&'static str] = &[$( $name ),*];
+
+            /// Parse one event's JSON text (a stream's `data:`): its `type`
+            /// read first, then the text straight into that type — one
+            /// pass, where the generic [`Deserialize`] builds a `Value`
+            /// first. Anything that does not parse so (not an object, an
+            /// unknown type, a malformed event) takes the generic path, so
+            /// the result and the error are the same.
+            pub(crate) fn from_json(text: &str) -> serde_json::Result<SessionEvent> {
+                #[derive(Deserialize)]
+                struct Kind<'a> {
+                    #[serde(rename = "type", borrow)]
+                    kind: std::borrow::Cow<'a, str>,
+                }
+                let typed = match serde_json::from_str::<Kind<'_>>(text) {
+                    Ok(Kind { kind }) => match kind.as_ref() {
+                        $( $name => serde_json::from_str(text).map(SessionEvent::$variant).ok(), )*
+                        _ => None,
+                    },
+                    Err(_) => None,
+                };
+                match typed {
+                    Some(event) => Ok(event),
+                    None => serde_json::from_str(text),
+                }
+            }
         }
 
         impl Serialize for SessionEvent {
@@ -305,6 +330,46 @@ mod tests {
         assert!(matches!(&events[2], SessionEvent::Other(v) if v["content"][0]["text"] == "hi"));
         assert_eq!(events[2].event_type(), "agent.message");
         assert_eq!(events[2].id(), Some("sevt_3"));
+    }
+
+    /// The one-pass parse of a stream's `data:` gives what the generic
+    /// path gives, event or error, for every modelled type, unknown types,
+    /// odd `type`s and malformed events.
+    #[test]
+    fn parsing_a_data_line_in_one_pass_gives_what_the_generic_path_gives() {
+        let texts = [
+            r#"{"type":"agent.tool_use","id":"sevt_1","name":"bash","input":{"command":"ls"},"processed_at":"2026-01-01T00:00:00Z","session_thread_id":"t1"}"#,
+            r#"{"type":"agent.custom_tool_use","id":"sevt_1","name":"mine","input":{}}"#,
+            r#"{"type":"user.tool_result","id":"sevt_2","tool_use_id":"sevt_1","content":[{"type":"text","text":"hi é"}],"is_error":false}"#,
+            r#"{"type":"user.custom_tool_result","tool_use_id":"sevt_1","content":[]}"#,
+            r#"{"type":"user.tool_confirmation","tool_use_id":"sevt_1","result":"allow"}"#,
+            r#"{"type":"session.status_idle","id":"sevt_2","stop_reason":{"type":"end_turn"}}"#,
+            r#"{"type":"session.status_running","id":"sevt_3"}"#,
+            r#"{"type":"session.status_terminated","id":"sevt_4"}"#,
+            r#"{"type":"session.thread_status_terminated","session_thread_id":"t1"}"#,
+            r#"{"type":"session.error","error":{"message":"boom"}}"#,
+            r#"{"type":"session.deleted","id":"sevt_5"}"#,
+            r#"{"type":"agent.message","id":"sevt_3","content":[{"type":"text","text":"hi"}]}"#,
+            r#"{"type":"agent.tool\u005fuse","id":"sevt_1","name":"bash","input":{}}"#,
+            r#"{"type":7,"id":"x"}"#,
+            r#"{"id":"no type"}"#,
+            r#"[1,2]"#,
+            r#""text""#,
+            r#"{"type":"agent.tool_use","id":5}"#,
+            r#"{"type":"user.tool_result","tool_use_id":"sevt_1","is_error":"no"}"#,
+            r#"{"type":"agent.tool_use","#,
+            "",
+        ];
+        for text in texts {
+            let fast = SessionEvent::from_json(text).map_err(|e| e.to_string());
+            let generic = serde_json::from_str::<SessionEvent>(text).map_err(|e| e.to_string());
+            assert_eq!(fast, generic, "{text}");
+        }
+        // The modelled types all went the typed way.
+        assert!(matches!(
+            SessionEvent::from_json(texts[0]),
+            Ok(SessionEvent::AgentToolUse(_))
+        ));
     }
 
     #[test]
