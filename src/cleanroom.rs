@@ -292,24 +292,62 @@ pub fn sweep_left_rooms(root: &Path) -> usize {
 
 /// Every process in `/proc`, with its state letter (`Z`: zombie) and its
 /// parent's pid (no `/proc/<pid>/task/*/children`: that needs a kernel
-/// option).
+/// option). A session's end scans a few times (the freeze, the kill, the
+/// sweep), so each entry costs three system calls: `openat` beneath one
+/// `/proc` descriptor, one `read` into a buffer on the stack, `close`.
 pub fn processes() -> Vec<(i32, u8, i32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
+    use rustix::fs::{Mode, OFlags};
+    let Ok(proc_dir) = rustix::fs::openat(
+        rustix::fs::CWD,
+        "/proc",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
         return Vec::new();
     };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter_map(|pid| {
-            let text = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-            // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
-            let close = text.iter().rposition(|&b| b == b')')?;
-            let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
-            let mut fields = rest.split_ascii_whitespace();
-            let state = fields.next()?.bytes().next()?;
-            Some((pid, state, fields.next()?.parse().ok()?))
-        })
-        .collect()
+    let Ok(entries) = rustix::fs::Dir::read_from(&proc_dir) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    // `pid (comm) state ppid …`: comm is at most 64 bytes, the fields
+    // before `ppid` a few dozen.
+    let mut buf = [0u8; 512];
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .ok()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(fd) = rustix::fs::openat(
+            &proc_dir,
+            format!("{pid}/stat"),
+            OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            continue; // gone meanwhile
+        };
+        let Ok(len) = rustix::io::read(&fd, &mut buf) else {
+            continue;
+        };
+        if let Some(fields) = stat_fields(&buf[..len]) {
+            found.push((pid, fields.0, fields.1));
+        }
+    }
+    found
+}
+
+/// The state letter and the parent's pid of a `/proc/<pid>/stat` line
+/// (its start, at least up to `ppid`); comm may hold spaces and
+/// parentheses, so the fields are read after its last `)`.
+fn stat_fields(text: &[u8]) -> Option<(u8, i32)> {
+    let close = text.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&text[close + 1..]).ok()?;
+    let mut fields = rest.split_ascii_whitespace();
+    let state = fields.next()?.bytes().next()?;
+    Some((state, fields.next()?.parse().ok()?))
 }
 
 /// Every live (not zombie) descendant of `root`.
@@ -719,5 +757,52 @@ async fn init() -> ExitCode {
             // A SIGCHLD coalesced with one already handled is still caught.
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stat_line_is_read_after_the_last_parenthesis_of_its_comm() {
+        assert_eq!(stat_fields(b"42 (bash) S 7 42 42 0 -1"), Some((b'S', 7)));
+        assert_eq!(
+            stat_fields(b"43 (a) Z 9 (b) ) R 12 43 43 0"),
+            Some((b'R', 12))
+        );
+        assert_eq!(stat_fields(b"44 (sleep) Z 1"), Some((b'Z', 1)));
+        assert_eq!(stat_fields(b"45 (cut"), None);
+        assert_eq!(stat_fields(b""), None);
+    }
+
+    #[test]
+    fn the_scan_sees_a_live_child_and_a_zombie_with_their_parent() {
+        let me = rustix::process::getpid().as_raw_nonzero().get();
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut exited = std::process::Command::new("true").spawn().unwrap();
+        let exited_pid = exited.id() as i32;
+        // `true` exits at once and stays a zombie until waited for.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let state_of = |pid: i32| {
+            processes()
+                .into_iter()
+                .find(|&(p, _, _)| p == pid)
+                .map(|(_, state, ppid)| (state, ppid))
+        };
+        while state_of(exited_pid).is_some_and(|(s, _)| s != b'Z') && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(state_of(exited_pid), Some((b'Z', me)));
+        let (state, ppid) = state_of(sleeper.id() as i32).expect("the sleeper is listed");
+        assert_eq!(ppid, me);
+        assert_ne!(state, b'Z');
+        assert!(processes().iter().any(|&(p, _, _)| p == me));
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        exited.wait().unwrap();
     }
 }
