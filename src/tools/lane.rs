@@ -55,8 +55,14 @@ pub(crate) enum Inline {
 }
 
 /// Whether the call `name(input)` may run inline, with files capped at
-/// `max_bytes`. Decided from the input alone: the file is not opened twice.
-pub(crate) fn inline_for(name: &str, input: &Value, max_bytes: Option<u64>) -> Inline {
+/// `max_bytes`; `is_media` tells a path `read` returns as a base64 block.
+/// Decided from the input alone: the file is not opened twice.
+pub(crate) fn inline_for(
+    name: &str,
+    input: &Value,
+    max_bytes: Option<u64>,
+    is_media: impl Fn(&str) -> bool,
+) -> Inline {
     if !on_multi_thread_runtime() {
         return Inline::No;
     }
@@ -64,9 +70,7 @@ pub(crate) fn inline_for(name: &str, input: &Value, max_bytes: Option<u64>) -> I
     match name {
         "glob" | "grep" => Inline::Budgeted,
         "read" => {
-            let media = input["file_path"]
-                .as_str()
-                .is_some_and(super::files::is_media_path);
+            let media = input["file_path"].as_str().is_some_and(is_media);
             if capped && !media {
                 Inline::Budgeted
             } else {
@@ -135,15 +139,19 @@ mod tests {
 
     use super::*;
 
+    fn media(path: &str) -> bool {
+        path.to_ascii_lowercase().ends_with(".pdf") || path.ends_with(".png")
+    }
+
     #[test]
     fn outside_a_multi_thread_runtime_every_call_goes_to_the_pool() {
-        assert_eq!(inline_for("grep", &json!({}), Some(1)), Inline::No);
+        assert_eq!(inline_for("grep", &json!({}), Some(1), media), Inline::No);
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
         rt.block_on(async {
             assert_eq!(
-                inline_for("read", &json!({"file_path": "a"}), Some(1)),
+                inline_for("read", &json!({"file_path": "a"}), Some(1), media),
                 Inline::No
             );
         });
@@ -190,7 +198,7 @@ mod tests {
             ];
             for (name, input, max, want) in table {
                 assert_eq!(
-                    inline_for(name, &input, max),
+                    inline_for(name, &input, max, media),
                     want,
                     "{name} {input} {max:?}"
                 );

@@ -285,7 +285,7 @@ impl Toolset {
         };
         // Short calls run here; the rest, and a read-only call the budget
         // cut short, on the blocking pool (see `lane`).
-        let input = match lane::inline_for(name, &input, max) {
+        let input = match lane::inline_for(name, &input, max, files::is_media_path) {
             lane::Inline::No => input,
             lane::Inline::Bounded => {
                 let out = run(input, std_deadline);
