@@ -164,6 +164,19 @@ const PSEUDO_FS: [u64; 8] = [
     0x6367_7270, // CGROUP2_SUPER_MAGIC
 ];
 
+/// Filesystems held in memory (`statfs(2)`'s magic numbers), where `fsync`
+/// returns at once: tmpfs, ramfs.
+const MEMORY_FS: [u64; 2] = [
+    0x0102_1994, // TMPFS_MAGIC
+    0x8584_58f6, // RAMFS_MAGIC
+];
+
+/// Whether `fd` lies in a filesystem held in memory ([`MEMORY_FS`]).
+pub(crate) fn memory_backed<Fd: AsFd>(fd: Fd) -> bool {
+    #[allow(clippy::unnecessary_cast)] // `f_type`'s width differs by target
+    rustix::fs::fstatfs(fd).is_ok_and(|fs| MEMORY_FS.contains(&(fs.f_type as u64)))
+}
+
 /// `fd` itself, unless it lies in a kernel pseudo-filesystem ([`PSEUDO_FS`]):
 /// then `EXDEV`. Nothing the worker syncs or the file tools serve lives
 /// there, and `/proc/<worker pid>/` holds the worker's environment.

@@ -309,16 +309,6 @@ pub(crate) fn is_write_tmp(name: &str) -> bool {
         .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
-/// Whether `file` lives on tmpfs or ramfs, where `fsync` returns at once.
-fn memory_backed(file: &File) -> bool {
-    const TMPFS_MAGIC: u64 = 0x0102_1994;
-    const RAMFS_MAGIC: u64 = 0x8584_58f6;
-    rustix::fs::fstatfs(file).is_ok_and(|st| {
-        let kind = st.f_type as u64;
-        kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
-    })
-}
-
 /// Replace `leaf` in `dir` atomically with `content`: an `O_EXCL`
 /// temporary file in the same directory fd, fsync, `renameat`. A new file
 /// gets 0644; an existing one keeps its mode. A symlink or a directory at
@@ -352,13 +342,8 @@ fn write_atomic(dir: &OwnedFd, leaf: &str, content: &[u8]) -> Result<(), Errno> 
         file.write_all(content)
             .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
         rustix::fs::fchmod(&file, Mode::from_raw_mode(mode))?;
-        // The one step that may wait on the disk: off the runtime thread
-        // (see `lane`) unless the filesystem is memory-backed.
-        if memory_backed(&file) {
-            rustix::fs::fsync(&file)?;
-        } else {
-            super::lane::long(|| rustix::fs::fsync(&file))?;
-        }
+        // The one step that may wait on the disk (see `lane`).
+        super::lane::long_on_disk(&file, || rustix::fs::fsync(&file))?;
         rustix::fs::renameat(dir, tmp.as_str(), dir, leaf)
     })();
     if written.is_err() {

@@ -133,6 +133,17 @@ pub(crate) fn long<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// Run `f`, which waits on the disk `file` lies on: [`long`], unless that
+/// filesystem is held in memory (asked only inline: on the pool, `f` just
+/// runs).
+pub(crate) fn long_on_disk<R>(file: impl std::os::fd::AsFd, f: impl FnOnce() -> R) -> R {
+    if INLINE.with(Cell::get) && !crate::fsx::memory_backed(file) {
+        long(f)
+    } else {
+        f()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -242,6 +253,32 @@ mod tests {
         });
         assert_eq!(out, (false, true));
         assert!(!INLINE.with(Cell::get));
+    }
+
+    #[test]
+    fn only_a_file_off_memory_hands_the_runtime_off() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let (in_memory, on_proc) = rt.block_on(async {
+            tokio::spawn(async {
+                run_inline(|| {
+                    let shm = std::fs::File::open("/dev/shm").unwrap();
+                    let proc = std::fs::File::open("/proc/self/stat").unwrap();
+                    (
+                        long_on_disk(&shm, || INLINE.with(Cell::get)),
+                        long_on_disk(&proc, || INLINE.with(Cell::get)),
+                    )
+                })
+                .unwrap()
+            })
+            .await
+            .unwrap()
+        });
+        // tmpfs: run in place (still inline); procfs, not memory: handed off.
+        assert!(in_memory);
+        assert!(!on_proc);
     }
 
     #[test]
