@@ -20,10 +20,9 @@
 //!    peak RSS (`VmHWM`) of the worker process at the end of the 200-call
 //!    session, and its CPU time during the session.
 //! 3. **The shell's sandbox.** `envworker serve --shell-sandbox require` as
-//!    another worker of the webhook-driven runs of 1 and 2, next to an `off`
-//!    one (the default with one item at a time), both with their workdir and
-//!    store on disk: throughput, step latency, webhook → first result, cold
-//!    start, and require ÷ off.
+//!    another worker of the webhook-driven runs of 1 and 2, next to the
+//!    default (`off` with one item at a time): throughput, step latency,
+//!    webhook → first result, cold start, and require ÷ off.
 //! 4. **Sessions side by side.** One `envworker serve --max-concurrent-items
 //!    N` (N = 4, `SESSION_BENCH_SIDE_BY_SIDE`) serving N sessions of a
 //!    20-call scenario started at once, one webhook each: step latency over
@@ -38,12 +37,10 @@
 //! `envworker serve`, the path a webhook takes in production; the SDK: one
 //! Python process), with the same settings (max idle 1 s, memory sync every
 //! 5 s), against one `envworker devserver` process whose database and mount
-//! root are on tmpfs, as are the workdirs; but the sandbox grants no write
-//! below `/dev` (`/dev/shm` included), so the runs of 3 and 4 keep their
-//! workdirs and stores in the default temp directory (on disk here, where
-//! the write tool's `fsync` costs ~0.4 ms). Runs alternate envworker /
-//! envworker (off, disk) / envworker (sandbox) / envworker (push) / SDK, and
-//! require / off;
+//! root are on tmpfs, as are every worker's workdirs and stores (the SDK's
+//! too; on disk our write tool's `fsync` would cost ~0.4 ms that the SDK,
+//! which does not sync, never pays). Runs alternate envworker / envworker
+//! (sandbox) / envworker (push) / SDK, and require / off;
 //! one warm-up round of each is not counted. Prints medians and ratios and
 //! writes them into `benches/RESULTS.md` between its markers. Run: `cargo
 //! bench --bench session` (`SESSION_BENCH_RUNS=N` for another number of
@@ -89,10 +86,7 @@ const POLL_PHASES_MS: [u64; 7] = [300, 2_900, 1_500, 3_700, 700, 2_300, 4_100];
 enum Who {
     /// `envworker serve` with its default at one session: `--shell-sandbox off`.
     Ours,
-    /// The same, its workdir and store on disk: the sandbox's `off` partner.
-    OursOffDisk,
-    /// `envworker serve --shell-sandbox require`, its workdir and store on
-    /// disk (the sandbox grants no write below `/dev`, so not on `/dev/shm`).
+    /// `envworker serve --shell-sandbox require`.
     OursSandboxed,
     /// `envworker serve --memory-push` (tmpfs, sandbox off): the store's
     /// edits uploaded within about a second instead of at the sync.
@@ -104,7 +98,6 @@ impl Who {
     fn label(self) -> &'static str {
         match self {
             Who::Ours => "envworker",
-            Who::OursOffDisk => "envworker (off, disk)",
             Who::OursSandboxed => "envworker (sandbox)",
             Who::OursPush => "envworker (push)",
             Who::Sdk => "sdk",
@@ -115,23 +108,17 @@ impl Who {
     fn slug(self) -> &'static str {
         match self {
             Who::Ours => "envworker",
-            Who::OursOffDisk => "envworker-off-disk",
             Who::OursSandboxed => "envworker-sandbox",
             Who::OursPush => "envworker-push",
             Who::Sdk => "sdk",
         }
     }
 
-    /// Workdir and store on disk (`Setup::files`) rather than on tmpfs.
-    fn on_disk(self) -> bool {
-        matches!(self, Who::OursOffDisk | Who::OursSandboxed)
-    }
-
     /// envworker's `--shell-sandbox`.
     fn shell_sandbox(self) -> &'static str {
         match self {
             Who::OursSandboxed => "require",
-            Who::Ours | Who::OursOffDisk | Who::OursPush | Who::Sdk => "off",
+            Who::Ours | Who::OursPush | Who::Sdk => "off",
         }
     }
 }
@@ -522,14 +509,10 @@ struct Setup {
     envworker: PathBuf,
     python: PathBuf,
     script: PathBuf,
-    /// The devserver's database and mount root, the logs, and the workers'
-    /// workdirs (tmpfs where there is one).
+    /// The devserver's database and mount root, the logs, the workers'
+    /// workdirs and the side-by-side sessions' stores (tmpfs where there is
+    /// one: `/dev/shm`, which the shell's sandbox may be granted).
     root: PathBuf,
-    /// Workdirs and stores of the sandbox's runs, `require` and its `off`
-    /// partners alike: not below `/dev/shm`, as the shell's sandbox grants no
-    /// write below `/dev` (a working directory, a store's folder there is
-    /// refused), so in the default temp directory.
-    files: PathBuf,
 }
 
 impl Setup {
@@ -562,7 +545,7 @@ impl Setup {
         secret: &str,
     ) -> Command {
         match who {
-            Who::Ours | Who::OursOffDisk | Who::OursSandboxed | Who::OursPush => {
+            Who::Ours | Who::OursSandboxed | Who::OursPush => {
                 let mut c = self.serve_cmd(port, env, api, workdir, secret);
                 c.args(["--shell-sandbox", who.shell_sandbox()]);
                 if who == Who::OursPush {
@@ -606,7 +589,7 @@ impl Setup {
     /// Command for an always-on poller of `who`.
     fn poll_cmd(&self, who: Who, env: &(String, String), api: &str, workdir: &Path) -> Command {
         match who {
-            Who::Ours | Who::OursOffDisk | Who::OursSandboxed | Who::OursPush => {
+            Who::Ours | Who::OursSandboxed | Who::OursPush => {
                 let mut c = self.ours();
                 c.args(["poll", "--max-idle", "1s", "--memory-sync-interval", "5s"])
                     .args(["--shell-sandbox", who.shell_sandbox()])
@@ -641,17 +624,11 @@ impl Setup {
         dir
     }
 
-    /// A workdir under `files`.
-    fn disk_workdir(&self, tag: &str) -> PathBuf {
-        let dir = self.files.join(tag).join("work");
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
-    }
-
-    /// Mount the scenario's store under `files` too (the scenario's
-    /// `mount_path`, instead of one under the devserver's mount root).
-    fn store_on_disk(&self, doc: &mut Value, tag: &str) {
-        let store = self.files.join(tag).join("notes");
+    /// Mount the scenario's store at a path of its own beside the workdirs
+    /// (the scenario's `mount_path`, instead of one under the devserver's
+    /// mount root): side by side, each session's store has its own folder.
+    fn store_of_its_own(&self, doc: &mut Value, tag: &str) {
+        let store = self.root.join(tag).join("notes");
         doc["memory_stores"][0]["mount_path"] = json!(store.to_str().unwrap());
     }
 }
@@ -780,11 +757,7 @@ async fn webhook_run(
 ) -> WebhookRun {
     let env = dev.environment().await;
     let dir = format!("{tag}-{}", who.slug());
-    let workdir = if who.on_disk() {
-        setup.disk_workdir(&dir)
-    } else {
-        setup.workdir(&dir)
-    };
+    let workdir = setup.workdir(&dir);
     let (key, secret) = SigningKey::generate();
     let port = free_port();
     let mut cmd = setup.webhook_cmd(who, port, &env, &dev.url, &workdir, &secret);
@@ -809,9 +782,6 @@ async fn webhook_run(
         &format!("Bench Notes {tag} {}", who.slug()),
         calls,
     );
-    if who.on_disk() {
-        setup.store_on_disk(&mut doc, &dir);
-    }
     let session_id = dev.start_scenario(&doc).await;
     let webhook_id = format!("whe_bench_{tag}_{}", who.slug());
     let sent = send_webhook(dev, port, &key, &webhook_id, &session_id, &proc).await;
@@ -988,7 +958,7 @@ async fn side_by_side_run(
 ) -> SideRun {
     let env = dev.environment().await;
     let slug = format!("side{n}-{sandbox}");
-    let workdir = setup.disk_workdir(&format!("{tag}-{slug}"));
+    let workdir = setup.workdir(&format!("{tag}-{slug}"));
     let (key, secret) = SigningKey::generate();
     let port = free_port();
     let mut cmd = setup.serve_cmd(port, &env, &dev.url, &workdir, &secret);
@@ -1020,7 +990,7 @@ async fn side_by_side_run(
                 &format!("Bench Notes {tag} {slug} {i}"),
                 SIDE_CALLS,
             );
-            setup.store_on_disk(&mut doc, &format!("{tag}-{slug}-{i}"));
+            setup.store_of_its_own(&mut doc, &format!("{tag}-{slug}-{i}"));
             doc
         })
         .collect();
@@ -1334,35 +1304,23 @@ async fn main() {
             .tempdir()
             .unwrap()
     };
-    let files = tempfile::Builder::new()
-        .prefix("envworker-session-bench-files-")
-        .tempdir()
-        .unwrap();
     let setup = Setup {
         envworker: PathBuf::from(env!("CARGO_BIN_EXE_envworker")),
         python,
         script: Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/sdk_session.py"),
         root: tmp.path().to_path_buf(),
-        files: files.path().to_path_buf(),
     };
     let load_before = load_average();
     let dev = Devserver::start(&setup.envworker, &setup.root);
     println!(
-        "session bench: {runs} runs per worker, {CALLS} measured calls per session; devserver {} (data and mounts under {}; the sandbox's runs' workdirs and stores under {}); {}",
+        "session bench: {runs} runs per worker, {CALLS} measured calls per session; devserver {} (data, mounts and workdirs under {}); {}",
         dev.url,
         setup.root.display(),
-        setup.files.display(),
         machine_note()
     );
 
     // Warm-up round (page cache, the venv's bytecode): not counted.
-    let webhook_workers = [
-        Who::Ours,
-        Who::OursOffDisk,
-        Who::OursSandboxed,
-        Who::OursPush,
-        Who::Sdk,
-    ];
+    let webhook_workers = [Who::Ours, Who::OursSandboxed, Who::OursPush, Who::Sdk];
     for who in webhook_workers {
         webhook_run(&setup, &dev, who, "warmup", SHORT_CALLS).await;
     }
@@ -1577,9 +1535,9 @@ async fn main() {
     }
 
     // The shell's sandbox, one session at a time: the same runs, `require` next to `off`.
-    let (sandboxed, off_disk) = (Who::OursSandboxed.label(), Who::OursOffDisk.label());
+    let (sandboxed, off) = (Who::OursSandboxed.label(), Who::Ours.label());
     let require_off = |what: &str, f: &dyn Fn(&WebhookRun) -> f64, unit: &'static str, hb: bool| {
-        row(what, m(sandboxed, f), m(off_disk, f), unit, hb)
+        row(what, m(sandboxed, f), m(off, f), unit, hb)
     };
     let sandbox_rows = vec![
         require_off(
@@ -1593,7 +1551,7 @@ async fn main() {
         row(
             "1. bash step latency p50 (all runs' bash calls)",
             Some(pooled(sandboxed, "bash")),
-            Some(pooled(off_disk, "bash")),
+            Some(pooled(off, "bash")),
             "ms",
             false,
         ),
@@ -1618,7 +1576,7 @@ async fn main() {
             row(
                 &format!("1. {tool} step latency p50 (all runs' {tool} calls)"),
                 Some(pooled(sandboxed, tool)),
-                Some(pooled(off_disk, tool)),
+                Some(pooled(off, tool)),
                 "ms",
                 false,
             )
@@ -1661,11 +1619,7 @@ async fn main() {
     };
     // The idle single-session worker of the same sandbox mode (VmHWM once ready, median).
     let idle_single = |sandbox: &str| {
-        let who = if sandbox == "require" {
-            sandboxed
-        } else {
-            off_disk
-        };
+        let who = if sandbox == "require" { sandboxed } else { off };
         median(hooks[who].iter().map(|r| r.rss_ready_kb))
     };
     let (idle_require, idle_off) = (idle_single("require"), idle_single("off"));
@@ -1756,14 +1710,14 @@ async fn main() {
         ["measure", "envworker", "SDK", "envworker ÷ SDK"],
         &rows,
     ));
+    section.push_str(&targets_table(&hooks));
     section.push_str("\nMedian latency per tool (all measured calls of all runs):\n\n");
     section.push_str(&tools);
     let _ = write!(
         section,
         "\nThe agent's shell in a sandbox, one session at a time (the webhook-driven runs above, \
          alternating with them): `envworker serve --shell-sandbox require` next to `off` (the default \
-         with one item at a time), both with the workdir and the store on disk (not tmpfs as in the \
-         first table: the sandbox grants no write below `/dev`, so `/dev/shm` is refused):\n\n{}",
+         with one item at a time, the first table's envworker), both on tmpfs:\n\n{}",
         table(
             [
                 "measure",
@@ -1793,7 +1747,7 @@ async fn main() {
         section,
         "\n{side_n} sessions side by side ({SIDE_CALLS} calls each, started at once, one webhook each) in one \
          `envworker serve --max-concurrent-items {side_n}`: the shell's sandbox `require` (the default \
-         there) next to `--shell-sandbox off`, workdirs and stores on disk:\n\n{}",
+         there) next to `--shell-sandbox off`, workdirs and stores on tmpfs:\n\n{}",
         table(
             [
                 "measure",
@@ -1808,6 +1762,50 @@ async fn main() {
     section.push_str(&supervisor_spawn(&setup));
     println!("\n{section}");
     write_results(&section);
+}
+
+/// Each of our single-session workers against the SDK of the same runs, on
+/// the six bounds every one of them is held to (issue 27): a cell says its
+/// ratio and whether it is within its bound.
+fn targets_table(hooks: &BTreeMap<&str, Vec<WebhookRun>>) -> String {
+    let m = |who: &str, f: fn(&WebhookRun) -> f64| median(hooks[who].iter().map(f));
+    let sdk = Who::Sdk.label();
+    let ratio = |who: &str, f: fn(&WebhookRun) -> f64| m(who, f) / m(sdk, f);
+    let mut out = String::from(
+        "\nEach single-session worker against the SDK of the same runs, on the bounds each is held \
+         to (✓ within, ✗ not):\n\n\
+         | envworker | throughput (≥ 3× the SDK) | step p50 (≤ 0.2×) | webhook → first result (≤ 0.08×) \
+         | cold start (≤ 6 ms) | worker CPU (≤ 0.1×) | peak RSS (≤ 0.2×) |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let mark = |ok: bool| if ok { "✓" } else { "✗" };
+    for (who, what) in [
+        (
+            Who::Ours,
+            "defaults (`--shell-sandbox off` at one item, push off)",
+        ),
+        (Who::OursPush, "`--memory-push`"),
+        (Who::OursSandboxed, "`--shell-sandbox require`"),
+    ] {
+        let who = who.label();
+        let throughput = ratio(who, |r| r.calls_per_s);
+        let p50 = ratio(who, |r| r.p50_ms);
+        let first = ratio(who, |r| r.first_result_ms);
+        let cold = m(who, |r| r.cold_ms);
+        let cpu = ratio(who, |r| r.cpu_ms);
+        let rss = ratio(who, |r| r.peak_rss_kb);
+        let _ = writeln!(
+            out,
+            "| {what} | {throughput:.2}× {} | {p50:.3} {} | {first:.3} {} | {cold:.2} ms {} | {cpu:.3} {} | {rss:.2} {} |",
+            mark(throughput >= 3.0),
+            mark(p50 <= 0.2),
+            mark(first <= 0.08),
+            mark(cold <= 6.0),
+            mark(cpu <= 0.1),
+            mark(rss <= 0.2),
+        );
+    }
+    out
 }
 
 /// Where webhook → first result went in each of our workers (medians of

@@ -34,6 +34,15 @@ fn keep_a_spare_supervisor(secret_env_vars: &[String]) {
     crate::tools::spare::replenish();
 }
 
+/// Once the start-up is done: the processes a replica starts ahead of its
+/// first session, a spare shell supervisor and the shell sandbox's
+/// namespace probe (an `execve` of this binary each, which would take the
+/// start-up's cores).
+fn start_background_processes(secret_env_vars: &[String]) {
+    keep_a_spare_supervisor(secret_env_vars);
+    crate::sandbox::probe::start_namespace_probe();
+}
+
 /// Worker options from the shared flags.
 pub fn worker_options(
     args: &WorkerArgs,
@@ -146,10 +155,11 @@ pub fn decide_sandbox(
     };
     // Whether /tmp is private decides what a grant below it exposes. The
     // namespace probe (a process, a few milliseconds) runs in the
-    // background; the start waits for it only when the grants pass with one
-    // answer and not the other.
+    // background once the start-up is done ([`start_background_processes`]);
+    // the start waits for it only when the grants pass with one answer and
+    // not the other.
     if let Some(supervisor) = &options.supervisor {
-        probe::start_namespace_probe(supervisor, crate::cleanroom::SUPERVISE);
+        probe::register_namespace_probe(supervisor, crate::cleanroom::SUPERVISE);
     }
     check_every_sessions_grants(&enforcement, options, fresh)
         .with_context(|| format!("endpoint {endpoint:?}"))?;

@@ -54,10 +54,11 @@ pub async fn run(args: PollArgs) -> anyhow::Result<()> {
     });
     match args.on_work {
         None => {
-            super::keep_a_spare_supervisor(&worker.options().secret_env_vars);
+            super::start_background_processes(&worker.options().secret_env_vars);
             worker.run(cancel).await?
         }
         Some(command) => {
+            crate::sandbox::probe::start_namespace_probe();
             let failed: Arc<std::sync::Mutex<Option<String>>> = Arc::default();
             let stop_polling = CancellationToken::new();
             let handler: ItemHandler = {

@@ -41,6 +41,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         args.environment_key.as_deref(),
     )?;
     super::decide_sandbox("run", &mut options, 1, None, None)?;
+    crate::sandbox::probe::start_namespace_probe();
     super::recover_left_folders(&options);
     super::sweep_left_rooms(&options, options.fresh_workdir);
     let worker = EnvironmentWorker::new(options)?;

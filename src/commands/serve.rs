@@ -174,6 +174,10 @@ fn prepare_worker(
     Ok(())
 }
 
+/// The longest the spare supervisor and the sandbox's probe wait for the
+/// start-up's look at the queues.
+const START_UP_AT_MOST: std::time::Duration = std::time::Duration::from_millis(100);
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     super::become_subreaper();
     let metrics = Arc::new(Metrics::new());
@@ -184,7 +188,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let state = AppState::with_metrics(endpoints, Mode::Lambda(work.clone()), metrics);
         state.set_unready_after(args.unready_after);
         tracing::info!(endpoints = ?state.endpoint_names(), "serving webhooks on AWS Lambda");
-        super::keep_a_spare_supervisor(&secret_vars);
+        super::start_background_processes(&secret_vars);
         return lambda::run(state, work)
             .await
             .map_err(|e| anyhow::anyhow!("the Lambda runtime stopped: {e}"));
@@ -199,7 +203,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(listen.addr = %addr, endpoints = ?state.endpoint_names(), "serving webhooks");
     // Scripts and tests read the URL from this line (a JSON line with --log-format json).
     crate::logging::announce("envworker serve listening on", &format!("http://{addr}"));
-    super::keep_a_spare_supervisor(&secret_vars);
+    // The spare supervisor and the sandbox's probe wait for the start-up's
+    // look at the queues (its first request: what `/readyz` waits for), or
+    // START_UP_AT_MOST if that look finds work or the API does not answer.
+    let looked = state.looked_at_start();
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(START_UP_AT_MOST, looked).await;
+        super::start_background_processes(&secret_vars);
+    });
     let clean = serve_container(listener, state, super::shutdown_signal(), args.stop_grace).await?;
     if !clean {
         bail!(

@@ -145,9 +145,13 @@ impl Enforcement {
         }
     }
 
-    /// The start-up line's fields and the metric's (waits for the probe).
+    /// The start-up line's fields and the metric's: waits for the probe's
+    /// answer, without starting it (it starts once the start-up is done).
     pub fn describe(&self) -> Described {
-        self.describe_with(self.caps())
+        self.describe_with(Capabilities {
+            landlock_abi: self.landlock_abi,
+            namespaces: probe::namespaces_once_probed(),
+        })
     }
 
     /// [`Self::describe`] without waiting: `/readyz` answers at once, and

@@ -129,6 +129,18 @@ struct Shared {
     queue_check_interval: Mutex<Option<Duration>>,
     /// How long the API may be unreachable before `/readyz` says so.
     unready_after: Mutex<Duration>,
+    /// The endpoints whose look at their queue at start has not ended yet;
+    /// [`Shared::looked_at_start`] fires when none is left.
+    start_looks_left: std::sync::atomic::AtomicUsize,
+    looked_at_start: CancellationToken,
+}
+
+impl Shared {
+    fn start_look_ended(&self) {
+        if self.start_looks_left.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.looked_at_start.cancel();
+        }
+    }
 }
 
 /// What made a drain start: logged when the drain finds work no webhook
@@ -165,6 +177,11 @@ impl AppState {
     /// A state exporting `metrics`, which the endpoints' workers also feed
     /// (one of their `crate::worker::WorkerOptions::observers`).
     pub fn with_metrics(endpoints: Vec<Endpoint>, mode: Mode, metrics: Arc<Metrics>) -> Self {
+        let looked_at_start = CancellationToken::new();
+        let endpoints_len = endpoints.len();
+        if endpoints_len == 0 {
+            looked_at_start.cancel();
+        }
         AppState {
             inner: Arc::new(Shared {
                 endpoints: endpoints
@@ -180,6 +197,8 @@ impl AppState {
                 queue_stats_max_age: Mutex::new(QUEUE_STATS_MAX_AGE),
                 queue_check_interval: Mutex::new(None),
                 unready_after: Mutex::new(health::DEFAULT_UNREADY_AFTER),
+                start_looks_left: std::sync::atomic::AtomicUsize::new(endpoints_len),
+                looked_at_start,
             }),
         }
     }
@@ -274,6 +293,7 @@ impl AppState {
             return;
         }
         let cancel = self.inner.shutdown.clone();
+        let inner = self.inner.clone();
         let mut parent = parent;
         self.inner.tasks.spawn(async move {
             // Drains after the first were asked for by deliveries meanwhile.
@@ -282,6 +302,9 @@ impl AppState {
                 while endpoint.dirty.swap(false, Ordering::SeqCst) && !cancel.is_cancelled() {
                     let options = endpoint.drain.clone();
                     run_drain(&endpoint, cancel.clone(), options, trigger, &parent).await;
+                    if trigger == Trigger::Start {
+                        inner.start_look_ended();
+                    }
                     trigger = Trigger::Webhook;
                     parent = Parent::none();
                 }
@@ -295,6 +318,15 @@ impl AppState {
                 }
             }
         });
+    }
+
+    /// Resolves once every endpoint's look at its queue at start (the
+    /// drain [`serve_container`] kicks) has ended: the start-up is done,
+    /// and what a replica starts ahead of its first session (processes of
+    /// its own) no longer takes a core from it.
+    pub fn looked_at_start(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let done = self.inner.looked_at_start.clone();
+        async move { done.cancelled().await }
     }
 
     /// Look at every idle endpoint's queue every `every` until shutdown; a

@@ -1675,3 +1675,93 @@ async fn a_confined_shell_starts_ahead_of_the_first_call_and_ends_with_the_sessi
         }
     }
 }
+
+/// A replica's start-up is not slowed by the processes it keeps ahead of
+/// its first session: the spare shell supervisor and the sandbox's
+/// namespace probe (an `execve` of the binary each) start once its look at
+/// the queue at start has ended, or 100 ms after it began when that look
+/// takes longer — here an API that accepts and never answers, so only the
+/// 100 ms start them. Before, both started beside the start-up and took a
+/// core from it (spawn → `/readyz` 200 +0.8 ms, +1.5 ms with the probe, on
+/// two cores).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_starts_no_process_of_its_own_before_its_start_up_is_done() {
+    use crate::common::serve_stack::{Serve, free_port};
+    let api = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", api.local_addr().unwrap());
+    // Holds every connection open, unanswered, until the test ends.
+    std::thread::spawn(move || {
+        let held: Vec<_> = api.incoming().collect();
+        drop(held);
+    });
+    let work = tempfile::tempdir_in(temp_base()).unwrap();
+    let (_, secret) = envworker::webhook::SigningKey::generate();
+    let listening = Instant::now();
+    let mut serve = Serve::start(
+        free_port(),
+        &[
+            ("ANTHROPIC_BASE_URL", base.as_str()),
+            ("ANTHROPIC_ENVIRONMENT_ID", "env_held"),
+            ("ANTHROPIC_ENVIRONMENT_KEY", "sk-ant-envkey-held"),
+            ("ANTHROPIC_WEBHOOK_SIGNING_KEY", secret.as_str()),
+            ("ENVWORKER_WORKDIR", work.path().to_str().unwrap()),
+        ],
+        // auto: the probe is registered wherever Landlock is.
+        &["--shell-sandbox", "auto"],
+    );
+    let read_at = Instant::now();
+    let worker = serve.child.id();
+    let children = || -> Vec<i32> {
+        envworker::cleanroom::processes()
+            .into_iter()
+            .filter(|&(_, state, ppid)| ppid as u32 == worker && state != b'Z')
+            .map(|(pid, _, _)| pid)
+            .collect()
+    };
+    let said = |logs: &str| logs.contains("the agent's shell is sandboxed");
+    // The 100 ms run from the listening line, written after `listening`:
+    // nothing may start before `listening` + 100 ms. Look until 90 ms.
+    let window_end = listening + Duration::from_millis(90);
+    let mut looks = 0;
+    while Instant::now() < window_end {
+        let seen = children();
+        assert!(
+            seen.is_empty(),
+            "processes {seen:?} started while the start-up's look at the queue was still under way\n{}",
+            serve.logs()
+        );
+        assert!(
+            !said(&serve.logs()),
+            "the namespace probe ran during the start-up (its answer is announced)\n{}",
+            serve.logs()
+        );
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(
+        looks > 0 || read_at >= window_end,
+        "the window was never looked at"
+    );
+    // Past the 100 ms, both start although the look never ends.
+    let until = Instant::now() + Duration::from_secs(20);
+    let landlock = envworker::sandbox::probe::landlock_abi() > 0;
+    loop {
+        let spare = children().into_iter().any(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|&b| b == 0)
+                    .any(|arg| arg == envworker::cleanroom::AWAIT_LAUNCH.as_bytes())
+            })
+        });
+        if spare && (!landlock || said(&serve.logs())) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "no spare supervisor (or no probe answer) 20 s after the start (spare: {spare})\n{}",
+            serve.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    serve.terminate();
+    let _ = serve.wait_exit(Duration::from_secs(20));
+}
