@@ -776,7 +776,7 @@ async fn webhook_run(
     run.rss_ready_kb = proc_status_kb(pid, "VmHWM");
     let cpu_ready = proc_cpu_ms(pid);
 
-    let mut doc = scenario(
+    let doc = scenario(
         &format!("bench-{tag}-{}", who.slug()),
         &env.0,
         &format!("Bench Notes {tag} {}", who.slug()),
