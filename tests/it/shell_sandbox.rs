@@ -1696,7 +1696,7 @@ async fn a_replica_starts_no_process_of_its_own_before_its_start_up_is_done() {
     });
     let work = tempfile::tempdir_in(temp_base()).unwrap();
     let (_, secret) = envworker::webhook::SigningKey::generate();
-    let listening = Instant::now();
+    let spawned = Instant::now();
     let mut serve = Serve::start(
         free_port(),
         &[
@@ -1719,9 +1719,9 @@ async fn a_replica_starts_no_process_of_its_own_before_its_start_up_is_done() {
             .collect()
     };
     let said = |logs: &str| logs.contains("the agent's shell is sandboxed");
-    // The 100 ms run from the listening line, written after `listening`:
-    // nothing may start before `listening` + 100 ms. Look until 90 ms.
-    let window_end = listening + Duration::from_millis(90);
+    // The 100 ms run from the listening line, written after the spawn:
+    // nothing may start before `spawned` + 100 ms. Look until 90 ms.
+    let window_end = spawned + Duration::from_millis(90);
     let mut looks = 0;
     while Instant::now() < window_end {
         let seen = children();
