@@ -504,10 +504,14 @@ pub fn runs_alone(test: &str) -> bool {
 const ALONE: &str = "ENVWORKER_TEST_ALONE";
 
 /// Run this binary's `test` alone in a child (as `nobody` when asked) and
-/// assert that it passed.
+/// assert that it ran and passed. `test` is the function's name or its full
+/// path: the child is given the full path (`module::name` in the `it`
+/// binary), and a child that ran no test fails the check — a filter that
+/// matched nothing would pass it vacuously.
 fn rerun(test: &str, as_nobody: bool) {
     use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
+    let full_name = full_test_name(test);
     let dir = tempfile::Builder::new()
         .prefix("envworker-rerun-")
         .tempdir_in("/tmp")
@@ -524,16 +528,16 @@ fn rerun(test: &str, as_nobody: bool) {
     // Another test thread forking while the copy's write handle was open
     // makes exec fail with ETXTBSY for a moment: retry that.
     let mut attempts = 0;
-    let status = loop {
+    let output = loop {
         let mut command = std::process::Command::new(&exe);
         command
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .args(["--exact", &full_name, "--nocapture", "--test-threads=1"])
             .env("TMPDIR", "/tmp")
             .env(ALONE, "1");
         if as_nobody {
             command.uid(65534).gid(65534);
         }
-        match command.status() {
+        match command.output() {
             Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && attempts < 50 => {
                 attempts += 1;
                 std::thread::sleep(std::time::Duration::from_millis(20));
@@ -541,8 +545,37 @@ fn rerun(test: &str, as_nobody: bool) {
             other => break other.unwrap(),
         }
     };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    print!("{stdout}");
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
     let who = if as_nobody { "as nobody" } else { "alone" };
-    assert!(status.success(), "{test} failed {who}: {status}");
+    assert!(
+        output.status.success(),
+        "{full_name} failed {who}: {}",
+        output.status
+    );
+    assert!(
+        stdout.contains("test result: ok. 1 passed"),
+        "{full_name} {who}: the child ran no test"
+    );
+}
+
+/// The full name (`module::name`) of this binary's test `test`, which is
+/// either that or the function's name: exactly one test must answer to it.
+fn full_test_name(test: &str) -> String {
+    let listed = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--list", "--format", "terse"])
+        .output()
+        .unwrap();
+    let tail = format!("::{test}");
+    let found: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .filter_map(|l| l.strip_suffix(": test"))
+        .filter(|name| *name == test || name.ends_with(&tail))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(found.len(), 1, "tests answering to {test}: {found:?}");
+    found.into_iter().next().unwrap()
 }
 
 /// This process's peak resident set size (`VmHWM`), in KiB.
