@@ -473,6 +473,52 @@ pub(crate) fn spawn_tracked(
     Ok(child)
 }
 
+/// The shell sandbox's namespace probe as a replica runs it: can this
+/// process make the private user and mount namespace a session's supervisor
+/// enters? A forked child tries [`crate::sandbox::confine::enter_namespace`]
+/// with a private `/tmp` and nothing to bind (what `__supervise
+/// --probe-namespace` runs as a process of its own) and exits with the
+/// answer. No `execve`: re-executing the binary cost a few milliseconds of
+/// a core, and a session that came right after the start waited for them.
+/// The child is recorded as the worker's own, as [`spawn_tracked`] does,
+/// so an orphan sweep neither kills it nor reaps its answer.
+pub fn probe_namespaces() -> bool {
+    // Built before the fork: the child must not allocate.
+    let policy = crate::sandbox::ShellPolicy {
+        private_tmp: true,
+        ..Default::default()
+    };
+    let child = {
+        let mut own = spawned();
+        // SAFETY: the child is a copy of one thread of a multi-threaded
+        // process. It only makes system calls (`enter_namespace` allocates
+        // nothing for a policy with nothing to bind, and takes no lock; the
+        // lock held here is never touched in the child) and leaves with
+        // `_exit`, running no destructor and no exit handler.
+        match unsafe { libc::fork() } {
+            -1 => return false,
+            0 => {
+                let entered = crate::sandbox::confine::enter_namespace(&policy).is_ok();
+                // SAFETY: ends the child at once, as above.
+                unsafe { libc::_exit(if entered { 0 } else { 1 }) }
+            }
+            child => {
+                own.push(child);
+                child
+            }
+        }
+    };
+    let answer = loop {
+        match rustix::process::waitpid(Pid::from_raw(child), WaitOptions::empty()) {
+            Ok(Some((_, status))) => break status.exit_status() == Some(0),
+            Err(Errno::INTR) => {}
+            _ => break false,
+        }
+    };
+    spawned().retain(|&pid| pid != child);
+    answer
+}
+
 /// Kill and reap every child of this process that it did not start itself
 /// (`spawn_tracked`): orphans adopted as a subreaper, with their whole
 /// trees; zombies among them are reaped too. Each is waited for by its own

@@ -154,12 +154,11 @@ pub fn decide_sandbox(
         own_mount_root: own_mount_root(options),
     };
     // Whether /tmp is private decides what a grant below it exposes. The
-    // namespace probe (a process, a few milliseconds) runs in the
-    // background once the start-up is done ([`start_background_processes`]);
-    // the start waits for it only when the grants pass with one answer and
-    // not the other.
-    if let Some(supervisor) = &options.supervisor {
-        probe::register_namespace_probe(supervisor, crate::cleanroom::SUPERVISE);
+    // namespace probe (a forked child) runs in the background once the
+    // start-up is done ([`start_background_processes`]); the start waits for
+    // it only when the grants pass with one answer and not the other.
+    if options.supervisor.is_some() {
+        probe::register_namespace_probe(crate::cleanroom::probe_namespaces);
     }
     check_every_sessions_grants(&enforcement, options, fresh)
         .with_context(|| format!("endpoint {endpoint:?}"))?;

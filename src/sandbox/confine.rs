@@ -43,7 +43,9 @@ fn under_private(path: &Path) -> bool {
 /// path below `/tmp` (a working directory there) is bound back into the
 /// fresh `/tmp` at the same path, alone: the rest of the host's `/tmp`
 /// stays out of sight. Needs unprivileged user namespaces (or
-/// `CAP_SYS_ADMIN`) and one thread.
+/// `CAP_SYS_ADMIN`) and one thread. With nothing to bind (the namespace
+/// probe's policy) it allocates nothing: the probe runs it in a forked
+/// child (`cleanroom::probe_namespaces`).
 pub fn enter_namespace(policy: &ShellPolicy) -> Result<(), ConfineError> {
     unshare_keeping_ids()?;
     // Nothing mounted here reaches the host's namespace.
@@ -84,7 +86,10 @@ pub fn enter_namespace(policy: &ShellPolicy) -> Result<(), ConfineError> {
 }
 
 /// Enter a new user and mount namespace, mapping this process's uid and
-/// gid to themselves.
+/// gid to themselves. Allocates nothing (the maps are formatted on the
+/// stack): the namespace probe runs it in a forked child of the
+/// multi-threaded worker, where an allocation could wait on a lock another
+/// thread held at the fork.
 fn unshare_keeping_ids() -> Result<(), ConfineError> {
     let uid = rustix::process::getuid().as_raw();
     let gid = rustix::process::getgid().as_raw();
@@ -101,13 +106,35 @@ fn unshare_keeping_ids() -> Result<(), ConfineError> {
     use rustix::process::{DumpableBehavior, set_dumpable_behavior};
     let _ = set_dumpable_behavior(DumpableBehavior::Dumpable);
     let maps = (|| -> Result<(), ConfineError> {
-        std::fs::write("/proc/self/setgroups", "deny").map_err(ns_step("setgroups"))?;
-        std::fs::write("/proc/self/uid_map", format!("{uid} {uid} 1\n"))
+        write_proc(c"/proc/self/setgroups", format_args!("deny")).map_err(ns_step("setgroups"))?;
+        write_proc(c"/proc/self/uid_map", format_args!("{uid} {uid} 1\n"))
             .map_err(ns_step("uid_map"))?;
-        std::fs::write("/proc/self/gid_map", format!("{gid} {gid} 1\n")).map_err(ns_step("gid_map"))
+        write_proc(c"/proc/self/gid_map", format_args!("{gid} {gid} 1\n"))
+            .map_err(ns_step("gid_map"))
     })();
     let _ = set_dumpable_behavior(DumpableBehavior::NotDumpable);
     maps
+}
+
+/// Write `text` to a `/proc` file in one `write`, formatted on the stack.
+fn write_proc(path: &std::ffi::CStr, text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut buf = [0u8; 64];
+    let len = {
+        let mut rest = &mut buf[..];
+        rest.write_fmt(text)?;
+        64 - rest.len()
+    };
+    let file = rustix::fs::open(
+        path,
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )?;
+    let written = rustix::io::write(&file, &buf[..len])?;
+    if written != len {
+        return Err(std::io::ErrorKind::WriteZero.into());
+    }
+    Ok(())
 }
 
 /// `path`, held by an `O_PATH` descriptor.

@@ -34,7 +34,10 @@ pub use probe::Capabilities;
 /// session sees its own folders there.
 pub const MOUNT_ROOT: &str = "/mnt/memory";
 
-/// The supervisor's argument for the namespace probe.
+/// The supervisor's namespace-only mode: the namespace probe's steps
+/// (`cleanroom::probe_namespaces`) as a process of its own, for a diagnosis as
+/// another user (`envworker __supervise --probe-namespace`, exit 0 when the
+/// namespace can be made).
 pub const NAMESPACE_PROBE: &str = "--probe-namespace";
 
 /// How much confinement a replica demands of its shells.

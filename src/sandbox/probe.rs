@@ -2,16 +2,16 @@
 //!
 //! The Landlock ABI is one syscall, read at start. Namespaces take a
 //! process (a user namespace needs one thread, which the worker is not):
-//! the probe runs the supervisor in namespace-only mode once, in the
-//! background; whoever needs the answer waits for it (a few milliseconds).
+//! the probe the replica registers ([`crate::cleanroom::probe_namespaces`]:
+//! a forked child tries the namespace a session's supervisor would enter,
+//! no `execve`) runs once, in the background; whoever needs the answer
+//! waits for it.
 //!
-//! The probe is an `execve` of this binary: started beside the start-up it
-//! takes a core from it (on two cores, spawn → `/readyz` 200 went from 3.0
-//! to 4.8 ms). So a replica [`register_namespace_probe`]s it at start and
-//! [`start_namespace_probe`]s it once its start-up is done; the first to
-//! need the answer before that starts it at once.
+//! Even the fork is not on the start path: a replica
+//! [`register_namespace_probe`]s it at start and [`start_namespace_probe`]s
+//! it once its start-up is done; the first to need the answer before that
+//! starts it at once.
 
-use std::path::Path;
 use std::sync::OnceLock;
 
 /// What the probe found.
@@ -68,49 +68,32 @@ fn forced_unavailable(feature: &str) -> bool {
         .is_ok_and(|v| v.split(',').any(|f| f.trim() == feature))
 }
 
-/// Whether the supervisor (`supervisor subcommand`) can make a private
-/// mount namespace here: run it in namespace-only mode.
-pub fn namespaces(supervisor: &Path, subcommand: &str) -> bool {
-    if forced_unavailable("namespaces") {
-        return false;
-    }
-    std::process::Command::new(supervisor)
-        .arg(subcommand)
-        .arg(super::NAMESPACE_PROBE)
-        .env_clear()
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 static NAMESPACES: OnceLock<bool> = OnceLock::new();
-/// The probe's command, once a replica has registered it.
-static REGISTERED: OnceLock<(std::path::PathBuf, &'static str)> = OnceLock::new();
+/// The probe a replica registered (it has a supervisor to enter the
+/// namespace with): `true` when the namespace can be made.
+static REGISTERED: OnceLock<fn() -> bool> = OnceLock::new();
 static STARTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Say how the namespace probe runs (the supervisor as `supervisor
-/// subcommand`), without running it yet: it starts at
+/// Say how sessions' private namespace is probed (`probe`, `true` when it
+/// can be made), without probing yet: the probe starts at
 /// [`start_namespace_probe`] or when its answer is first needed.
-pub fn register_namespace_probe(supervisor: &Path, subcommand: &'static str) {
-    let _ = REGISTERED.set((supervisor.to_path_buf(), subcommand));
+pub fn register_namespace_probe(probe: fn() -> bool) {
+    let _ = REGISTERED.set(probe);
 }
 
 /// Start the registered probe in the background (once per process; nothing
 /// when none is registered).
 pub fn start_namespace_probe() {
-    let Some((supervisor, subcommand)) = REGISTERED.get() else {
+    let Some(&probe) = REGISTERED.get() else {
         return;
     };
     if STARTED.swap(true, std::sync::atomic::Ordering::SeqCst) {
         return;
     }
-    let (supervisor, subcommand) = (supervisor.clone(), *subcommand);
     let spawned = std::thread::Builder::new()
         .name("sandbox-probe".into())
         .spawn(move || {
-            let _ = NAMESPACES.set(namespaces(&supervisor, subcommand));
+            let _ = NAMESPACES.set(!forced_unavailable("namespaces") && probe());
         });
     if spawned.is_err() {
         let _ = NAMESPACES.set(false);

@@ -587,3 +587,75 @@ async fn a_dead_workers_rooms_are_removed_at_the_next_start_and_a_live_one_kept(
     assert!(removed, "a dead worker's session directory was left");
     assert!(kept, "a live worker's session directory was removed");
 }
+
+/// The shell sandbox's namespace probe forks the worker (no `execve`): its
+/// child must answer as the kernel does (`unshare -Urm`, a user and mount
+/// namespace for this user) while other threads allocate all along (a child
+/// that allocated could hang on a lock they held at the fork), and the
+/// worker's own orphan sweep, running beside it as it does at a session's
+/// end, must take the probe's child for the worker's own: neither kill it
+/// nor reap its answer. Alone in a process of its own: a subreaper's sweep
+/// kills every child it did not start through the worker.
+#[test]
+fn the_forked_namespace_probe_answers_as_the_kernel_does_beside_allocations_and_sweeps() {
+    if !crate::common::runs_alone(
+        "cleanroom::the_forked_namespace_probe_answers_as_the_kernel_does_beside_allocations_and_sweeps",
+    ) {
+        return;
+    }
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let Ok(kernel) = Command::new("unshare")
+        .args(["-Urm", "true"])
+        .stderr(Stdio::null())
+        .status()
+    else {
+        eprintln!("skipped: no unshare(1) to compare with");
+        return;
+    };
+    assert!(envworker::cleanroom::become_subreaper(), "a subreaper");
+    let stop = Arc::new(AtomicBool::new(false));
+    let (sweeps, swept) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut helpers: Vec<_> = (0..2)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut kept: Vec<Vec<u8>> = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    kept.push(vec![i as u8; 1 + kept.len() * 37 % 8192]);
+                    if kept.len() > 512 {
+                        kept.clear();
+                    }
+                }
+            })
+        })
+        .collect();
+    helpers.push({
+        let (stop, sweeps, swept) = (stop.clone(), sweeps.clone(), swept.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                swept.fetch_add(envworker::cleanroom::sweep_orphans(), Ordering::Relaxed);
+                sweeps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    });
+    let answers: Vec<bool> = (0..300)
+        .map(|_| envworker::cleanroom::probe_namespaces())
+        .collect();
+    stop.store(true, Ordering::Relaxed);
+    for h in helpers {
+        h.join().unwrap();
+    }
+    let sweeps = sweeps.load(Ordering::Relaxed);
+    eprintln!(
+        "unshare -Urm: {kernel}; 300 probes beside {sweeps} sweeps: {} answered {}",
+        answers.iter().filter(|&&a| a == kernel.success()).count(),
+        kernel.success()
+    );
+    assert!(sweeps > 0, "the sweep ran beside the probes");
+    assert_eq!(swept.load(Ordering::Relaxed), 0, "the sweep killed a probe");
+    assert!(
+        answers.iter().all(|&a| a == kernel.success()),
+        "unshare -Urm: {kernel}; the probe: {answers:?}"
+    );
+}
