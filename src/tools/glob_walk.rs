@@ -47,7 +47,75 @@ enum Segment {
     /// `**`: any number of directories (none included).
     Recursive,
     /// Anything else: one name.
-    Name(globset::GlobMatcher),
+    Name(NameMatcher),
+}
+
+/// What one name is matched with. Most segments an agent writes are plain
+/// names and `*` wildcards (`src`, `*.rs`, `test_*.py`): those are matched
+/// here as text, because compiling a `globset` matcher builds a regex (a
+/// dense DFA for a small pattern: a few tens of microseconds, a few percent
+/// of a whole tool call). Anything else (`?`, `[…]`, `{…}`, `\`) is
+/// globset's. Both agree on every name (a property test holds them to it).
+#[derive(Debug)]
+enum NameMatcher {
+    /// The segment split at its `*`s: a name matches when it starts with
+    /// the first part, ends with the last, and holds the others in order
+    /// between them (one part: the name is that part).
+    Stars(Vec<Vec<u8>>),
+    Glob(globset::GlobMatcher),
+}
+
+impl NameMatcher {
+    fn new(segment: &str) -> Result<NameMatcher, globset::Error> {
+        if !segment.contains(['?', '[', ']', '{', '}', '\\']) {
+            return Ok(NameMatcher::Stars(
+                segment.split('*').map(|p| p.as_bytes().to_vec()).collect(),
+            ));
+        }
+        Ok(NameMatcher::Glob(
+            globset::GlobBuilder::new(segment)
+                .literal_separator(true)
+                .backslash_escape(true)
+                .build()?
+                .compile_matcher(),
+        ))
+    }
+
+    fn is_match(&self, name: &OsStr) -> bool {
+        let parts = match self {
+            NameMatcher::Glob(m) => return m.is_match(Path::new(name)),
+            NameMatcher::Stars(parts) => parts,
+        };
+        let name = name.as_bytes();
+        let (first, rest) = parts.split_first().expect("split yields a part");
+        let Some((last, middle)) = rest.split_last() else {
+            return name == first.as_slice();
+        };
+        if name.len() < first.len() + last.len()
+            || !name.starts_with(first)
+            || !name.ends_with(last)
+        {
+            return false;
+        }
+        // Each middle part at its leftmost place after the one before:
+        // with `*` as the only wildcard, the leftmost fit never loses a match.
+        let mut between = &name[first.len()..name.len() - last.len()];
+        for part in middle {
+            match find(between, part) {
+                Some(at) => between = &between[at + part.len()..],
+                None => return false,
+            }
+        }
+        true
+    }
+}
+
+/// Where `needle` first occurs in `haystack`.
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// A `glob` pattern, split at `/` (empty and `.` segments dropped, as
@@ -77,11 +145,8 @@ impl Pattern {
                         "glob: Invalid pattern: '**' can only be an entire path component",
                     ));
                 }
-                globset::GlobBuilder::new(s)
-                    .literal_separator(true)
-                    .backslash_escape(true)
-                    .build()
-                    .map(|g| Segment::Name(g.compile_matcher()))
+                NameMatcher::new(s)
+                    .map(Segment::Name)
                     .map_err(|e| ToolError::new(format!("glob: {}", e.kind())))
             })
             .collect::<Result<_, _>>()?;
@@ -120,7 +185,7 @@ impl Pattern {
         for &at in &states.0 {
             match self.segments.get(at) {
                 Some(Segment::Recursive) => recursive.push(at),
-                Some(Segment::Name(m)) if m.is_match(Path::new(name)) => plain.push(at + 1),
+                Some(Segment::Name(m)) if m.is_match(name) => plain.push(at + 1),
                 _ => {}
             }
         }
@@ -347,6 +412,78 @@ impl SearchRoot<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn globset_matches(segment: &str, name: &OsStr) -> bool {
+        globset::GlobBuilder::new(segment)
+            .literal_separator(true)
+            .backslash_escape(true)
+            .build()
+            .unwrap()
+            .compile_matcher()
+            .is_match(Path::new(name))
+    }
+
+    proptest! {
+        /// The text matcher answers as globset does, on any name (non-UTF-8
+        /// bytes and dots included), for every segment it takes.
+        #[test]
+        fn plain_and_star_segments_match_as_globset_does(
+            segment in "[ab.é*]{1,7}".prop_map(|s| {
+                // `**` is a segment of its own (or refused), never a name.
+                let mut s = s;
+                while s.contains("**") {
+                    s = s.replace("**", "*");
+                }
+                s
+            }),
+            name in proptest::collection::vec(
+                prop_oneof![Just(b'a'), Just(b'b'), Just(b'.'), Just(0xc3u8), Just(0xa9u8), Just(0xffu8)],
+                0..9,
+            ),
+        ) {
+            let name = OsStr::from_bytes(&name);
+            let matcher = NameMatcher::new(&segment).unwrap();
+            prop_assert!(matches!(matcher, NameMatcher::Stars(_)));
+            prop_assert_eq!(matcher.is_match(name), globset_matches(&segment, name), "{} {:?}", segment, name);
+        }
+    }
+
+    #[test]
+    fn only_plain_and_star_segments_skip_globset() {
+        for (segment, text) in [
+            ("a.txt", true),
+            ("*.rs", true),
+            ("test_*_x*", true),
+            ("*", true),
+            ("v?", false),
+            ("v[0-9]", false),
+            ("{a,b}.md", false),
+            ("a\\*", false),
+            ("a]", false),
+        ] {
+            let m = NameMatcher::new(segment).unwrap();
+            assert_eq!(matches!(m, NameMatcher::Stars(_)), text, "{segment}");
+        }
+        // Names the text matcher must tell apart (overlapping parts).
+        for (segment, name, want) in [
+            ("ab*ab", "ab", false),
+            ("ab*ab", "abab", true),
+            ("a*b*c", "acc", false),
+            ("a*b*c", "abcbc", true),
+            ("*x*", "x", true),
+            ("g*.txt", "g12.txt", true),
+            ("g*.txt", "g12.txt.bak", false),
+        ] {
+            let m = NameMatcher::new(segment).unwrap();
+            assert_eq!(m.is_match(OsStr::new(name)), want, "{segment} {name}");
+            assert_eq!(
+                globset_matches(segment, OsStr::new(name)),
+                want,
+                "globset: {segment} {name}"
+            );
+        }
+    }
 
     fn run(pattern: &str, path: &str) -> bool {
         let p = Pattern::parse(pattern).unwrap();
