@@ -93,6 +93,9 @@ pub struct Client {
 struct Inner {
     http: reqwest::Client,
     base_url: String,
+    /// `base_url` parsed once: each request's URL is this with its path
+    /// set, so no request parses a whole URL (its host included) again.
+    base: url::Url,
     credential: Credential,
     extra_headers: HeaderMap,
     helper: Option<&'static str>,
@@ -172,6 +175,7 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 http,
                 base_url,
+                base: parsed,
                 credential: self.credential,
                 extra_headers: self.extra_headers,
                 helper: None,
@@ -236,6 +240,7 @@ impl Client {
         let mut inner = Inner {
             http: self.inner.http.clone(),
             base_url: self.inner.base_url.clone(),
+            base: self.inner.base.clone(),
             credential: self.inner.credential.clone(),
             extra_headers: self.inner.extra_headers.clone(),
             helper: self.inner.helper,
@@ -264,8 +269,8 @@ impl Client {
     ) -> RequestBuilder {
         // The official SDKs mark every beta path with `?beta=true`; the API
         // accepts it. Written into the URL (a caller's `.query` appends
-        // after it): one parse per request, no re-encoding.
-        let url = format!("{}{}?beta=true", self.inner.base_url, path);
+        // after it).
+        let url = self.url(path);
         let mut headers = self.inner.extra_headers.clone();
         headers.remove("x-api-key");
         headers.remove(reqwest::header::AUTHORIZATION);
@@ -294,6 +299,17 @@ impl Client {
             }
         }
         self.inner.http.request(method, url).headers(headers)
+    }
+
+    /// `base_url` + `path` + `?beta=true`, as parsing that text gives it,
+    /// from the base parsed once: only the path is parsed here.
+    fn url(&self, path: &str) -> url::Url {
+        let mut url = self.inner.base.clone();
+        let prefix = self.inner.base.path().trim_end_matches('/');
+        url.set_path(&format!("{prefix}{path}"));
+        url.set_query(Some("beta=true"));
+        url.set_fragment(None);
+        url
     }
 
     /// Send and return the raw response when its status is a success.
@@ -532,6 +548,42 @@ impl Query {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each request's URL is what parsing `base + path + "?beta=true"`
+    /// gives (how it was built before the base was parsed once), for
+    /// bases with a path prefix, a trailing slash, a port, IPv6 and
+    /// international hosts, and paths with encoded segments.
+    #[test]
+    fn a_request_url_is_the_parsed_text_of_base_path_and_beta() {
+        let bases = [
+            "http://127.0.0.1:8080",
+            "https://api.anthropic.com",
+            "https://api.anthropic.com/",
+            "https://api.anthropic.com:443",
+            "http://proxy.local/anthropic",
+            "http://proxy.local/anthropic/",
+            "http://proxy.local/a%20b/c",
+            "http://[::1]:9/",
+            "https://Bücher.example/x",
+        ];
+        let paths = [
+            "/v1/sessions/sesn_01/events",
+            "/v1/memory_stores/memstore_1/memories",
+            "/v1/memory_stores/a%2Fb%3Fc/memories",
+            "/v1/skills/s%20k/versions",
+        ];
+        for base in bases {
+            let client = Client::builder(Credential::Bearer("k".to_string().into()))
+                .base_url(base)
+                .build()
+                .unwrap();
+            for path in paths {
+                let text = format!("{}{path}?beta=true", client.base_url());
+                let want = url::Url::parse(&text).unwrap();
+                assert_eq!(client.url(path).as_str(), want.as_str(), "{base} + {path}");
+            }
+        }
+    }
 
     #[test]
     fn a_body_that_is_not_utf8_is_a_decode_error() {
