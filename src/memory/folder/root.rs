@@ -142,6 +142,13 @@ impl Folder {
     /// place is taken as the folder (the marker check decides whether it is
     /// trusted); anything else there — a symlink, a file — is
     /// [`FolderError::Replaced`]: never followed, never removed.
+    /// Whether the folder lies in a filesystem held in memory (tmpfs), where
+    /// reading a memory never waits on a disk: such a read may run on the
+    /// calling task instead of a blocking thread of its own.
+    pub(crate) fn in_memory(&self) -> bool {
+        matches!(self.root_fd(), Ok(Some(root)) if crate::fsx::memory_backed(&*root))
+    }
+
     pub(super) fn root_fd(&self) -> Result<Option<Arc<OwnedFd>>, FolderError> {
         let mut fds = self.fds.lock().unwrap_or_else(|e| e.into_inner());
         let Some(held) = fds.as_mut() else {
