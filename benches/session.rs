@@ -77,6 +77,9 @@ const SIDE_CALLS: usize = 20;
 /// Sessions served at once in the side-by-side runs (`SESSION_BENCH_SIDE_BY_SIDE`).
 const SIDE_BY_SIDE: usize = 4;
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// The pause before each webhook-driven run: what the run before left
+/// running winds down first.
+const SETTLE: Duration = Duration::from_millis(300);
 const RUN_TIMEOUT: Duration = Duration::from_secs(300);
 /// Where the phase of the always-on pollers is sampled: the work is enqueued
 /// this long after the poller's first poll (the same list for both).
@@ -1328,7 +1331,15 @@ async fn main() {
     println!("\n-- throughput, start-up and memory (webhook-driven; {CALLS} calls)");
     let mut hooks: BTreeMap<&str, Vec<WebhookRun>> = BTreeMap::new();
     for n in 0..runs {
-        for who in webhook_workers {
+        // Each round starts with the next worker: no worker always runs
+        // right after the same other one (the SDK's process and its
+        // session still winding down at the start of the run after it).
+        let mut order = webhook_workers;
+        order.rotate_left(n % webhook_workers.len());
+        for who in order {
+            // What the run before left running (its process's exit, the
+            // devserver's end of its session) settles first.
+            tokio::time::sleep(SETTLE).await;
             let r = webhook_run(&setup, &dev, who, &format!("r{n}"), CALLS).await;
             println!(
                 "run {n} {:<21} cold {:>7.1} ms | webhook→first result {:>7.1} ms (→ack {:>6.1}, ack→first {:>6.1}) | {:>6.1} calls/s (gap {:>5.2} ms), p50 {:>6.2} ms, p99 {:>7.2} ms | peak {:>6.1} MiB, cpu {:>6.0} ms",
@@ -1760,6 +1771,7 @@ async fn main() {
     );
     section.push_str(&phases_table(&hooks, &webhook_workers));
     section.push_str(&supervisor_spawn(&setup));
+    section.push_str(&namespace_probe());
     println!("\n{section}");
     write_results(&section);
 }
@@ -1880,6 +1892,55 @@ fn supervisor_spawn(setup: &Setup) -> String {
          spawn → exit (its start, and its sweep of what the shell left when the shell exits), \
          medians of 51 alternating runs: {:.2} ms per session.\n",
         s - b
+    )
+}
+
+/// The shell sandbox's namespace probe, once per replica (a session that
+/// comes right after the start waits for it): as the worker runs it, a
+/// fork of the calling process whose child tries the namespace
+/// (`envworker::cleanroom::probe_namespaces`, here in the bench's own
+/// process, larger than a worker's: a fork's cost grows with the parent's
+/// mappings), against the same steps after an `execve` of the binary
+/// (`envworker __supervise --probe-namespace`, how it ran before
+/// 2026-12-05), medians of 51 alternating runs.
+fn namespace_probe() -> String {
+    let ms = |at: Instant| at.elapsed().as_secs_f64() * 1e3;
+    let (mut forked, mut executed) = (Vec::new(), Vec::new());
+    let (mut fork_answer, mut exec_answer) = (false, false);
+    for _ in 0..51 {
+        let at = Instant::now();
+        fork_answer = envworker::cleanroom::probe_namespaces();
+        forked.push(ms(at));
+        let at = Instant::now();
+        exec_answer = Command::new(env!("CARGO_BIN_EXE_envworker"))
+            .args([
+                envworker::cleanroom::SUPERVISE,
+                envworker::sandbox::NAMESPACE_PROBE,
+            ])
+            .env_clear()
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        executed.push(ms(at));
+    }
+    assert_eq!(
+        fork_answer, exec_answer,
+        "the forked probe and the supervisor's probe mode disagree"
+    );
+    let (f, e) = (median(forked), median(executed));
+    format!(
+        "\nThe shell sandbox's namespace probe (once per replica, off the start path; a session \
+         right after the start waits for its answer): a fork of the worker whose child tries the \
+         namespace {f:.2} ms, against the same steps after an `execve` of the binary \
+         (`envworker __supervise --probe-namespace`) {e:.2} ms, spawn → answer, medians of 51 \
+         alternating runs (namespaces {}).\n",
+        if fork_answer {
+            "available"
+        } else {
+            "not available"
+        }
     )
 }
 
