@@ -480,7 +480,7 @@ pub(crate) fn spawn_tracked(
 /// --probe-namespace` runs as a process of its own) and exits with the
 /// answer. No `execve`: re-executing the binary cost a few milliseconds of
 /// a core, and a session that came right after the start waited for them.
-/// The child is recorded as the worker's own, as [`spawn_tracked`] does,
+/// The child is recorded as the worker's own, as `spawn_tracked` does,
 /// so an orphan sweep neither kills it nor reaps its answer.
 pub fn probe_namespaces() -> bool {
     // Built before the fork: the child must not allocate.
