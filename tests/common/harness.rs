@@ -67,6 +67,17 @@ impl H {
         H::download(h, specs).await
     }
 
+    /// Like [`H::new`], with the folders (and the state) on tmpfs
+    /// (`/dev/shm`), where the engine reads memories on its own task;
+    /// `None` on a host without one.
+    pub async fn in_memory(specs: &[Spec<'_>], deletions: DeleteMode) -> Option<H> {
+        let dir = tempfile::tempdir_in("/dev/shm").ok()?;
+        let mut h = H::prepare(specs, deletions);
+        h.stores = Self::stores_in(&h.fake, dir.path(), deletions);
+        h.dir = dir;
+        Some(H::download(h, specs).await)
+    }
+
     /// The fake and the stores object, nothing downloaded yet.
     pub fn prepare(specs: &[Spec<'_>], deletions: DeleteMode) -> H {
         let fake = Arc::new(FakeMemory::new());

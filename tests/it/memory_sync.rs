@@ -99,6 +99,32 @@ async fn an_edit_right_after_the_mount_is_synced_even_at_the_same_size() {
     );
 }
 
+/// A folder on tmpfs is read for its uploads on the sync's own task (no
+/// blocking thread each): the same uploads as on disk — a new file and an
+/// edit land with their exact bytes — and the same refusals: content that
+/// is not UTF-8 and a FIFO under a memory's name are not uploaded, and the
+/// FIFO (no writer) never holds the sync.
+#[tokio::test]
+async fn a_folder_in_memory_uploads_and_refuses_as_one_on_disk() {
+    let Some(h) = H::in_memory(&[("s", RW, &[("a.md", "a1")])], DeleteMode::Enabled).await else {
+        eprintln!("skipped: no /dev/shm");
+        return;
+    };
+    h.write("s", "a.md", "a2 é");
+    h.write("s", "d/new.md", "new");
+    std::fs::write(h.path("s", "bytes.md"), b"\xff\xfe not text").unwrap();
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        h.path("s", "pipe.md"),
+        rustix::fs::Mode::from_raw_mode(0o600),
+    )
+    .unwrap();
+    tokio::time::timeout(std::time::Duration::from_secs(20), h.stores.sync_now())
+        .await
+        .expect("the sync is not held by the FIFO");
+    assert_eq!(h.server("s"), map(&[("a.md", "a2 é"), ("d/new.md", "new")]));
+}
+
 #[tokio::test]
 async fn local_deletions_reach_the_server_unless_it_changed() {
     let h = H::new(
