@@ -484,10 +484,7 @@ pub(crate) fn spawn_tracked(
 /// so an orphan sweep neither kills it nor reaps its answer.
 pub fn probe_namespaces() -> bool {
     // Built before the fork: the child must not allocate.
-    let policy = crate::sandbox::ShellPolicy {
-        private_tmp: true,
-        ..Default::default()
-    };
+    let policy = crate::sandbox::ShellPolicy::namespace_probe();
     let child = {
         let mut own = spawned();
         // SAFETY: the child is a copy of one thread of a multi-threaded
@@ -595,10 +592,7 @@ pub fn supervise(args: &[OsString]) -> ExitCode {
         .first()
         .is_some_and(|a| a == crate::sandbox::NAMESPACE_PROBE)
     {
-        let probe = crate::sandbox::ShellPolicy {
-            private_tmp: true,
-            ..Default::default()
-        };
+        let probe = crate::sandbox::ShellPolicy::namespace_probe();
         return match crate::sandbox::confine::enter_namespace(&probe) {
             Ok(()) => ExitCode::SUCCESS,
             Err(_) => ExitCode::FAILURE,

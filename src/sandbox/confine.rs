@@ -120,11 +120,10 @@ fn unshare_keeping_ids() -> Result<(), ConfineError> {
 fn write_proc(path: &std::ffi::CStr, text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
     use std::io::Write as _;
     let mut buf = [0u8; 64];
-    let len = {
-        let mut rest = &mut buf[..];
-        rest.write_fmt(text)?;
-        64 - rest.len()
-    };
+    let mut rest = &mut buf[..];
+    rest.write_fmt(text)?;
+    let unused = rest.len();
+    let len = buf.len() - unused;
     let file = rustix::fs::open(
         path,
         rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,

@@ -51,6 +51,17 @@ pub struct ShellPolicy {
     pub abi: i32,
 }
 
+impl ShellPolicy {
+    /// What the namespace probe enters: a private `/tmp` and nothing to
+    /// bind or restrict (so entering it allocates nothing).
+    pub fn namespace_probe() -> ShellPolicy {
+        ShellPolicy {
+            private_tmp: true,
+            ..Default::default()
+        }
+    }
+}
+
 /// A policy the worker must not apply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {

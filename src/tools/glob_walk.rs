@@ -72,13 +72,7 @@ impl NameMatcher {
                 segment.split('*').map(|p| p.as_bytes().to_vec()).collect(),
             ));
         }
-        Ok(NameMatcher::Glob(
-            globset::GlobBuilder::new(segment)
-                .literal_separator(true)
-                .backslash_escape(true)
-                .build()?
-                .compile_matcher(),
-        ))
+        Ok(NameMatcher::Glob(globset_matcher(segment)?))
     }
 
     fn is_match(&self, name: &OsStr) -> bool {
@@ -108,6 +102,15 @@ impl NameMatcher {
         }
         true
     }
+}
+
+/// globset's matcher for one segment, configured as `Path.glob` reads it.
+fn globset_matcher(segment: &str) -> Result<globset::GlobMatcher, globset::Error> {
+    Ok(globset::GlobBuilder::new(segment)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()?
+        .compile_matcher())
 }
 
 /// Where `needle` first occurs in `haystack`.
@@ -415,13 +418,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn globset_matches(segment: &str, name: &OsStr) -> bool {
-        globset::GlobBuilder::new(segment)
-            .literal_separator(true)
-            .backslash_escape(true)
-            .build()
-            .unwrap()
-            .compile_matcher()
-            .is_match(Path::new(name))
+        globset_matcher(segment).unwrap().is_match(Path::new(name))
     }
 
     proptest! {

@@ -136,12 +136,6 @@ impl Folder {
         Ok(())
     }
 
-    /// The root directory as opened by `create_root`, after checking that
-    /// its name in the parent still leads to it. `Ok(None)` when nothing is
-    /// there (or the root was never created). Another directory put in its
-    /// place is taken as the folder (the marker check decides whether it is
-    /// trusted); anything else there — a symlink, a file — is
-    /// [`FolderError::Replaced`]: never followed, never removed.
     /// Whether the folder lies in a filesystem held in memory (tmpfs), where
     /// reading a memory never waits on a disk: such a read may run on the
     /// calling task instead of a blocking thread of its own.
@@ -149,6 +143,12 @@ impl Folder {
         matches!(self.root_fd(), Ok(Some(root)) if crate::fsx::memory_backed(&*root))
     }
 
+    /// The root directory as opened by `create_root`, after checking that
+    /// its name in the parent still leads to it. `Ok(None)` when nothing is
+    /// there (or the root was never created). Another directory put in its
+    /// place is taken as the folder (the marker check decides whether it is
+    /// trusted); anything else there — a symlink, a file — is
+    /// [`FolderError::Replaced`]: never followed, never removed.
     pub(super) fn root_fd(&self) -> Result<Option<Arc<OwnedFd>>, FolderError> {
         let mut fds = self.fds.lock().unwrap_or_else(|e| e.into_inner());
         let Some(held) = fds.as_mut() else {
