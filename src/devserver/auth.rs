@@ -13,7 +13,7 @@
 
 use crate::devserver::db::Cached;
 use axum::http::HeaderMap;
-use rusqlite::{OptionalExtension, Transaction, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 
 use crate::api::types::Actor;
 
@@ -153,14 +153,17 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> HttpResult<P
     let digest = ids::sha256_hex(token.as_bytes());
     state
         .db()
-        .transaction(move |tx| lookup(tx, &digest))
+        .read(move |conn| lookup(conn, &digest))
         .await?
         .ok_or_else(|| HttpError::authentication("invalid bearer token"))
 }
 
-fn lookup(tx: &Transaction<'_>, digest: &str) -> HttpResult<Option<Principal>> {
+/// The live credential whose token hashes to `digest`. A single statement,
+/// so no transaction ([`super::db::Db::read`]): this runs on every worker
+/// request.
+fn lookup(conn: &Connection, digest: &str) -> HttpResult<Option<Principal>> {
     // A sessions token dies with its work item.
-    let row = tx
+    let row = conn
         .query_row_cached(
             "SELECT c.kind, c.environment_id, c.session_id, c.work_id
              FROM credentials c LEFT JOIN work_items w ON w.id = c.work_id

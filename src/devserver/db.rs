@@ -199,6 +199,16 @@ impl Cached for Connection {
     }
 }
 
+/// One compiled statement's counters (`Db::statement_stats`, a devserver diagnostic).
+#[derive(Debug, Clone)]
+pub struct StatementStats {
+    pub sql: String,
+    /// Runs (`SQLITE_STMTSTATUS_RUN`).
+    pub runs: i32,
+    /// Automatic recompilations (`SQLITE_STMTSTATUS_REPREPARE`).
+    pub recompiles: i32,
+}
+
 /// The storage handle. Cloning shares the connection.
 #[derive(Clone)]
 pub struct Db {
@@ -240,6 +250,17 @@ impl Db {
             conn.pragma_update(None, "journal_mode", "WAL")?;
             conn.pragma_update(None, "synchronous", "NORMAL")?;
             conn.pragma_update(None, "foreign_keys", "ON")?;
+            // The query planner's stability guarantee: a plan does not
+            // depend on the values bound. Without it the bundled library
+            // (built with STAT4) marks the parameters of an `ORDER BY`,
+            // `LIMIT ?` or `LEFT JOIN` query as plan inputs and compiles the
+            // cached statement again on every run with new values — the
+            // token lookup of every worker request, the answers lookup of
+            // every tool result, the event and version listings.
+            conn.set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+                true,
+            )?;
             conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
             conn.busy_timeout(std::time::Duration::from_secs(5))
         };
@@ -261,6 +282,59 @@ impl Db {
     /// Where the database file lives.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Run `f`, one read statement, outside an explicit transaction: a
+    /// single `SELECT` is atomic on its own, and `BEGIN` and `COMMIT` are
+    /// parsed anew each time (two compilations per authenticated request).
+    pub async fn read<T, F>(&self, f: F) -> HttpResult<T>
+    where
+        F: FnOnce(&Connection) -> HttpResult<T>,
+    {
+        let conn = self
+            .conn
+            .lock()
+            .map_err(|_| HttpError::internal("storage lock poisoned"))?;
+        f(&conn)
+    }
+
+    /// Every statement compiled on the connection (those its cache keeps):
+    /// its text, how often it ran and how often SQLite had to compile it
+    /// again. A diagnostic: a cached statement recompiled on each run costs
+    /// what the cache is there to save.
+    pub fn statement_stats(&self) -> Vec<StatementStats> {
+        let conn = self.conn.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        // SAFETY: the connection is locked for the whole walk, so no
+        // statement is finalized while it is visited; each pointer comes
+        // from `sqlite3_next_stmt` on this connection and is only read.
+        unsafe {
+            let db = conn.handle();
+            let mut stmt = rusqlite::ffi::sqlite3_next_stmt(db, std::ptr::null_mut());
+            while !stmt.is_null() {
+                let sql = rusqlite::ffi::sqlite3_sql(stmt);
+                let sql = if sql.is_null() {
+                    String::new()
+                } else {
+                    std::ffi::CStr::from_ptr(sql).to_string_lossy().into_owned()
+                };
+                out.push(StatementStats {
+                    sql,
+                    runs: rusqlite::ffi::sqlite3_stmt_status(
+                        stmt,
+                        rusqlite::ffi::SQLITE_STMTSTATUS_RUN,
+                        0,
+                    ),
+                    recompiles: rusqlite::ffi::sqlite3_stmt_status(
+                        stmt,
+                        rusqlite::ffi::SQLITE_STMTSTATUS_REPREPARE,
+                        0,
+                    ),
+                });
+                stmt = rusqlite::ffi::sqlite3_next_stmt(db, stmt);
+            }
+        }
+        out
     }
 
     /// Run `f` in a transaction; commit when it succeeds, roll back when

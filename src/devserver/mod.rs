@@ -39,6 +39,8 @@ pub(crate) mod validate;
 pub(crate) mod webhooks;
 pub(crate) mod work;
 
+pub use db::StatementStats;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -136,6 +136,8 @@ pub struct Served {
     pub log: String,
     /// The host's root; the workdir is `root/work`.
     pub root: tempfile::TempDir,
+    /// The devserver's compiled statements once the session ended.
+    pub statements: Vec<envworker::devserver::StatementStats>,
 }
 
 /// A fresh host for one run: `root/work` (the workdir) and `root/mnt/memory`
@@ -269,6 +271,7 @@ async fn collect(
         statuses,
         log,
         root: host.root,
+        statements: server.running.state().db().statement_stats(),
     }
 }
 

@@ -1026,3 +1026,74 @@ async fn stream_events_are_not_held_back_for_the_clients_ack() {
         "a user message's events reached the stream after {delays:?}: held back for the client's delayed ACK"
     );
 }
+
+/// The devserver's statements are compiled once. Without the query
+/// planner's stability guarantee, the bundled SQLite (a STAT4 build)
+/// compiled a cached statement again on every run whose bound values could
+/// change its plan: the token lookup of every worker request (a `LEFT
+/// JOIN`), the lookup of a call's answers (an `ORDER BY`), the event and
+/// version listings and the claim (`ORDER BY … LIMIT`) — a parse per
+/// request, the largest item of the devserver's share of a step
+/// (`cargo bench --bench session`).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_devservers_statements_are_compiled_once() {
+    use crate::common::served::{self, Case};
+    let mut steps = Vec::new();
+    for g in 0..6 {
+        let (dir, file) = if g % 2 == 1 {
+            (
+                "{mount:notes}".to_string(),
+                format!("{{mount:notes}}/g{g}.md"),
+            )
+        } else {
+            ("files".to_string(), format!("files/g{g}.txt"))
+        };
+        steps.extend([
+            json!({"tool": "write", "input": {"file_path": file, "content": format!("alpha {g}\nbeta {g}\n")}, "expect": {"is_error": false}}),
+            json!({"tool": "read", "input": {"file_path": file}, "expect": {"is_error": false, "contains": format!("alpha {g}")}}),
+            json!({"tool": "edit", "input": {"file_path": file, "old_string": format!("beta {g}\n"), "new_string": format!("gamma {g}\n")}, "expect": {"is_error": false}}),
+            json!({"tool": "bash", "input": {"command": format!("echo step {g}")}, "expect": {"is_error": false, "contains": format!("step {g}")}}),
+            json!({"tool": "glob", "input": {"pattern": "g*", "path": dir}, "expect": {"is_error": false, "contains": format!("g{g}.")}}),
+            json!({"tool": "grep", "input": {"pattern": format!("gamma {g}"), "path": dir}, "expect": {"is_error": false, "contains": format!("gamma {g}")}}),
+        ]);
+    }
+    let calls = steps.len() as i32;
+    let served = served::by_envworker(&Case::new(
+        "compiled-once",
+        json!({
+            "name": "compiled-once",
+            "memory_stores": [{"key": "notes", "name": "notes", "access": "read_write",
+                               "memories": {"/seed.md": "seed\n"}}],
+            "steps": steps,
+        }),
+    ))
+    .await;
+    assert_eq!(served.report["status"], "passed", "{:#}", served.report);
+    // Every statement run for each call, or more often.
+    let per_call: Vec<_> = served
+        .statements
+        .iter()
+        .filter(|s| s.runs >= calls)
+        .collect();
+    for needle in [
+        "FROM credentials",
+        "ref_id = ?2",
+        "INSERT INTO session_events",
+    ] {
+        assert!(
+            per_call.iter().any(|s| s.sql.contains(needle)),
+            "{needle:?} is not among the statements run for every call: {per_call:#?}"
+        );
+    }
+    // Any statement run more than once: the memory version feed's
+    // listing and the claim included.
+    let recompiled: Vec<_> = served
+        .statements
+        .iter()
+        .filter(|s| s.runs >= 2 && s.recompiles > 1)
+        .collect();
+    assert!(
+        recompiled.is_empty(),
+        "compiled again on (nearly) every run: {recompiled:#?}"
+    );
+}
