@@ -99,10 +99,67 @@ struct Inner {
     credential: Credential,
     extra_headers: HeaderMap,
     helper: Option<&'static str>,
+    /// Each family's request headers ([`request_headers`]), made once: a
+    /// request clones its family's map instead of building it (the names
+    /// parsed, the credential formatted, on every tool result).
+    headers: [HeaderMap; 3],
     request_timeout: Duration,
     memory_retry: RetryPolicy,
     /// Told of every outcome of [`Client::execute`] (not of memory requests).
     observer: Option<Arc<dyn RequestObserver>>,
+}
+
+const FAMILIES: [ApiFamily; 3] = [
+    ApiFamily::ManagedAgents,
+    ApiFamily::Memory,
+    ApiFamily::Skills,
+];
+
+/// Every header of a `family` request: the extra headers, then the version,
+/// the family's beta, the helper tag and the credential, which win over an
+/// extra header of the same name.
+fn request_headers(
+    extra: &HeaderMap,
+    helper: Option<&'static str>,
+    credential: &Credential,
+    family: ApiFamily,
+) -> HeaderMap {
+    let mut headers = extra.clone();
+    headers.remove("x-api-key");
+    headers.remove(reqwest::header::AUTHORIZATION);
+    headers.insert(
+        "anthropic-version",
+        HeaderValue::from_static(ANTHROPIC_VERSION),
+    );
+    headers.insert("anthropic-beta", HeaderValue::from_static(family.beta()));
+    if let Some(helper) = helper {
+        headers.insert("x-stainless-helper", HeaderValue::from_static(helper));
+    }
+    match credential {
+        Credential::ApiKey(key) => {
+            if let Ok(mut v) = HeaderValue::from_str(key.expose_secret()) {
+                v.set_sensitive(true);
+                headers.insert("x-api-key", v);
+            }
+        }
+        Credential::Bearer(token) => {
+            if let Ok(mut v) = HeaderValue::from_str(&format!("Bearer {}", token.expose_secret())) {
+                v.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, v);
+            }
+        }
+    }
+    headers
+}
+
+impl Inner {
+    /// Make [`Inner::headers`] again from the fields it is made of.
+    fn with_headers(mut self) -> Inner {
+        self.headers = FAMILIES.map(|family| {
+            request_headers(&self.extra_headers, self.helper, &self.credential, family)
+        });
+        self
+    }
 }
 
 /// Builds a [`Client`].
@@ -172,17 +229,21 @@ impl ClientBuilder {
                 .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?,
         };
         Ok(Client {
-            inner: Arc::new(Inner {
-                http,
-                base_url,
-                base: parsed,
-                credential: self.credential,
-                extra_headers: self.extra_headers,
-                helper: None,
-                request_timeout: self.request_timeout,
-                memory_retry: self.memory_retry,
-                observer: None,
-            }),
+            inner: Arc::new(
+                Inner {
+                    http,
+                    base_url,
+                    base: parsed,
+                    credential: self.credential,
+                    extra_headers: self.extra_headers,
+                    helper: None,
+                    headers: Default::default(),
+                    request_timeout: self.request_timeout,
+                    memory_retry: self.memory_retry,
+                    observer: None,
+                }
+                .with_headers(),
+            ),
         })
     }
 }
@@ -244,13 +305,14 @@ impl Client {
             credential: self.inner.credential.clone(),
             extra_headers: self.inner.extra_headers.clone(),
             helper: self.inner.helper,
+            headers: Default::default(),
             request_timeout: self.inner.request_timeout,
             memory_retry: self.inner.memory_retry,
             observer: self.inner.observer.clone(),
         };
         change(&mut inner);
         Client {
-            inner: Arc::new(inner),
+            inner: Arc::new(inner.with_headers()),
         }
     }
 
@@ -271,33 +333,7 @@ impl Client {
         // accepts it. Written into the URL (a caller's `.query` appends
         // after it).
         let url = self.url(path);
-        let mut headers = self.inner.extra_headers.clone();
-        headers.remove("x-api-key");
-        headers.remove(reqwest::header::AUTHORIZATION);
-        headers.insert(
-            "anthropic-version",
-            HeaderValue::from_static(ANTHROPIC_VERSION),
-        );
-        headers.insert("anthropic-beta", HeaderValue::from_static(family.beta()));
-        if let Some(helper) = self.inner.helper {
-            headers.insert("x-stainless-helper", HeaderValue::from_static(helper));
-        }
-        match &self.inner.credential {
-            Credential::ApiKey(key) => {
-                if let Ok(mut v) = HeaderValue::from_str(key.expose_secret()) {
-                    v.set_sensitive(true);
-                    headers.insert("x-api-key", v);
-                }
-            }
-            Credential::Bearer(token) => {
-                if let Ok(mut v) =
-                    HeaderValue::from_str(&format!("Bearer {}", token.expose_secret()))
-                {
-                    v.set_sensitive(true);
-                    headers.insert(reqwest::header::AUTHORIZATION, v);
-                }
-            }
-        }
+        let headers = self.inner.headers[family as usize].clone();
         self.inner.http.request(method, url).headers(headers)
     }
 
@@ -553,6 +589,31 @@ mod tests {
     /// gives (how it was built before the base was parsed once), for
     /// bases with a path prefix, a trailing slash, a port, IPv6 and
     /// international hosts, and paths with encoded segments.
+    #[test]
+    fn each_family_has_its_own_header_map() {
+        for (index, family) in FAMILIES.into_iter().enumerate() {
+            assert_eq!(family as usize, index, "{family:?}");
+        }
+        let client = Client::builder(Credential::bearer("t"))
+            .base_url("http://127.0.0.1:1")
+            .build()
+            .unwrap()
+            .with_helper("environments-worker");
+        for family in FAMILIES {
+            let request = client
+                .request(Method::GET, family, "/v1/x")
+                .build()
+                .unwrap();
+            let beta = request.headers().get("anthropic-beta").unwrap();
+            assert_eq!(beta, family.beta());
+            assert_eq!(
+                request.headers().get("x-stainless-helper").unwrap(),
+                "environments-worker"
+            );
+            assert_eq!(request.headers().get("authorization").unwrap(), "Bearer t");
+        }
+    }
+
     #[test]
     fn a_request_url_is_the_parsed_text_of_base_path_and_beta() {
         let bases = [
