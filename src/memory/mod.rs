@@ -207,6 +207,19 @@ impl SessionMemoryStores {
             .sum()
     }
 
+    /// The stores' journal `fdatasync`s so far: how many, and the most
+    /// that ran at once.
+    #[doc(hidden)]
+    pub fn journal_syncs(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.stores.iter().fold((0, 0), |(runs, most), s| {
+            (
+                runs + s.journal_syncs.runs.load(Relaxed),
+                most.max(s.journal_syncs.most_at_once.load(Relaxed)),
+            )
+        })
+    }
+
     /// Every store's watch loses the events queued now, as when the
     /// kernel's queue overflows: the next pass must scan whole (the model
     /// test interleaves it; a real overflow is tested over HTTP).

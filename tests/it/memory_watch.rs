@@ -515,3 +515,45 @@ async fn a_push_pass_is_bounded_and_leaves_the_rest_reported() {
     assert_eq!(h.server("s"), h.disk("s"));
     assert_eq!(h.stores.push_now().await, 0);
 }
+
+/// The uploads of one push pass land together, and each makes the journal
+/// durable: one `fdatasync` at a time, however many land at once (each used
+/// to start its own on a blocking thread of its own — a thread made for
+/// each, +10 % of the worker's CPU in the session bench's push row); and
+/// every upload's record is still synced before its flight ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_passes_uploads_sync_the_journal_one_at_a_time() {
+    let state = tempfile::tempdir().unwrap();
+    let t = served_opts(notes(), Some(state.path()), |s| s.with_push(true)).await;
+    let notes = &t.mounts[0];
+    let (runs_before, _) = t.stores.journal_syncs();
+    let files = 24;
+    for i in 0..files {
+        std::fs::write(notes.join(format!("burst-{i}.md")), format!("burst {i}")).unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let on_server = server(&t).await;
+        if (0..files).all(|i| on_server.contains_key(&format!("/burst-{i}.md"))) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the burst was not pushed: {on_server:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the last flights end (their sync comes after the upload).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (runs, most_at_once) = t.stores.journal_syncs();
+    assert!(
+        runs > runs_before,
+        "the uploads' records were never made durable"
+    );
+    assert_eq!(
+        most_at_once,
+        1,
+        "journal fdatasyncs ran side by side ({} in all for {files} uploads)",
+        runs - runs_before
+    );
+}

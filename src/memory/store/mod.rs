@@ -133,6 +133,19 @@ pub struct AttachedStore {
     pub(super) board: FlightBoard,
     /// Push uploads sending at once ([`UPLOAD_CONCURRENCY`]).
     pub(super) upload_slots: Arc<tokio::sync::Semaphore>,
+    /// Held while the journal's appends are made durable: one `fdatasync`
+    /// at a time (see [`AttachedStore::sync_journal`]).
+    journal_sync: tokio::sync::Mutex<()>,
+    /// The journal's `fdatasync`s: how many ran, and the most at once.
+    pub(super) journal_syncs: SyncCount,
+}
+
+/// How many journal syncs ran, and the most that ran at once.
+#[derive(Debug, Default)]
+pub(super) struct SyncCount {
+    pub(super) runs: std::sync::atomic::AtomicUsize,
+    now: std::sync::atomic::AtomicUsize,
+    pub(super) most_at_once: std::sync::atomic::AtomicUsize,
 }
 
 impl AttachedStore {
@@ -171,6 +184,8 @@ impl AttachedStore {
             quiet: Mutex::new(None),
             board: FlightBoard::default(),
             upload_slots: Arc::new(tokio::sync::Semaphore::new(UPLOAD_CONCURRENCY)),
+            journal_sync: tokio::sync::Mutex::new(()),
+            journal_syncs: SyncCount::default(),
         }
     }
 
@@ -187,12 +202,27 @@ impl AttachedStore {
     }
 
     /// Make the journal's appends durable against a machine crash; once a
-    /// pass, and only when it changed something.
+    /// pass, and only when it changed something. One sync at a time (a
+    /// group commit): a caller that finds one running waits for it, then
+    /// syncs only if something was appended since that one took its handle
+    /// — every append made before this call is durable when it returns.
+    /// The push's uploads of one pass land together, and each used to start
+    /// an `fdatasync` of its own on a blocking thread of its own (a thread
+    /// made for each on the 2-core bench: +10 % of the worker's CPU).
     pub(crate) async fn sync_journal(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let _turn = self.journal_sync.lock().await;
         let handle = self.state().end_of_pass();
-        if let Some(file) = handle
-            && let Ok(Err(e)) = blocking(move || file.sync_data()).await
-        {
+        let Some(file) = handle else {
+            return;
+        };
+        let count = &self.journal_syncs;
+        count.runs.fetch_add(1, Relaxed);
+        let now = count.now.fetch_add(1, Relaxed) + 1;
+        count.most_at_once.fetch_max(now, Relaxed);
+        let synced = blocking(move || file.sync_data()).await;
+        count.now.fetch_sub(1, Relaxed);
+        if let Ok(Err(e)) = synced {
             debug!(memory_store.id = %self.id, error = %e, "cannot fsync the memory store's journal");
         }
     }
