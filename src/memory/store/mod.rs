@@ -148,6 +148,24 @@ pub(super) struct SyncCount {
     pub(super) most_at_once: std::sync::atomic::AtomicUsize,
 }
 
+impl SyncCount {
+    /// A sync starts; it is over when the guard drops (a caller dropped
+    /// mid-wait included).
+    fn start(&self) -> impl Drop + '_ {
+        use std::sync::atomic::Ordering::Relaxed;
+        struct Running<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Relaxed);
+            }
+        }
+        self.runs.fetch_add(1, Relaxed);
+        let now = self.now.fetch_add(1, Relaxed) + 1;
+        self.most_at_once.fetch_max(now, Relaxed);
+        Running(&self.now)
+    }
+}
+
 impl AttachedStore {
     /// A store about to be mounted; `journal` (when there is a state
     /// directory) records its sync state from the first write on.
@@ -210,19 +228,13 @@ impl AttachedStore {
     /// an `fdatasync` of its own on a blocking thread of its own (a thread
     /// made for each on the 2-core bench: +10 % of the worker's CPU).
     pub(crate) async fn sync_journal(&self) {
-        use std::sync::atomic::Ordering::Relaxed;
         let _turn = self.journal_sync.lock().await;
         let handle = self.state().end_of_pass();
         let Some(file) = handle else {
             return;
         };
-        let count = &self.journal_syncs;
-        count.runs.fetch_add(1, Relaxed);
-        let now = count.now.fetch_add(1, Relaxed) + 1;
-        count.most_at_once.fetch_max(now, Relaxed);
-        let synced = blocking(move || file.sync_data()).await;
-        count.now.fetch_sub(1, Relaxed);
-        if let Ok(Err(e)) = synced {
+        let _counted = self.journal_syncs.start();
+        if let Ok(Err(e)) = blocking(move || file.sync_data()).await {
             debug!(memory_store.id = %self.id, error = %e, "cannot fsync the memory store's journal");
         }
     }
