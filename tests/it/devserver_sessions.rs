@@ -1085,15 +1085,13 @@ async fn the_devservers_statements_are_compiled_once() {
             "{needle:?} is not among the statements run for every call: {per_call:#?}"
         );
     }
-    // Any statement run more than once: the memory version feed's
-    // listing and the claim included.
+    // Any statement run more than once (the memory version listing and the
+    // path-conflict check among them): nothing changes the schema while the
+    // devserver runs, so nothing is ever compiled again.
     let recompiled: Vec<_> = served
         .statements
         .iter()
-        .filter(|s| s.runs >= 2 && s.recompiles > 1)
+        .filter(|s| s.runs >= 2 && s.recompiles > 0)
         .collect();
-    assert!(
-        recompiled.is_empty(),
-        "compiled again on (nearly) every run: {recompiled:#?}"
-    );
+    assert!(recompiled.is_empty(), "compiled again: {recompiled:#?}");
 }
