@@ -453,30 +453,7 @@ fn scenario(name: &str, environment_id: &str, store_name: &str, calls: usize) ->
                                 "expect": {"is_error": false, "contains": "warm-up"}})];
     let mut g = 0;
     'groups: loop {
-        let in_store = g % 2 == 1;
-        let (dir, file) = if in_store {
-            (
-                "{mount:notes}".to_string(),
-                format!("{{mount:notes}}/g{g}.md"),
-            )
-        } else {
-            ("files".to_string(), format!("files/g{g}.txt"))
-        };
-        let ext = if in_store { "md" } else { "txt" };
-        let group = [
-            json!({"tool": "write", "input": {"file_path": file, "content": format!("alpha {g}\nbeta {g}\n")},
-                   "expect": {"is_error": false}}),
-            json!({"tool": "read", "input": {"file_path": file},
-                   "expect": {"is_error": false, "contains": format!("alpha {g}")}}),
-            json!({"tool": "edit", "input": {"file_path": file, "old_string": format!("beta {g}\n"), "new_string": format!("gamma {g}\n")},
-                   "expect": {"is_error": false}}),
-            json!({"tool": "bash", "input": {"command": format!("echo step {g}")},
-                   "expect": {"is_error": false, "contains": format!("step {g}")}}),
-            json!({"tool": "glob", "input": {"pattern": format!("g*.{ext}"), "path": dir},
-                   "expect": {"is_error": false, "contains": format!("g{g}.{ext}")}}),
-            json!({"tool": "grep", "input": {"pattern": format!("gamma {g}"), "path": dir},
-                   "expect": {"is_error": false, "contains": format!("gamma {g}")}}),
-        ];
+        let (group, in_store) = dev_api::tool_group(g);
         for (i, step) in group.into_iter().enumerate() {
             if steps.len() == calls + 1 {
                 break 'groups;

@@ -1,13 +1,45 @@
 //! The devserver's API as the benchmarks drive it over HTTP with the admin
 //! key (scenarios, faults, a session's events), and the small measuring
 //! helpers they share. Included by `benches/session.rs` and
-//! `benches/memory.rs` with `#[path]`.
+//! `benches/memory.rs` with `#[path]`, and by the integration tests (the
+//! bench's scenario steps, [`tool_group`]).
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 pub const AGENTS_BETA: &str = "managed-agents-2026-04-01";
+
+/// The session bench's group `g` of six scenario steps — write, read, edit,
+/// bash, glob, grep — on `files/gN.txt` in the workdir for an even `g`, on
+/// `gN.md` in the store `notes` for an odd one. Whether it is in the store.
+pub fn tool_group(g: usize) -> ([Value; 6], bool) {
+    let in_store = g % 2 == 1;
+    let (dir, file, ext) = if in_store {
+        (
+            "{mount:notes}".to_string(),
+            format!("{{mount:notes}}/g{g}.md"),
+            "md",
+        )
+    } else {
+        ("files".to_string(), format!("files/g{g}.txt"), "txt")
+    };
+    let group = [
+        json!({"tool": "write", "input": {"file_path": file, "content": format!("alpha {g}\nbeta {g}\n")},
+               "expect": {"is_error": false}}),
+        json!({"tool": "read", "input": {"file_path": file},
+               "expect": {"is_error": false, "contains": format!("alpha {g}")}}),
+        json!({"tool": "edit", "input": {"file_path": file, "old_string": format!("beta {g}\n"), "new_string": format!("gamma {g}\n")},
+               "expect": {"is_error": false}}),
+        json!({"tool": "bash", "input": {"command": format!("echo step {g}")},
+               "expect": {"is_error": false, "contains": format!("step {g}")}}),
+        json!({"tool": "glob", "input": {"pattern": format!("g*.{ext}"), "path": dir},
+               "expect": {"is_error": false, "contains": format!("g{g}.{ext}")}}),
+        json!({"tool": "grep", "input": {"pattern": format!("gamma {g}"), "path": dir},
+               "expect": {"is_error": false, "contains": format!("gamma {g}")}}),
+    ];
+    (group, in_store)
+}
 
 /// A devserver's URL and a client for it, speaking with `admin_key`.
 #[derive(Clone)]

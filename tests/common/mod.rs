@@ -4,6 +4,7 @@
 
 pub mod cargo_lambda;
 pub mod container;
+pub mod dev_api;
 pub mod fake_memory;
 pub mod harness;
 pub mod lambda;

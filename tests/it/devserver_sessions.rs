@@ -1037,26 +1037,10 @@ async fn stream_events_are_not_held_back_for_the_clients_ack() {
 /// (`cargo bench --bench session`).
 #[tokio::test(flavor = "multi_thread")]
 async fn the_devservers_statements_are_compiled_once() {
+    use crate::common::dev_api;
     use crate::common::served::{self, Case};
-    let mut steps = Vec::new();
-    for g in 0..6 {
-        let (dir, file) = if g % 2 == 1 {
-            (
-                "{mount:notes}".to_string(),
-                format!("{{mount:notes}}/g{g}.md"),
-            )
-        } else {
-            ("files".to_string(), format!("files/g{g}.txt"))
-        };
-        steps.extend([
-            json!({"tool": "write", "input": {"file_path": file, "content": format!("alpha {g}\nbeta {g}\n")}, "expect": {"is_error": false}}),
-            json!({"tool": "read", "input": {"file_path": file}, "expect": {"is_error": false, "contains": format!("alpha {g}")}}),
-            json!({"tool": "edit", "input": {"file_path": file, "old_string": format!("beta {g}\n"), "new_string": format!("gamma {g}\n")}, "expect": {"is_error": false}}),
-            json!({"tool": "bash", "input": {"command": format!("echo step {g}")}, "expect": {"is_error": false, "contains": format!("step {g}")}}),
-            json!({"tool": "glob", "input": {"pattern": "g*", "path": dir}, "expect": {"is_error": false, "contains": format!("g{g}.")}}),
-            json!({"tool": "grep", "input": {"pattern": format!("gamma {g}"), "path": dir}, "expect": {"is_error": false, "contains": format!("gamma {g}")}}),
-        ]);
-    }
+    // Six of the session bench's groups: every tool, in the workdir and in the store.
+    let steps: Vec<Value> = (0..6).flat_map(|g| dev_api::tool_group(g).0).collect();
     let calls = steps.len() as i32;
     let served = served::by_envworker(&Case::new(
         "compiled-once",
