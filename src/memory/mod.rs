@@ -351,7 +351,20 @@ impl SessionMemoryStores {
         let mut folder = open()?;
         if !folder.removed_on_dispose() {
             // A dead worker's folder is recovered; anything else refuses.
-            match recovery::adopt(self.state_dir.as_ref(), &root, &id, &session.id, read_only)? {
+            // Its journal is claimed on the blocking pool: that reads it,
+            // and waits for a held lock (`LOCK_WAIT`, the state directory's).
+            let claimed = {
+                let (state_dir, root, id) = (self.state_dir.clone(), root.clone(), id.clone());
+                let span = tracing::Span::current();
+                tokio::task::spawn_blocking(move || {
+                    let _entered = span.enter();
+                    recovery::claim_left(state_dir.as_ref(), &root, &id)
+                })
+                .await
+                .map_err(|e| MemoryError::Mount(format!("the recovery's set-up failed: {e}")))??
+            };
+            let adopted = recovery::adopt(claimed, &root, &id, &session.id, read_only)?;
+            match adopted {
                 Adopted::Store(store) => {
                     let pass = store.sync(self.api.as_ref(), self.deletions, false).await;
                     info!(

@@ -150,28 +150,40 @@ fn clear(folder: Folder, claim: JournalClaim) -> bool {
     true
 }
 
-/// A folder found at `root` when session `session_id` mounts `store_id`
-/// (see the module docs): adopted, cleared, or the mount's error when it is
-/// not a folder this worker may touch.
-pub(crate) fn adopt(
+/// The journal of a folder found at `root` when a session mounts
+/// `store_id`, claimed for [`adopt`]; or the mount's error when there is
+/// none or a live worker holds it. Blocking: it reads the journal, and a
+/// held lock is waited for up to `LOCK_WAIT` (the state directory's).
+pub(crate) fn claim_left(
     state_dir: Option<&StateDir>,
+    root: &Path,
+    store_id: &str,
+) -> Result<(Replay, JournalClaim), MemoryError> {
+    let Some(dir) = state_dir else {
+        return Err(occupied(root, store_id));
+    };
+    match dir.claim(root) {
+        Ok(Some(found)) => Ok(found),
+        Ok(None) => Err(occupied(root, store_id)),
+        Err(JournalError::Busy(_)) => Err(in_use(root, store_id)),
+        Err(e) => {
+            warn!(memory_store.id = %store_id, error = %e, "cannot read the state directory to recover the folder at the store's path");
+            Err(occupied(root, store_id))
+        }
+    }
+}
+
+/// A folder found at `root` when session `session_id` mounts `store_id`,
+/// its journal claimed ([`claim_left`]; see the module docs): adopted,
+/// cleared, or the mount's error when it is not a folder this worker may
+/// touch.
+pub(crate) fn adopt(
+    (replay, claim): (Replay, JournalClaim),
     root: &Path,
     store_id: &str,
     session_id: &str,
     read_only: bool,
 ) -> Result<Adopted, MemoryError> {
-    let Some(dir) = state_dir else {
-        return Err(occupied(root, store_id));
-    };
-    let (replay, claim) = match dir.claim(root) {
-        Ok(Some(found)) => found,
-        Ok(None) => return Err(occupied(root, store_id)),
-        Err(JournalError::Busy(_)) => return Err(in_use(root, store_id)),
-        Err(e) => {
-            warn!(memory_store.id = %store_id, error = %e, "cannot read the state directory to recover the folder at the store's path");
-            return Err(occupied(root, store_id));
-        }
-    };
     let (owner, restored, disposing) = read_replay(replay, store_id)
         .filter(|(owner, ..)| owner.store == store_id && owner.root == root)
         .ok_or_else(|| occupied(root, store_id))?;
@@ -381,6 +393,24 @@ mod tests {
     use super::*;
     use crate::memory::store::marker_content;
 
+    /// Claim the journal left at `root`, then adopt the folder: the mount's
+    /// two steps.
+    fn adopt_at(
+        dir: &StateDir,
+        root: &Path,
+        store_id: &str,
+        session_id: &str,
+        read_only: bool,
+    ) -> Result<Adopted, MemoryError> {
+        adopt(
+            claim_left(Some(dir), root, store_id)?,
+            root,
+            store_id,
+            session_id,
+            read_only,
+        )
+    }
+
     /// A folder with its marker and `files`, journaled for `session` with
     /// `files` as its baseline; the journal's lock let go (its worker died).
     fn left_folder(
@@ -432,7 +462,7 @@ mod tests {
         drop(journal);
         std::fs::remove_file(root.join("a.md")).unwrap();
 
-        let adopted = adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).unwrap();
+        let adopted = adopt_at(&dir, &root, "memstore_1", "sesn_1", false).unwrap();
         assert!(
             matches!(adopted, Adopted::Cleared),
             "finished, not recovered"
@@ -462,7 +492,7 @@ mod tests {
         }
         std::fs::write(root.join("b.md"), "unsynced edit").unwrap();
 
-        let adopted = adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).unwrap();
+        let adopted = adopt_at(&dir, &root, "memstore_1", "sesn_1", false).unwrap();
         assert!(matches!(adopted, Adopted::Store(_)), "recovered");
         for rel in debris {
             assert!(!root.join(rel).exists(), "{rel} is debris");
@@ -478,14 +508,14 @@ mod tests {
     fn another_sessions_folder_is_cleared_when_clean_and_refused_when_not() {
         let (_tmp, dir, root) = left_folder(&[("a.md", "a")], "sesn_1");
         assert!(matches!(
-            adopt(Some(&dir), &root, "memstore_1", "sesn_2", false),
+            adopt_at(&dir, &root, "memstore_1", "sesn_2", false),
             Ok(Adopted::Cleared)
         ));
         assert!(!root.exists());
 
         let (_tmp, dir, root) = left_folder(&[("a.md", "a")], "sesn_1");
         std::fs::write(root.join("a.md"), "edited by session 1's agent").unwrap();
-        let err = match adopt(Some(&dir), &root, "memstore_1", "sesn_2", false) {
+        let err = match adopt_at(&dir, &root, "memstore_1", "sesn_2", false) {
             Err(e) => e.to_string(),
             Ok(_) => panic!("another session's edits must not be taken"),
         };
@@ -496,7 +526,7 @@ mod tests {
         );
         // Its own session recovers it.
         assert!(matches!(
-            adopt(Some(&dir), &root, "memstore_1", "sesn_1", false),
+            adopt_at(&dir, &root, "memstore_1", "sesn_1", false),
             Ok(Adopted::Store(_))
         ));
     }
@@ -517,7 +547,7 @@ mod tests {
         std::fs::write(&path, format!("{header}\n{rest}")).unwrap();
 
         assert!(matches!(
-            adopt(Some(&dir), &root, "memstore_1", "sesn_1", false),
+            adopt_at(&dir, &root, "memstore_1", "sesn_1", false),
             Ok(Adopted::Cleared)
         ));
         assert!(!root.exists(), "a possibly torn file is never pushed");
@@ -529,7 +559,7 @@ mod tests {
         let copy = tmp.path().join("copy");
         std::fs::rename(&root, &copy).unwrap();
         std::os::unix::fs::symlink(&copy, &root).unwrap();
-        assert!(adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).is_err());
+        assert!(adopt_at(&dir, &root, "memstore_1", "sesn_1", false).is_err());
         std::fs::remove_file(&root).unwrap();
         // A new directory with a copied marker and files: not the folder.
         std::fs::create_dir(&root).unwrap();
@@ -537,7 +567,7 @@ mod tests {
             let entry = entry.unwrap();
             std::fs::copy(entry.path(), root.join(entry.file_name())).unwrap();
         }
-        assert!(adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).is_err());
+        assert!(adopt_at(&dir, &root, "memstore_1", "sesn_1", false).is_err());
         assert!(
             root.join("a.md").exists() && copy.join("a.md").exists(),
             "both left as found"
@@ -561,12 +591,12 @@ mod tests {
         // Something that is not an empty directory: not the worker's making.
         std::fs::create_dir_all(&root).unwrap();
         std::fs::write(root.join("planted.md"), "x").unwrap();
-        assert!(adopt(Some(&dir), &root, "memstore_1", "sesn_1", false).is_err());
+        assert!(adopt_at(&dir, &root, "memstore_1", "sesn_1", false).is_err());
         assert!(root.join("planted.md").exists());
         // Empty: cleared, with its journal.
         std::fs::remove_file(root.join("planted.md")).unwrap();
         assert!(matches!(
-            adopt(Some(&dir), &root, "memstore_1", "sesn_1", false),
+            adopt_at(&dir, &root, "memstore_1", "sesn_1", false),
             Ok(Adopted::Cleared)
         ));
         assert!(!root.exists());

@@ -490,9 +490,11 @@ pub fn runs_as_nobody(test: &str) -> bool {
     false
 }
 
-/// A check that measures the whole process (its peak RSS) re-runs itself
-/// alone in a child process, so no other test thread counts. Returns `true`
-/// in the child, which runs the check; `false` after the child passed.
+/// A check that measures the whole process (its peak RSS), or that no
+/// other test's child may disturb (a fork shares the open files until its
+/// `execve`), re-runs itself alone in a child process, so no other test
+/// thread counts. Returns `true` in the child, which runs the check;
+/// `false` after the child passed.
 pub fn runs_alone(test: &str) -> bool {
     if std::env::var_os(ALONE).is_some() {
         return true;

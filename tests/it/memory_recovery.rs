@@ -164,6 +164,46 @@ async fn a_damaged_journal_is_no_baseline_and_deletes_nothing() {
     again.dispose().await;
 }
 
+/// A child this process forks while the stores are mounted (a supervisor
+/// being started, the namespace probe) shares the journal's lock until it
+/// execs or exits. The worker dies meanwhile (a session's stores dropped,
+/// the session claimed again in the same process): the folder is recovered
+/// once the child lets go, not refused as a live worker's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_whose_lock_a_forked_child_still_shares_is_recovered() {
+    let (_state, mut t) = journaled(notes(json!({"/a.md": "a1"}))).await;
+    std::fs::write(t.mounts[0].join("a.md"), "a2 by the agent").unwrap();
+    let (mut forked, told) = std::io::pipe().unwrap();
+    // SAFETY: the child only makes system calls (`write`, `nanosleep`) and
+    // leaves with `_exit`, as `cleanroom::probe_namespaces`'s does.
+    let child = match unsafe { libc::fork() } {
+        -1 => panic!("fork: {}", std::io::Error::last_os_error()),
+        0 => unsafe {
+            use std::os::fd::AsRawFd as _;
+            libc::write(told.as_raw_fd(), b"f".as_ptr().cast(), 1);
+            let pause = libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 300_000_000,
+            };
+            libc::nanosleep(&pause, std::ptr::null_mut());
+            libc::_exit(0)
+        },
+        child => child,
+    };
+    std::io::Read::read_exact(&mut forked, &mut [0]).unwrap();
+    kill(&mut t);
+    let again = t.mount_again().await;
+    let mut status = 0;
+    // SAFETY: waits for this test's own child.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    let again = again.expect("recovered once the child let go of the lock");
+    assert_eq!(
+        t.s.store_memories(&t.ids[0]).await,
+        contents(&[("/a.md", "a2 by the agent")])
+    );
+    again.dispose().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_workers_folder_is_not_taken() {
     let (_state, t) = journaled(notes(json!({"/a.md": "a1"}))).await;

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use rustix::fs::FlockOperation;
 use sha2::{Digest, Sha256};
@@ -16,6 +16,16 @@ use sha2::{Digest, Sha256};
 use super::format::{Owner, Snapshot};
 use super::log::Journal;
 use super::replay::{Replay, corrupt, replay};
+
+/// How long a held lock is waited for before its holder counts as a live
+/// worker. A file lock belongs to the open file, and every child this
+/// process forks shares its open files until its `execve` closes them
+/// (they are close-on-exec; Linux has no close-on-fork): while a shell or
+/// a supervisor is being started, a lock let go of a moment ago — a
+/// session's stores dropped and the session claimed again in the same
+/// process — still looks held. A live worker holds its lock for as long as
+/// the store is mounted, so a short wait tells the two apart.
+pub(crate) const LOCK_WAIT: Duration = Duration::from_secs(1);
 
 /// A journal larger than this is not read (a state of 2,000 memories is ≈ 250 KiB).
 const MAX_JOURNAL_BYTES: u64 = 256 * 1024 * 1024;
@@ -84,8 +94,24 @@ impl StateDir {
         self.path.join(format!("{stem}.{ext}"))
     }
 
-    /// Take the lock of the folder at `root`, without waiting.
-    fn lock(&self, stem: &str) -> Result<File, JournalError> {
+    /// Take the lock of the folder at `stem`; a held one is waited for up to
+    /// [`LOCK_WAIT`] when `patient` (see there), else refused at once.
+    fn lock(&self, stem: &str, patient: bool) -> Result<File, JournalError> {
+        let until = Instant::now() + if patient { LOCK_WAIT } else { Duration::ZERO };
+        let mut pause = Duration::from_millis(1);
+        loop {
+            match self.try_lock(stem) {
+                Err(JournalError::Busy(_)) if Instant::now() < until => {
+                    std::thread::sleep(pause.min(until.saturating_duration_since(Instant::now())));
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                taken => return taken,
+            }
+        }
+    }
+
+    /// Take the lock of the folder at `stem`, without waiting.
+    fn try_lock(&self, stem: &str) -> Result<File, JournalError> {
         let path = self.file(stem, "lock");
         let file = std::fs::OpenOptions::new()
             .create(true)
@@ -113,11 +139,12 @@ impl StateDir {
     }
 
     /// A new journal for a store just created at `owner.root`, holding
-    /// `state`: the lock is taken first, and any journal left at the same
-    /// path (by a worker that is gone) is replaced.
+    /// `state`: the lock is taken first (a held one waited for up to
+    /// [`LOCK_WAIT`]: blocking), and any journal left at the same path (by
+    /// a worker that is gone) is replaced.
     pub(crate) fn create(&self, owner: Owner, state: &Snapshot) -> Result<Journal, JournalError> {
         let stem = Self::stem(&owner.root);
-        let lock = self.lock(&stem)?;
+        let lock = self.lock(&stem, true)?;
         self.adopt(lock, stem, owner, state)
     }
 
@@ -134,7 +161,8 @@ impl StateDir {
     }
 
     /// The journal left at `root` by a worker that is gone: `Ok(None)` when
-    /// there is none; [`JournalError::Busy`] when a live worker holds it.
+    /// there is none; [`JournalError::Busy`] when a live worker holds it
+    /// (held for [`LOCK_WAIT`]: blocking).
     /// On success the lock is held and the caller owns the journal — it is
     /// rewritten (compacted) from what was read, so a torn tail is gone.
     pub(crate) fn claim(
@@ -146,7 +174,7 @@ impl StateDir {
         if !path.exists() {
             return Ok(None);
         }
-        let lock = self.lock(&stem)?;
+        let lock = self.lock(&stem, true)?;
         let replay = match read_bounded(&path) {
             Ok(bytes) => replay(&bytes),
             Err(e) => corrupt(None, format!("the journal cannot be read: {e}")),
@@ -184,7 +212,12 @@ impl StateDir {
             let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".journal")) else {
                 continue;
             };
-            let Ok(lock) = self.lock(stem) else { continue };
+            // Not waited for: a journal held at start is a live worker's,
+            // and one held for a moment is claimed by the mount of its
+            // folder, which waits.
+            let Ok(lock) = self.lock(stem, false) else {
+                continue;
+            };
             let replay = match read_bounded(&entry.path()) {
                 Ok(bytes) => replay(&bytes),
                 Err(e) => corrupt(None, format!("the journal cannot be read: {e}")),
@@ -259,14 +292,66 @@ mod tests {
         let dir = StateDir::open(&tmp.path().join("state")).unwrap();
         let root = &owner().root;
         let j = journal(&dir);
+        let asked = Instant::now();
         assert!(matches!(dir.claim(root), Err(JournalError::Busy(_))));
+        assert!(asked.elapsed() >= LOCK_WAIT, "a held lock is waited for");
+        let asked = Instant::now();
         assert!(dir.orphans().is_empty(), "a held journal is no orphan");
+        assert!(
+            asked.elapsed() < LOCK_WAIT,
+            "the start's sweep waits for none"
+        );
         drop(j);
         let (replay, claim) = dir.claim(root).unwrap().expect("a journal is there");
         assert_eq!(intact(replay).0, state());
         assert!(matches!(dir.claim(root), Err(JournalError::Busy(_))));
         claim.remove();
         assert!(dir.claim(root).unwrap().is_none());
+    }
+
+    /// A child forked while the lock is held shares it until its `execve`
+    /// (or exit): a journal let go of meanwhile is claimed once the child
+    /// lets go — not refused as a live worker's.
+    #[test]
+    fn a_lock_a_forked_child_shares_until_its_exec_is_waited_for() {
+        use std::io::Read as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = StateDir::open(&tmp.path().join("state")).unwrap();
+        let root = &owner().root;
+        let j = journal(&dir);
+        let (mut started, forked) = std::io::pipe().unwrap();
+        let child = std::thread::spawn(move || {
+            use std::os::fd::AsRawFd as _;
+            use std::os::unix::process::CommandExt as _;
+            let fd = forked.as_raw_fd();
+            let mut command = std::process::Command::new("true");
+            // SAFETY: `write` and `nanosleep` only, both async-signal-safe.
+            unsafe {
+                command.pre_exec(move || {
+                    libc::write(fd, b"f".as_ptr().cast(), 1);
+                    let pause = libc::timespec {
+                        tv_sec: 0,
+                        tv_nsec: 300_000_000,
+                    };
+                    libc::nanosleep(&pause, std::ptr::null_mut());
+                    Ok(())
+                });
+            }
+            command.status().unwrap()
+        });
+        // The child is forked: it holds the lock's open file too.
+        started.read_exact(&mut [0]).unwrap();
+        drop(j);
+        let asked = Instant::now();
+        let claimed = dir.claim(root);
+        let waited = asked.elapsed();
+        assert!(child.join().unwrap().success());
+        let (replay, _claim) = claimed.expect("claimed").expect("a journal is there");
+        assert_eq!(intact(replay).0, state());
+        assert!(
+            waited >= Duration::from_millis(100) && waited < LOCK_WAIT,
+            "the claim waited {waited:?} for the child's exec"
+        );
     }
 
     #[test]
