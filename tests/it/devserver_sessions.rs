@@ -1035,17 +1035,18 @@ async fn stream_events_are_not_held_back_for_the_clients_ack() {
 /// version listings and the claim (`ORDER BY … LIMIT`) — a parse per
 /// request, the largest item of the devserver's share of a step
 /// (`cargo bench --bench session`).
-#[tokio::test(flavor = "multi_thread")]
-async fn the_devservers_statements_are_compiled_once() {
+/// A scripted 36-call session in the shape of the session bench's (six of
+/// its groups: every tool, in the workdir and in the store), served by the
+/// real worker: the devserver's statements afterwards, and the call count.
+async fn bench_shaped_session(name: &str) -> (crate::common::served::Served, i32) {
     use crate::common::dev_api;
     use crate::common::served::{self, Case};
-    // Six of the session bench's groups: every tool, in the workdir and in the store.
     let steps: Vec<Value> = (0..6).flat_map(|g| dev_api::tool_group(g).0).collect();
     let calls = steps.len() as i32;
     let served = served::by_envworker(&Case::new(
-        "compiled-once",
+        name,
         json!({
-            "name": "compiled-once",
+            "name": name,
             "memory_stores": [{"key": "notes", "name": "notes", "access": "read_write",
                                "memories": {"/seed.md": "seed\n"}}],
             "steps": steps,
@@ -1053,6 +1054,12 @@ async fn the_devservers_statements_are_compiled_once() {
     ))
     .await;
     assert_eq!(served.report["status"], "passed", "{:#}", served.report);
+    (served, calls)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_devservers_statements_are_compiled_once() {
+    let (served, calls) = bench_shaped_session("compiled-once").await;
     // Every statement run for each call, or more often.
     let per_call: Vec<_> = served
         .statements
@@ -1078,4 +1085,25 @@ async fn the_devservers_statements_are_compiled_once() {
         .filter(|s| s.runs >= 2 && s.recompiles > 0)
         .collect();
     assert!(recompiled.is_empty(), "compiled again: {recompiled:#?}");
+}
+
+/// The scenario's report is saved once between two steps, not twice: it is
+/// rewritten whole each time (a 200-step report is tens of KiB), and its
+/// saves were the largest item of the devserver's work between a result
+/// and the next call. A step still reads `running` while it runs, and the
+/// one before already reads its outcome.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_scenario_report_is_saved_once_per_step() {
+    let (served, calls) = bench_shaped_session("one-save-per-step").await;
+    let saves = served
+        .statements
+        .iter()
+        .find(|s| s.sql.contains("UPDATE scenarios SET report"))
+        .map(|s| s.runs)
+        .expect("the report is saved");
+    // One per step, the last step's end, the end of the turn: a few more.
+    assert!(
+        saves >= calls && saves <= calls + 4,
+        "{saves} saves for {calls} steps"
+    );
 }

@@ -101,8 +101,9 @@ pub async fn drive(state: AppState, mut run: Run) {
 /// The session's live events, as the driver reads them.
 type LiveEvents = tokio::sync::broadcast::Receiver<std::sync::Arc<super::super::live::StoredEvent>>;
 
-/// Play the steps in order, each one's status saved before and after it,
-/// until the last, an abort or a termination; then end the turn, wait for
+/// Play the steps in order, each one's status saved when it starts and
+/// when it ends (with the next one's start), until the last, an abort or a
+/// termination; then end the turn, wait for
 /// the worker to let go, and finalize the report.
 async fn play(state: &AppState, run: &mut Run) {
     let mut events = state.live().subscribe(&run.session_id);
@@ -111,16 +112,19 @@ async fn play(state: &AppState, run: &mut Run) {
     for index in 0..run.steps.len() {
         let step = run.steps[index].clone();
         run.report.steps[index].status = StepStatus::Running;
+        // One save between two steps: the outcome of the one before goes
+        // with this one's start (nothing happens in between). The report is
+        // rewritten whole, so two saves per step were most of the
+        // devserver's work between a result and the next call.
         save(state, &run.report).await;
         terminated |= matches!(step, Step::Terminate);
         let outcome = play_step(state, run, index, &step, &mut events, &mut denied).await;
         let aborted = record_outcome(run, index, &step, outcome);
-        save(state, &run.report).await;
         if terminated && !aborted {
             skip_after(run, index);
-            save(state, &run.report).await;
         }
-        if aborted || terminated {
+        if aborted || terminated || index + 1 == run.steps.len() {
+            save(state, &run.report).await;
             break;
         }
     }
